@@ -1,0 +1,199 @@
+"""The one absl flag surface of tfoverlap, shared by every entry point.
+
+Usage in an entry point:
+
+  from absl import app
+  import flags as tfo_flags
+
+  tfo_flags.define_flags()
+
+  def main(argv):
+    config = tfo_flags.to_config(tfo_flags.FLAGS)
+    ...
+
+  app.run(main, flags_parser=tfo_flags.parse_or_exit)
+
+Groups live in one module each; `define_flags()` defines them all exactly
+once. `to_config()` is the only place where flag values become a validated,
+frozen `TrainConfig`; anything it refuses exits with status 2 and one line.
+"""
+
+import os
+import re
+import sys
+
+from absl import flags as absl_flags
+
+from flags import checkpoint, data, distribute, model, run
+from tfoverlap.core import zoo
+from tfoverlap.core.config import (AUTOTUNE, CheckpointConfig, ConfigError,
+                                   DataConfig, DistributeConfig, ModelConfig,
+                                   RunConfig, TrainConfig)
+
+FLAGS = absl_flags.FLAGS
+GROUPS = {
+    "run": run,
+    "model": model,
+    "data": data,
+    "distribute": distribute,
+    "checkpoint": checkpoint,
+}
+USAGE_ERROR_EXIT_CODE = 2
+
+_DATA_SERVICE_ADDRESS = re.compile(r"^(grpc://)?[\w.\-\[\]:]+:\d+$")
+
+
+def define_flags(flag_values=FLAGS):
+  """Defines every group's flags once; later calls do nothing."""
+  if "model_dir" in flag_values:
+    return
+  for group in GROUPS.values():
+    group.define_flags()
+
+
+def parse_or_exit(argv):
+  """absl `flags_parser`: parses and validates, or exits 2 with one line."""
+  try:
+    remaining = FLAGS(argv)
+  except absl_flags.Error as e:
+    exit_with_usage_error(str(e))
+  if len(remaining) > 1:
+    exit_with_usage_error(
+        f"unexpected positional arguments {remaining[1:]}; flags take the "
+        "form --name=value")
+  try:
+    to_config(FLAGS)
+  except ConfigError as e:
+    exit_with_usage_error(str(e))
+  return remaining
+
+
+def exit_with_usage_error(message: str):
+  program = os.path.basename(sys.argv[0]) if sys.argv else "tfoverlap"
+  print(f"{program}: error: {' '.join(message.split())}", file=sys.stderr)
+  sys.exit(USAGE_ERROR_EXIT_CODE)
+
+
+def _parse_depth(name: str, text: str, minimum: int) -> int:
+  if text.strip().lower() == "autotune":
+    return AUTOTUNE
+  try:
+    value = int(text)
+  except ValueError:
+    value = None
+  if value is None or value < minimum:
+    raise ConfigError(name, text,
+                      f"allowed: autotune or an integer >= {minimum}")
+  return value
+
+
+def _check_data(values) -> None:
+  needs_dir = values.dataset in ("tfds", "image_folder")
+  if needs_dir and not values.data_dir:
+    raise ConfigError("data_dir", values.data_dir,
+                      f"--dataset={values.dataset} needs a local data_dir "
+                      "(tfoverlap never downloads)")
+  if needs_dir and not os.path.isdir(values.data_dir):
+    raise ConfigError("data_dir", values.data_dir,
+                      "no such directory; allowed: an existing local directory")
+  if values.data_dir and not needs_dir:
+    raise ConfigError("data_dir", values.data_dir,
+                      "applies only to --dataset=tfds or image_folder, not "
+                      f"--dataset={values.dataset}")
+  if values.synthetic_on_device and values.dataset != "synthetic":
+    raise ConfigError("synthetic_on_device", True,
+                      "applies only to --dataset=synthetic")
+  service = values.data_service
+  if service not in ("", "local") and not _DATA_SERVICE_ADDRESS.match(service):
+    raise ConfigError("data_service", service,
+                      "allowed: empty, local, or an address like "
+                      "grpc://localhost:5050")
+  spec = zoo.MODELS[values.model]
+  if values.image_size < spec.min_image_size:
+    raise ConfigError("image_size", values.image_size,
+                      f"--model={values.model} needs at least "
+                      f"{spec.min_image_size}")
+  if values.image_size % spec.upscale:
+    raise ConfigError("image_size", values.image_size,
+                      f"--model={values.model} needs a multiple of "
+                      f"{spec.upscale} (its upscale factor)")
+
+
+def _check_distribute(values) -> None:
+  replicas = values.num_workers
+  if values.strategy == "mirrored":
+    replicas *= values.num_devices
+  if values.num_workers > 1 and values.strategy not in ("multi_worker",
+                                                         "horovod"):
+    raise ConfigError("num_workers", values.num_workers,
+                      "more than 1 worker needs --strategy=multi_worker or "
+                      "horovod")
+  if values.batch_size % replicas:
+    raise ConfigError("batch_size", values.batch_size,
+                      f"must divide evenly over {replicas} replicas")
+
+
+def to_config(values=FLAGS) -> TrainConfig:
+  """Builds the validated run configuration from parsed flag values.
+
+  Raises:
+    ConfigError: naming the first flag whose value is not allowed.
+  """
+  prefetch = _parse_depth("prefetch", values.prefetch, minimum=0)
+  map_parallelism = _parse_depth("map_parallelism", values.map_parallelism,
+                                 minimum=1)
+  _check_data(values)
+  _check_distribute(values)
+  return TrainConfig(
+      run=RunConfig(
+          model_dir=values.model_dir,
+          train_steps=values.train_steps,
+          log_every_steps=values.log_every_steps,
+          seed=values.seed,
+          deterministic=values.deterministic,
+          loop=values.loop,
+          progress=values.progress,
+          trace=values.trace,
+          tensorboard=values.tensorboard,
+          evaluate=values.evaluate,
+          intra_op_threads=values.intra_op_threads,
+          inter_op_threads=values.inter_op_threads),
+      model=ModelConfig(
+          name=values.model,
+          optimizer=values.optimizer,
+          learning_rate=values.learning_rate,
+          precision=values.precision),
+      data=DataConfig(
+          dataset=values.dataset,
+          data_dir=values.data_dir,
+          tfds_name=values.tfds_name,
+          image_size=values.image_size,
+          num_classes=values.num_classes,
+          batch_size=values.batch_size,
+          synthetic_on_device=values.synthetic_on_device,
+          prefetch=prefetch,
+          prefetch_to_device=values.prefetch_to_device,
+          map_parallelism=map_parallelism,
+          cache=values.cache,
+          shuffle_buffer=values.shuffle_buffer,
+          preprocess_cost_ms=values.preprocess_cost_ms,
+          data_service=values.data_service),
+      distribute=DistributeConfig(
+          strategy=values.strategy,
+          num_devices=values.num_devices,
+          num_workers=values.num_workers,
+          all_reduce=values.all_reduce,
+          all_reduce_pack_mb=values.all_reduce_pack_mb),
+      checkpoint=CheckpointConfig(
+          mode=values.checkpoint,
+          every_steps=values.checkpoint_every,
+          keep=values.checkpoint_keep))
+
+
+def flag_names(flag_values=FLAGS) -> dict:
+  """The flags each group defines, by group: the surface a test freezes."""
+  by_module = flag_values.flags_by_module_dict()
+  return {
+      group: sorted(f.name for f in by_module.get(module.__name__, []))
+      for group, module in GROUPS.items()
+  }

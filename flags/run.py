@@ -1,0 +1,35 @@
+"""Run flags: where outputs go, how long to train, what to record."""
+
+from absl import flags
+
+
+def define_flags():
+  flags.DEFINE_string(
+      "model_dir", "",
+      "Directory for run.json, the step trace, TensorBoard scalars and "
+      "checkpoints. Empty: runs/<framework>-<model>-<timestamp>.")
+  flags.DEFINE_integer("train_steps", 300, "Optimizer steps to train.",
+                       lower_bound=1)
+  flags.DEFINE_integer("log_every_steps", 50,
+                       "Steps between progress lines and TensorBoard scalars.",
+                       lower_bound=1)
+  flags.DEFINE_integer("seed", 0, "Seed for weights, data order and dropout.")
+  flags.DEFINE_boolean(
+      "deterministic", False,
+      "Enable the framework's deterministic ops, for bit-identical reruns.")
+  flags.DEFINE_enum(
+      "loop", "ctl", ["ctl", "fit"],
+      "ctl: tfoverlap's measured custom training loop (strategy.run). "
+      "fit: Keras model.fit with the same callbacks.")
+  flags.DEFINE_boolean("progress", True, "Show progress lines while training.")
+  flags.DEFINE_boolean("trace", True,
+                       "Write a Chrome-trace/Perfetto JSON of the step spans.")
+  flags.DEFINE_boolean("tensorboard", True, "Write TensorBoard scalars.")
+  flags.DEFINE_boolean("evaluate", True,
+                       "Evaluate on the held-out split after training.")
+  flags.DEFINE_integer("intra_op_threads", 0,
+                       "Threads inside one op; 0 = the framework's default.",
+                       lower_bound=0)
+  flags.DEFINE_integer("inter_op_threads", 0,
+                       "Ops run concurrently; 0 = the framework's default.",
+                       lower_bound=0)

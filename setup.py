@@ -1,0 +1,46 @@
+"""Packaging for tfoverlap, torch_parity and the shared flag surface."""
+
+import pathlib
+import re
+
+import setuptools
+
+HERE = pathlib.Path(__file__).parent
+# The version lives in exactly one place: tfoverlap/__init__.py.
+VERSION = re.search(r'^__version__ = "([^"]+)"',
+                    (HERE / "tfoverlap" / "__init__.py").read_text(),
+                    re.MULTILINE).group(1)
+
+setuptools.setup(
+    name="tfoverlap",
+    version=VERSION,
+    description=("Measure and control how the overlap optimizations of "
+                 "deep-learning training combine, in TensorFlow and PyTorch."),
+    long_description=(HERE / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=setuptools.find_packages(include=["tfoverlap", "tfoverlap.*",
+                                               "torch_parity", "torch_parity.*",
+                                               "flags", "flags.*"]),
+    install_requires=[
+        "absl-py>=2.1",
+        "numpy>=1.26",
+        # The CPU build: GPU machines add tensorflow[and-cuda] of the same
+        # release (see README). Both provide the same `tensorflow` module.
+        "tensorflow-cpu==2.21.*",
+        "tensorflow-datasets==4.9.*",
+        "importlib_resources",  # tensorflow-datasets needs it at import
+        "scikit-learn>=1.3",  # ships the embedded digits dataset
+    ],
+    extras_require={
+        # Pinned: 2.13.0 is the CPU wheel; a looser range pulls a CUDA build.
+        "torch": ["torch==2.13.0"],
+        "test": ["pytest>=8"],
+    },
+    entry_points={
+        "console_scripts": [
+            "tfoverlap-train=tfoverlap.train:run_main",
+            "tfoverlap-launch=tfoverlap.launch:run_main",
+        ],
+    },
+)

@@ -1,0 +1,95 @@
+"""Validated, frozen run configuration shared by both framework sides.
+
+`flags/` turns parsed absl flags into a `TrainConfig` once, in `main()`; every
+library module takes these dataclasses (or plain arguments) and never reads
+flags itself. Nothing here imports TensorFlow or PyTorch.
+"""
+
+import dataclasses
+from typing import Optional
+
+AUTOTUNE = -1  # the sentinel stored for "autotune" in prefetch / parallelism
+
+
+class ConfigError(ValueError):
+  """A configuration value that is not allowed.
+
+  The message always names the flag, the value received and what is allowed,
+  so the trainers can print it as the one line a user sees.
+  """
+
+  def __init__(self, flag: str, value, allowed: str):
+    self.flag = flag
+    self.value = value
+    self.allowed = allowed
+    super().__init__(f"--{flag}={value}: {allowed}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  model_dir: str
+  train_steps: int
+  log_every_steps: int
+  seed: int
+  deterministic: bool
+  loop: str  # "ctl" (custom training loop) or "fit" (Keras model.fit)
+  progress: bool
+  trace: bool
+  tensorboard: bool
+  evaluate: bool
+  intra_op_threads: int  # 0 = the framework's default
+  inter_op_threads: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  name: str
+  optimizer: str
+  learning_rate: float
+  precision: str  # float32 | mixed_float16 | mixed_bfloat16
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  dataset: str  # digits | synthetic | tfds | image_folder
+  data_dir: Optional[str]
+  tfds_name: str
+  image_size: int
+  num_classes: int  # synthetic only; the other sources know their own
+  batch_size: int  # global batch, summed over all replicas and workers
+  synthetic_on_device: bool
+  prefetch: int  # 0 = off, N = depth, AUTOTUNE
+  prefetch_to_device: bool
+  map_parallelism: int  # 1 = sequential, N, AUTOTUNE
+  cache: bool
+  shuffle_buffer: int  # 0 = no shuffling
+  preprocess_cost_ms: float  # real CPU work added per sample
+  data_service: str  # "" = off, "local" = start one on localhost, or an address
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributeConfig:
+  strategy: str  # default | one_device | mirrored | multi_worker | horovod
+  num_devices: int
+  num_workers: int
+  all_reduce: str  # auto | ring | nccl
+  all_reduce_pack_mb: float  # 0 = the framework's default packing
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  mode: str  # none | sync | tf_async
+  every_steps: int
+  keep: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  run: RunConfig
+  model: ModelConfig
+  data: DataConfig
+  distribute: DistributeConfig
+  checkpoint: CheckpointConfig
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
