@@ -1,0 +1,194 @@
+"""The step ledger: where every training step's time goes, framework-neutral.
+
+Both trainers wrap each phase of a step in `ledger.phase(name)` and close the
+step with `ledger.end_step(...)`. The ledger keeps every span (for the trace)
+and summarizes per-phase mean/p50/p95 over the steady-state steps.
+
+  ledger = StepLedger()
+  for step in range(1, num_steps + 1):
+    with ledger.phase(DATA_WAIT):
+      batch = next(iterator)
+    with ledger.phase(COMPUTE):
+      loss = train_step(batch)
+    ledger.end_step(step, num_samples=batch_size)
+  summary = ledger.summary()
+"""
+
+import contextlib
+import dataclasses
+import math
+import time
+from typing import Callable, Dict, List, Optional
+
+DATA_WAIT = "data_wait"  # blocked waiting for the next batch
+COMPUTE = "compute"  # forward, backward, gradient all-reduce and update
+CHECKPOINT_STALL = "checkpoint_stall"  # training blocked by a checkpoint
+PHASES = (DATA_WAIT, COMPUTE, CHECKPOINT_STALL)
+STEP = "step"  # the whole step, first phase start to last phase end
+OTHER = "other"  # step time outside any phase: logging, bookkeeping
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+  name: str
+  step: int
+  start_s: float
+  end_s: float
+
+  @property
+  def duration_s(self) -> float:
+    return self.end_s - self.start_s
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+  step: int
+  start_s: float
+  end_s: float
+  num_samples: int
+  phases_s: Dict[str, float]
+
+  @property
+  def duration_s(self) -> float:
+    return self.end_s - self.start_s
+
+
+def percentile(sorted_values: List[float], q: float) -> float:
+  """Linear-interpolated percentile of an ascending list; q in [0, 100]."""
+  if not sorted_values:
+    return math.nan
+  position = (len(sorted_values) - 1) * q / 100.0
+  low = math.floor(position)
+  high = min(low + 1, len(sorted_values) - 1)
+  fraction = position - low
+  return sorted_values[low] * (1 - fraction) + sorted_values[high] * fraction
+
+
+def describe_durations(values: List[float]) -> Dict[str, float]:
+  ordered = sorted(values)
+  count = len(ordered)
+  return {
+      "mean": sum(ordered) / count if count else math.nan,
+      "p50": percentile(ordered, 50),
+      "p95": percentile(ordered, 95),
+      "total": sum(ordered),
+  }
+
+
+def default_warmup_steps(num_steps: int) -> int:
+  """Steps left out of the summary: tracing and first-touch allocation.
+
+  The first step of every framework includes graph tracing or lazy
+  initialization; a tenth of the run, between 1 and 10 steps, covers it
+  without throwing away short runs.
+  """
+  return max(1, min(10, num_steps // 10))
+
+
+class StepLedger:
+  """Records timed spans per training step and summarizes them.
+
+  Args:
+    clock: a monotonic clock in seconds; injectable so tests can drive it.
+  """
+
+  def __init__(self, clock: Callable[[], float] = time.perf_counter):
+    self._clock = clock
+    self._spans: List[Span] = []
+    self._steps: List[StepRecord] = []
+    self._open_phases: Dict[str, float] = {}
+    self._current_step_start: Optional[float] = None
+    self._current_phases: Dict[str, float] = {}
+    self.origin_s = clock()
+
+  @property
+  def steps(self) -> List[StepRecord]:
+    return list(self._steps)
+
+  @property
+  def spans(self) -> List[Span]:
+    return list(self._spans)
+
+  @contextlib.contextmanager
+  def phase(self, name: str):
+    """Times the enclosed block as phase `name` of the current step."""
+    start = self._clock()
+    if self._current_step_start is None:
+      self._current_step_start = start
+    try:
+      yield
+    finally:
+      self.add(name, start, self._clock())
+
+  def add(self, name: str, start_s: float, end_s: float) -> None:
+    """Adds a phase measured elsewhere (e.g. by a callback) to this step."""
+    if self._current_step_start is None or start_s < self._current_step_start:
+      self._current_step_start = start_s
+    self._current_phases[name] = (self._current_phases.get(name, 0.0) +
+                                  end_s - start_s)
+    self._spans.append(Span(name, len(self._steps) + 1, start_s, end_s))
+
+  def end_step(self, step: int, num_samples: int) -> StepRecord:
+    """Closes the current step; its duration runs until now."""
+    end = self._clock()
+    start = (self._current_step_start
+             if self._current_step_start is not None else end)
+    record = StepRecord(step, start, end, num_samples,
+                        dict(self._current_phases))
+    self._steps.append(record)
+    self._spans.append(Span(STEP, step, start, end))
+    self._current_step_start = None
+    self._current_phases = {}
+    return record
+
+  def window(self, since_step: int) -> List[StepRecord]:
+    """The steps numbered above `since_step`."""
+    return [r for r in self._steps if r.step > since_step]
+
+  def summary(self, warmup_steps: Optional[int] = None) -> dict:
+    """Per-phase statistics over the steady-state steps.
+
+    Returns:
+      A dict with `warmup_steps`, `measured_steps`, `samples_per_second`
+      (samples of measured steps / their summed step time) and `phases`:
+      {name: {mean, p50, p95, total, fraction}} for every phase in PHASES,
+      plus `step` and `other`; a phase never entered has zeros.
+    """
+    if warmup_steps is None:
+      warmup_steps = default_warmup_steps(len(self._steps))
+    measured = self._steps[warmup_steps:] or self._steps
+    step_total = sum(r.duration_s for r in measured)
+    phases = {}
+    names = list(PHASES) + sorted(
+        {n for r in measured for n in r.phases_s} - set(PHASES))
+    for name in names:
+      stats = describe_durations([r.phases_s.get(name, 0.0) for r in measured])
+      stats["fraction"] = stats["total"] / step_total if step_total else 0.0
+      phases[name] = stats
+    other = [r.duration_s - sum(r.phases_s.values()) for r in measured]
+    phases[OTHER] = describe_durations(other)
+    phases[OTHER]["fraction"] = (phases[OTHER]["total"] / step_total
+                                 if step_total else 0.0)
+    phases[STEP] = describe_durations([r.duration_s for r in measured])
+    phases[STEP]["fraction"] = 1.0
+    samples = sum(r.num_samples for r in measured)
+    return {
+        "warmup_steps": min(warmup_steps, len(self._steps)),
+        "measured_steps": len(measured),
+        "samples_per_second": samples / step_total if step_total else 0.0,
+        "phases": phases,
+    }
+
+
+def summarize_window(records: List[StepRecord]) -> Dict[str, float]:
+  """Throughput and per-phase share of a run of steps (progress, scalars)."""
+  total = sum(r.duration_s for r in records)
+  scalars = {
+      "samples_per_second":
+          sum(r.num_samples for r in records) / total if total else 0.0,
+      "step_ms": 1e3 * total / len(records) if records else 0.0,
+  }
+  for name in PHASES:
+    spent = sum(r.phases_s.get(name, 0.0) for r in records)
+    scalars[f"{name}_fraction"] = spent / total if total else 0.0
+  return scalars

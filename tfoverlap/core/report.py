@@ -1,0 +1,39 @@
+"""Human-readable summaries of a run: the end-of-run breakdown table."""
+
+from tfoverlap.core import ledger as ledger_lib
+
+_ROW_ORDER = (ledger_lib.DATA_WAIT, ledger_lib.COMPUTE,
+              ledger_lib.CHECKPOINT_STALL, ledger_lib.OTHER, ledger_lib.STEP)
+
+
+def format_breakdown(summary: dict, *, title: str = "Per-step breakdown",
+                     phases_measured=None) -> str:
+  """A fixed-width table: per phase mean/p50/p95 in ms and share of step.
+
+  Args:
+    summary: `StepLedger.summary()` or a run.json's fields of the same names.
+    title: first line of the table.
+    phases_measured: phases the trainer could time separately; others show
+      "n/a" rather than a misleading zero (Keras fit times data inside its
+      compiled step, for instance).
+  """
+  phases = summary["phases"]
+  names = [n for n in _ROW_ORDER if n in phases]
+  names += sorted(set(phases) - set(names))
+  lines = [
+      f"{title} ({summary['measured_steps']} steps after "
+      f"{summary['warmup_steps']} warm-up; "
+      f"{summary['samples_per_second']:.1f} samples/s)",
+      f"  {'phase':<18}{'mean ms':>10}{'p50 ms':>10}{'p95 ms':>10}"
+      f"{'share':>8}",
+  ]
+  for name in names:
+    stats = phases[name]
+    if (phases_measured is not None and name in ledger_lib.PHASES and
+        name not in phases_measured):
+      lines.append(f"  {name:<18}{'n/a':>10}{'n/a':>10}{'n/a':>10}{'n/a':>8}")
+      continue
+    lines.append(f"  {name:<18}{stats['mean'] * 1e3:>10.3f}"
+                 f"{stats['p50'] * 1e3:>10.3f}{stats['p95'] * 1e3:>10.3f}"
+                 f"{stats['fraction'] * 100:>7.1f}%")
+  return "\n".join(lines)

@@ -1,0 +1,117 @@
+"""The run record, `<model_dir>/run.json`: one schema for both frameworks.
+
+A comparison tool reads these files without knowing which trainer wrote
+them. Everything here is plain Python: the trainers pass in what only their
+framework can know (versions, devices, weights as NumPy arrays).
+"""
+
+import hashlib
+import json
+import os
+import platform
+import socket
+import sys
+import tempfile
+from typing import Iterable, Optional, Tuple
+
+import numpy as np
+
+from tfoverlap import __version__
+
+SCHEMA_VERSION = 1
+RUN_RECORD_NAME = "run.json"
+TRACE_NAME = "trace.json"
+
+
+def write_json_atomically(path: str, payload) -> None:
+  """Writes JSON so that a reader never sees a half-written file."""
+  directory = os.path.dirname(path) or "."
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp_path = tempfile.mkstemp(dir=directory, prefix=".tmp-",
+                                  suffix=".json")
+  try:
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+      json.dump(payload, f, indent=2, sort_keys=True, default=_to_jsonable)
+      f.write("\n")
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp_path, path)
+  except BaseException:
+    if os.path.exists(tmp_path):
+      os.unlink(tmp_path)
+    raise
+
+
+def _to_jsonable(value):
+  if isinstance(value, np.generic):
+    return value.item()
+  raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def digest_weights(named_arrays: Iterable[Tuple[str, np.ndarray]]) -> str:
+  """SHA-256 over names, dtypes, shapes and bytes, in the given order.
+
+  Equal digests mean bit-identical weights; any changed bit changes it.
+  """
+  digest = hashlib.sha256()
+  for name, array in named_arrays:
+    array = np.ascontiguousarray(array)
+    digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+    digest.update(array.tobytes())
+  return digest.hexdigest()
+
+
+def describe_host() -> dict:
+  """The framework-independent part of a run's environment."""
+  return {
+      "python": sys.version.split()[0],
+      "platform": platform.platform(),
+      "machine": platform.machine(),
+      "hostname": socket.gethostname(),
+      "cpu_count": os.cpu_count(),
+      "numpy": np.__version__,
+      "tfoverlap": __version__,
+  }
+
+
+def build_run_record(*, framework: str, config: dict, environment: dict,
+                     model_name: str, num_params: int, strategy: dict,
+                     ledger_summary: dict, num_steps: int, wall_s: float,
+                     final: dict, weights_digest: str, worker_index: int,
+                     num_workers: int, phases_measured: Iterable[str],
+                     outputs: dict, notes: Optional[list] = None) -> dict:
+  """Assembles the run.json payload; see README "run.json" for each field."""
+  return {
+      "schema_version": SCHEMA_VERSION,
+      "framework": framework,
+      "flags": config,
+      "environment": environment,
+      "model": {"name": model_name, "num_params": int(num_params)},
+      "strategy": strategy,
+      "worker": {"index": worker_index, "num_workers": num_workers},
+      "steps": num_steps,
+      "wall_s": wall_s,
+      "warmup_steps": ledger_summary["warmup_steps"],
+      "measured_steps": ledger_summary["measured_steps"],
+      "samples_per_second": ledger_summary["samples_per_second"],
+      "phases": ledger_summary["phases"],
+      "phases_measured": list(phases_measured),
+      "final": final,
+      "weights_digest": weights_digest,
+      "outputs": outputs,
+      "notes": list(notes or []),
+  }
+
+
+def write_run_record(model_dir: str, record: dict) -> str:
+  path = os.path.join(model_dir, RUN_RECORD_NAME)
+  write_json_atomically(path, record)
+  return path
+
+
+def load_run_record(path: str) -> dict:
+  """Reads a run.json (or the one inside a model_dir)."""
+  if os.path.isdir(path):
+    path = os.path.join(path, RUN_RECORD_NAME)
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)

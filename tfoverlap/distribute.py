@@ -1,0 +1,167 @@
+"""TensorFlow strategies by name, and the host set-up they need first.
+
+`configure_host()` must run before TensorFlow initializes its devices (the
+first op or device query): it fixes thread pools and, for `mirrored` on a
+host without GPUs, splits the CPU into logical devices so the strategy runs
+anywhere. `build_strategy()` then maps the flag names onto tf.distribute:
+
+  default       tf.distribute.get_strategy(): no replicas, no all-reduce
+  one_device    OneDeviceStrategy on the first GPU, else the CPU
+  mirrored      MirroredStrategy over --num_devices local devices
+  multi_worker  MultiWorkerMirroredStrategy over the TF_CONFIG cluster
+  horovod       refused: Horovod's TensorFlow extension does not build here
+"""
+
+import json
+import os
+
+import tensorflow as tf
+
+from tfoverlap.core.config import ConfigError, DistributeConfig, RunConfig
+
+_IMPLEMENTATIONS = {
+    "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+}
+HOROVOD_REFUSAL = (
+    "Horovod's TensorFlow extension does not build against TensorFlow 2.21 "
+    "and its Keras integration fails on Keras 3 (horovod/horovod#4290); run "
+    "Horovod with python -m torch_parity.train, or use "
+    "--strategy=multi_worker here")
+
+
+def configure_host(distribute: DistributeConfig, run: RunConfig) -> None:
+  """Thread pools and logical devices; call before any TensorFlow op."""
+  if run.intra_op_threads:
+    tf.config.threading.set_intra_op_parallelism_threads(run.intra_op_threads)
+  if run.inter_op_threads:
+    tf.config.threading.set_inter_op_parallelism_threads(run.inter_op_threads)
+  if distribute.strategy == "mirrored" and not _gpus():
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    existing = tf.config.get_logical_device_configuration(cpu)
+    if existing is None:
+      tf.config.set_logical_device_configuration(
+          cpu, [tf.config.LogicalDeviceConfiguration()] *
+          distribute.num_devices)
+
+
+def _gpus():
+  return tf.config.list_physical_devices("GPU")
+
+
+def mirrored_devices(num_devices: int) -> list:
+  """The local devices a mirrored strategy replicates over."""
+  gpus = _gpus()
+  if gpus:
+    if len(gpus) < num_devices:
+      raise ConfigError("num_devices", num_devices,
+                        f"this host has {len(gpus)} GPU(s)")
+    return [f"/gpu:{i}" for i in range(num_devices)]
+  cpus = tf.config.list_logical_devices("CPU")
+  if len(cpus) < num_devices:
+    raise ConfigError(
+        "num_devices", num_devices,
+        f"only {len(cpus)} logical CPU device(s) exist: configure_host() "
+        "must run before TensorFlow initializes")
+  return [f"/cpu:{i}" for i in range(num_devices)]
+
+
+def _check_all_reduce_applies(cfg: DistributeConfig) -> None:
+  """Refuses all-reduce knobs the chosen strategy would silently ignore."""
+  if cfg.strategy in ("default", "one_device"):
+    if cfg.all_reduce != "auto":
+      raise ConfigError("all_reduce", cfg.all_reduce,
+                        f"--strategy={cfg.strategy} has no all-reduce; "
+                        "allowed: auto")
+    if cfg.all_reduce_pack_mb:
+      raise ConfigError("all_reduce_pack_mb", cfg.all_reduce_pack_mb,
+                        f"--strategy={cfg.strategy} has no all-reduce; "
+                        "allowed: 0")
+  if cfg.strategy == "mirrored":
+    if cfg.all_reduce == "ring":
+      raise ConfigError("all_reduce", "ring",
+                        "MirroredStrategy has no ring all-reduce; allowed "
+                        "with mirrored: auto or nccl (ring: multi_worker)")
+    if cfg.all_reduce_pack_mb:
+      raise ConfigError("all_reduce_pack_mb", cfg.all_reduce_pack_mb,
+                        "MirroredStrategy packs by count, not size; allowed "
+                        "with mirrored: 0 (pack size: multi_worker)")
+  if cfg.all_reduce == "nccl" and not _gpus():
+    raise ConfigError("all_reduce", "nccl",
+                      "NCCL needs GPUs and this host has none; allowed: "
+                      "auto or ring")
+
+
+def communication_options(cfg: DistributeConfig):
+  """Collective options for multi_worker: implementation and pack size."""
+  return tf.distribute.experimental.CommunicationOptions(
+      bytes_per_pack=int(cfg.all_reduce_pack_mb * 1024 * 1024),
+      implementation=_IMPLEMENTATIONS[cfg.all_reduce])
+
+
+def cluster_from_tf_config():
+  """(worker index, number of workers) from TF_CONFIG, or (0, 1)."""
+  raw = os.environ.get("TF_CONFIG")
+  if not raw:
+    return 0, 1
+  try:
+    tf_config = json.loads(raw)
+    workers = tf_config["cluster"]["worker"]
+    index = int(tf_config["task"]["index"])
+  except (ValueError, KeyError, TypeError) as e:
+    raise ConfigError("strategy", "multi_worker",
+                      f"TF_CONFIG is not a valid worker cluster ({e})")
+  return index, len(workers)
+
+
+def build_strategy(cfg: DistributeConfig) -> tf.distribute.Strategy:
+  """The tf.distribute strategy named by `cfg.strategy`.
+
+  Raises:
+    ConfigError: for horovod, a knob the strategy has no use for, or a
+      multi_worker run whose TF_CONFIG does not match --num_workers.
+  """
+  if cfg.strategy == "horovod":
+    raise ConfigError("strategy", "horovod", HOROVOD_REFUSAL)
+  _check_all_reduce_applies(cfg)
+  if cfg.strategy == "default":
+    return tf.distribute.get_strategy()
+  if cfg.strategy == "one_device":
+    return tf.distribute.OneDeviceStrategy("/gpu:0" if _gpus() else "/cpu:0")
+  if cfg.strategy == "mirrored":
+    devices = mirrored_devices(cfg.num_devices)
+    cross_device_ops = (tf.distribute.NcclAllReduce()
+                        if cfg.all_reduce == "nccl" else None)
+    return tf.distribute.MirroredStrategy(devices,
+                                          cross_device_ops=cross_device_ops)
+  if cfg.strategy == "multi_worker":
+    if "TF_CONFIG" not in os.environ and cfg.num_workers > 1:
+      raise ConfigError(
+          "strategy", "multi_worker",
+          f"--num_workers={cfg.num_workers} needs TF_CONFIG; start the "
+          "workers with python -m tfoverlap.launch --num_workers="
+          f"{cfg.num_workers} -- <trainer flags>")
+    _, num_workers = cluster_from_tf_config()
+    if num_workers != cfg.num_workers:
+      raise ConfigError("num_workers", cfg.num_workers,
+                        f"TF_CONFIG lists {num_workers} worker(s)")
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=communication_options(cfg))
+  raise ConfigError("strategy", cfg.strategy,
+                    "allowed: default, one_device, mirrored, multi_worker")
+
+
+def describe_strategy(strategy: tf.distribute.Strategy,
+                      cfg: DistributeConfig) -> dict:
+  """What run.json records about the strategy actually built."""
+  extended = strategy.extended
+  devices = list(getattr(extended, "worker_devices", ()) or ())
+  return {
+      "name": cfg.strategy,
+      "class": type(strategy).__name__,
+      "num_replicas": strategy.num_replicas_in_sync,
+      "devices": devices,
+      "all_reduce": cfg.all_reduce,
+      "all_reduce_pack_mb": cfg.all_reduce_pack_mb,
+  }

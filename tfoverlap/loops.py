@@ -1,0 +1,117 @@
+"""The two training loops, both feeding the same step ledger.
+
+`run_custom_loop` times each phase separately: the wait for the next batch,
+the replicated step (forward, backward, all-reduce, update), the checkpoint.
+`run_fit_loop` drives Keras `model.fit`, whose compiled step pulls its own
+input, so there the data wait is inside the compute span.
+"""
+
+import dataclasses
+import time
+from typing import Callable, Optional
+
+import keras
+import tensorflow as tf
+
+from tfoverlap import steps
+from tfoverlap.core import ledger as ledger_lib
+from tfoverlap.core.progress import ProgressPrinter
+
+
+@dataclasses.dataclass
+class LoopContext:
+  """What both loops need besides the model: bookkeeping and cadence."""
+  ledger: ledger_lib.StepLedger
+  progress: ProgressPrinter
+  checkpointer: Optional[object]  # tfoverlap.checkpoint.Checkpointer
+  write_scalars: Callable[[int, float], None]
+  first_step: int  # the step to run first (1, or one past a restored step)
+  last_step: int
+  global_batch_size: int
+
+
+def _after_step(ctx: LoopContext, step: int, loss: float) -> None:
+  """Checkpoint, close the step in the ledger, report."""
+  if ctx.checkpointer is not None:
+    with ctx.ledger.phase(ledger_lib.CHECKPOINT_STALL):
+      ctx.checkpointer.maybe_save(step)
+  ctx.ledger.end_step(step, ctx.global_batch_size)
+  ctx.progress.maybe_print(ctx.ledger, step, loss)
+  ctx.write_scalars(step, loss)
+
+
+def run_custom_loop(ctx: LoopContext, *, train_step, iterator) -> float:
+  """Runs steps first_step..last_step; returns the last step's loss."""
+  loss = float("nan")
+  for step in range(ctx.first_step, ctx.last_step + 1):
+    with ctx.ledger.phase(ledger_lib.DATA_WAIT):
+      batch = next(iterator)
+    with ctx.ledger.phase(ledger_lib.COMPUTE):
+      # Reading the loss waits for the step to finish, so the span covers
+      # the device work and not only its dispatch.
+      loss = float(train_step(batch))
+    _after_step(ctx, step, loss)
+  return loss
+
+
+class LedgerCallback(keras.callbacks.Callback):
+  """Times each `model.fit` batch into the ledger, then checkpoints."""
+
+  def __init__(self, ctx: LoopContext):
+    super().__init__()
+    self._ctx = ctx
+    self._batch_start = 0.0
+    self.last_loss = float("nan")
+
+  def on_train_batch_begin(self, batch, logs=None):
+    self._batch_start = time.perf_counter()
+
+  def on_train_batch_end(self, batch, logs=None):
+    self._ctx.ledger.add(ledger_lib.COMPUTE, self._batch_start,
+                         time.perf_counter())
+    # Keras reports the running mean of the epoch's loss here.
+    self.last_loss = float(logs["loss"]) if logs else float("nan")
+    _after_step(self._ctx, self._ctx.first_step + batch, self.last_loss)
+
+
+def run_fit_loop(ctx: LoopContext, *, model, optimizer, loss_fn,
+                 distributed_data) -> float:
+  """Trains with `model.fit` for the same steps; returns the last loss."""
+  model.compile(optimizer=optimizer, loss=loss_fn, jit_compile=False)
+  callback = LedgerCallback(ctx)
+  model.fit(distributed_data, epochs=1,
+            steps_per_epoch=ctx.last_step - ctx.first_step + 1, verbose=0,
+            callbacks=[callback])
+  return callback.last_loss
+
+
+def fit_loss(task: str):
+  """The Keras loss `model.fit` compiles with, matching the custom loop's."""
+  if task == steps.SUPER_RESOLUTION:
+    return keras.losses.MeanAbsoluteError()
+  return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def make_scalar_writer(logdir: Optional[str], every_steps: int,
+                       ledger: ledger_lib.StepLedger):
+  """TensorBoard scalars every `every_steps` steps: loss, throughput, shares.
+
+  Returns a `write(step, loss)` callable; a no-op when `logdir` is None.
+  """
+  if logdir is None:
+    return lambda step, loss: None
+  writer = tf.summary.create_file_writer(logdir)
+  last = {"step": 0}
+
+  def write(step: int, loss: float) -> None:
+    if step % every_steps:
+      return
+    scalars = ledger_lib.summarize_window(ledger.window(last["step"]))
+    last["step"] = step
+    with writer.as_default(step=step):
+      tf.summary.scalar("loss", loss)
+      for name, value in scalars.items():
+        tf.summary.scalar(f"steps/{name}", value)
+    writer.flush()
+
+  return write

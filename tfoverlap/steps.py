@@ -1,0 +1,122 @@
+"""The replicated training and evaluation steps of the custom training loop.
+
+The gradient all-reduce happens inside `optimizer.apply_gradients` (Keras 3
+sums gradients across replicas there), so the compute phase the ledger times
+around `train_step` includes communication, as it does in PyTorch DDP.
+"""
+
+import math
+
+import keras
+import tensorflow as tf
+
+from tfoverlap.core.config import ModelConfig
+
+CLASSIFICATION = "classification"
+SUPER_RESOLUTION = "super_resolution"
+
+
+def apply_precision_policy(precision: str) -> None:
+  """Sets Keras' global dtype policy; call before building the model."""
+  keras.mixed_precision.set_global_policy(precision)
+
+
+def build_optimizer(cfg: ModelConfig) -> keras.optimizers.Optimizer:
+  if cfg.optimizer == "sgd":
+    optimizer = keras.optimizers.SGD(cfg.learning_rate)
+  elif cfg.optimizer == "momentum":
+    optimizer = keras.optimizers.SGD(cfg.learning_rate, momentum=0.9)
+  else:
+    optimizer = keras.optimizers.Adam(cfg.learning_rate)
+  if cfg.precision == "mixed_float16":
+    # float16 gradients underflow without scaling; bfloat16 has float32's
+    # exponent range and needs none.
+    optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+  return optimizer
+
+
+def per_example_loss(task: str, targets, outputs):
+  """Cross-entropy on logits, or EDSR's L1 loss, one value per example."""
+  outputs = tf.cast(outputs, tf.float32)
+  if task == SUPER_RESOLUTION:
+    return tf.reduce_mean(tf.abs(targets - outputs), axis=[1, 2, 3])
+  return keras.losses.sparse_categorical_crossentropy(targets, outputs,
+                                                      from_logits=True)
+
+
+def make_train_step(strategy, model, optimizer, *, task: str,
+                    global_batch_size: int):
+  """A tf.function running one optimizer step on a distributed batch.
+
+  Returns:
+    train_step(distributed_batch) -> the global mean loss (a scalar tensor).
+  """
+  scales_loss = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+
+  def replica_step(inputs, targets):
+    with tf.GradientTape() as tape:
+      outputs = model(inputs, training=True)
+      loss = tf.nn.compute_average_loss(
+          per_example_loss(task, targets, outputs),
+          global_batch_size=global_batch_size)
+      scaled = optimizer.scale_loss(loss) if scales_loss else loss
+    grads = tape.gradient(scaled, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+  @tf.function
+  def train_step(batch):
+    per_replica_loss = strategy.run(replica_step, args=batch)
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss,
+                           axis=None)
+
+  return train_step
+
+
+def _replica_eval_sums(model, task, inputs, targets):
+  outputs = model(inputs, training=False)
+  losses = per_example_loss(task, targets, outputs)
+  count = tf.cast(tf.shape(losses)[0], tf.float32)
+  if task == SUPER_RESOLUTION:
+    squared = tf.reduce_mean(
+        tf.square(targets - tf.cast(outputs, tf.float32)), axis=[1, 2, 3])
+    # PSNR of images in [0, 1]; the epsilon keeps a perfect match finite.
+    quality = tf.reduce_sum(-10.0 * tf.math.log(squared + 1e-10) /
+                            math.log(10.0))
+  else:
+    predictions = tf.argmax(outputs, axis=-1, output_type=tf.int32)
+    quality = tf.reduce_sum(
+        tf.cast(tf.equal(predictions, tf.cast(targets, tf.int32)),
+                tf.float32))
+  return tf.reduce_sum(losses), quality, count
+
+
+def evaluate(strategy, model, distributed_eval_data, *, task: str) -> dict:
+  """One pass over the eval data.
+
+  Returns:
+    {"eval_loss", "eval_accuracy"} for classification, {"eval_loss",
+    "eval_psnr_db"} for super-resolution, and "eval_examples".
+  """
+
+  @tf.function
+  def eval_step(batch):
+    sums = strategy.run(lambda x, y: _replica_eval_sums(model, task, x, y),
+                        args=batch)
+    return [strategy.reduce(tf.distribute.ReduceOp.SUM, s, axis=None)
+            for s in sums]
+
+  loss_sum = quality_sum = count = 0.0
+  for batch in distributed_eval_data:
+    batch_loss, batch_quality, batch_count = eval_step(batch)
+    loss_sum += float(batch_loss)
+    quality_sum += float(batch_quality)
+    count += float(batch_count)
+  if not count:
+    return {}
+  quality_key = "eval_psnr_db" if task == SUPER_RESOLUTION else "eval_accuracy"
+  return {
+      "eval_loss": loss_sum / count,
+      quality_key: quality_sum / count,
+      "eval_examples": int(count),
+  }

@@ -1,0 +1,47 @@
+"""python -m tfoverlap.train: the measured TensorFlow/Keras trainer.
+
+With no flags it trains the small CNN on the embedded digits set, with
+prefetch on, under MirroredStrategy over two devices, and prints where each
+step's time went. `--helpfull` lists every flag; `--flagfile` reads them.
+"""
+
+import sys
+
+from absl import app
+
+import flags as tfo_flags
+from tfoverlap.core.config import ConfigError
+
+tfo_flags.define_flags()
+
+
+def main(argv):
+  del argv  # parse_or_exit refuses positional arguments
+  config = tfo_flags.to_config(tfo_flags.FLAGS)
+  # TensorFlow is imported only now, after flags parsed, so --helpfull and a
+  # bad flag answer at once.
+  from tfoverlap import trainer  # pylint: disable=g-import-not-at-top
+  from tfoverlap.core import report  # pylint: disable=g-import-not-at-top
+  try:
+    record = trainer.train(config)
+  except ConfigError as e:
+    tfo_flags.exit_with_usage_error(str(e))
+  if record["worker"]["index"] == 0:
+    print(report.format_breakdown(record,
+                                  phases_measured=record["phases_measured"]))
+    print(format_final(record))
+
+
+def format_final(record: dict) -> str:
+  final = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in record["final"].items())
+  return (f"{record['model']['name']} ({record['model']['num_params']:,} "
+          f"params): {final}\nrun record: {record['outputs']['run_record']}")
+
+
+def run_main():
+  app.run(main, argv=sys.argv, flags_parser=tfo_flags.parse_or_exit)
+
+
+if __name__ == "__main__":
+  run_main()

@@ -1,0 +1,183 @@
+"""One TensorFlow training run from a TrainConfig: build, train, record.
+
+The order matters: the host is configured before TensorFlow touches a
+device, the strategy exists before any variable, and the model and optimizer
+are built inside its scope so their variables are replicated.
+"""
+
+import dataclasses
+import os
+import time
+
+import keras
+import tensorflow as tf
+
+from tfoverlap import checkpoint, data, distribute, loops, models, steps
+from tfoverlap.core import ledger as ledger_lib
+from tfoverlap.core import run_record, trace, zoo
+from tfoverlap.core.config import TrainConfig
+from tfoverlap.core.progress import ProgressPrinter
+
+FRAMEWORK = "tensorflow"
+
+
+def default_model_dir(framework: str, model_name: str) -> str:
+  stamp = time.strftime("%Y%m%d-%H%M%S")
+  return os.path.join("runs", f"{framework}-{model_name}-{stamp}")
+
+
+def worker_dir(model_dir: str, worker_index: int) -> str:
+  """Where a worker writes: the chief at the top, the others beneath."""
+  if worker_index == 0:
+    return model_dir
+  return os.path.join(model_dir, f"worker-{worker_index}")
+
+
+def describe_environment(strategy: tf.distribute.Strategy) -> dict:
+  environment = run_record.describe_host()
+  environment.update({
+      "tensorflow": tf.__version__,
+      "keras": keras.__version__,
+      "devices": [d.name for d in tf.config.list_logical_devices()],
+      "gpus": [d.name for d in tf.config.list_physical_devices("GPU")],
+      "num_replicas": strategy.num_replicas_in_sync,
+  })
+  return environment
+
+
+def weights_digest(model) -> str:
+  return run_record.digest_weights(
+      (w.path, w.numpy()) for w in model.weights)
+
+
+def _build_train_iterator(strategy, config: TrainConfig, spec):
+  if config.data.synthetic_on_device:
+    return data.make_resident_iterator(strategy, config.data, task=spec.task,
+                                       seed=config.run.seed,
+                                       upscale=spec.upscale)
+  input_fn = data.make_input_fn(config.data, split="train", task=spec.task,
+                                seed=config.run.seed, upscale=spec.upscale)
+  return iter(data.distribute_input(strategy, input_fn, config.data))
+
+
+def train(config: TrainConfig) -> dict:
+  """Runs training as configured; returns the run record it wrote.
+
+  Raises:
+    ConfigError: for a setting this framework or host cannot honour.
+  """
+  start = time.perf_counter()
+  worker_index, num_workers = (distribute.cluster_from_tf_config()
+                               if config.distribute.strategy == "multi_worker"
+                               else (0, 1))
+  is_chief = worker_index == 0
+  distribute.configure_host(config.distribute, config.run)
+  keras.utils.set_random_seed(config.run.seed)
+  if config.run.deterministic:
+    tf.config.experimental.enable_op_determinism()
+  strategy = distribute.build_strategy(config.distribute)
+  if not config.run.model_dir:
+    config = dataclasses.replace(config, run=dataclasses.replace(
+        config.run, model_dir=default_model_dir(FRAMEWORK, config.model.name)))
+  out_dir = worker_dir(config.run.model_dir, worker_index)
+  os.makedirs(out_dir, exist_ok=True)
+
+  service = None
+  if config.data.data_service == "local":
+    service = data.start_data_service()
+    config = dataclasses.replace(config, data=dataclasses.replace(
+        config.data, data_service=service.address))
+  spec = zoo.MODELS[config.model.name]
+  info = data.describe(config.data)
+  steps.apply_precision_policy(config.model.precision)
+  with strategy.scope():
+    model = models.build_model(config.model.name,
+                               image_size=config.data.image_size,
+                               num_classes=info.num_classes,
+                               channels=info.channels)
+    optimizer = steps.build_optimizer(config.model)
+    optimizer.build(model.trainable_variables)
+
+  checkpointer = checkpoint.build_checkpointer(
+      config.checkpoint, config.run.model_dir, model=model,
+      optimizer=optimizer, is_chief=is_chief, worker_index=worker_index)
+  restored_step = checkpointer.restore_latest() if checkpointer else 0
+
+  ledger = ledger_lib.StepLedger()
+  prefix = "" if num_workers == 1 else f"[worker {worker_index}] "
+  ctx = loops.LoopContext(
+      ledger=ledger,
+      progress=ProgressPrinter(total_steps=config.run.train_steps,
+                               every_steps=config.run.log_every_steps,
+                               enabled=config.run.progress and is_chief,
+                               prefix=prefix),
+      checkpointer=checkpointer,
+      write_scalars=loops.make_scalar_writer(
+          os.path.join(out_dir, "tensorboard")
+          if config.run.tensorboard else None,
+          config.run.log_every_steps, ledger),
+      first_step=restored_step + 1,
+      last_step=config.run.train_steps,
+      global_batch_size=config.data.batch_size)
+
+  train_iterator = _build_train_iterator(strategy, config, spec)
+  if ctx.first_step > ctx.last_step:
+    loss = float("nan")
+  elif config.run.loop == "fit":
+    loss = loops.run_fit_loop(ctx, model=model, optimizer=optimizer,
+                              loss_fn=loops.fit_loss(spec.task),
+                              distributed_data=train_iterator)
+  else:
+    train_step = steps.make_train_step(
+        strategy, model, optimizer, task=spec.task,
+        global_batch_size=config.data.batch_size)
+    loss = loops.run_custom_loop(ctx, train_step=train_step,
+                                 iterator=train_iterator)
+  if checkpointer:
+    checkpointer.close()
+
+  final = {"train_loss": loss}
+  if config.run.evaluate and info.num_eval_examples:
+    eval_fn = data.make_input_fn(config.data, split="eval", task=spec.task,
+                                 seed=config.run.seed, upscale=spec.upscale)
+    final.update(steps.evaluate(
+        strategy, model, data.distribute_input(strategy, eval_fn, config.data),
+        task=spec.task))
+  if service is not None:
+    service.stop()
+
+  outputs = {}
+  if config.run.trace:
+    outputs["trace"] = trace.write_chrome_trace(
+        os.path.join(out_dir, run_record.TRACE_NAME), ledger.spans,
+        origin_s=ledger.origin_s, pid=worker_index,
+        process_name=f"{FRAMEWORK} worker {worker_index}")
+  if config.run.tensorboard:
+    outputs["tensorboard"] = os.path.join(out_dir, "tensorboard")
+  phases_measured = ([ledger_lib.COMPUTE, ledger_lib.CHECKPOINT_STALL]
+                     if config.run.loop == "fit" else list(ledger_lib.PHASES))
+  notes = []
+  if config.run.loop == "fit":
+    notes.append("model.fit pulls its input inside the compiled step: "
+                 "data wait is part of compute")
+  if restored_step:
+    notes.append(f"resumed from the checkpoint of step {restored_step}")
+  record = run_record.build_run_record(
+      framework=FRAMEWORK,
+      config=config.to_dict(),
+      environment=describe_environment(strategy),
+      model_name=config.model.name,
+      num_params=models.num_params(model),
+      strategy=distribute.describe_strategy(strategy, config.distribute),
+      ledger_summary=ledger.summary(),
+      num_steps=len(ledger.steps),
+      wall_s=time.perf_counter() - start,
+      final=final,
+      weights_digest=weights_digest(model),
+      worker_index=worker_index,
+      num_workers=num_workers,
+      phases_measured=phases_measured,
+      outputs=outputs,
+      notes=notes)
+  outputs["run_record"] = run_record.write_run_record(out_dir, record)
+  return record
