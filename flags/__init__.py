@@ -40,6 +40,8 @@ GROUPS = {
 }
 USAGE_ERROR_EXIT_CODE = 2
 
+_HELP_FLAGS = ("--help", "-help", "--helpshort", "--helpfull", "--helpxml",
+               "-?")
 _DATA_SERVICE_ADDRESS = re.compile(r"^(grpc://)?[\w.\-\[\]:]+:\d+$")
 
 
@@ -57,6 +59,10 @@ def parse_or_exit(argv):
     remaining = FLAGS(argv)
   except absl_flags.Error as e:
     exit_with_usage_error(str(e))
+  except SystemExit as e:
+    # absl's help flags exit 1 after printing; asking for help succeeded.
+    asked_help = any(a.split("=")[0] in _HELP_FLAGS for a in argv[1:])
+    sys.exit(0 if asked_help and e.code == 1 else e.code)
   if len(remaining) > 1:
     exit_with_usage_error(
         f"unexpected positional arguments {remaining[1:]}; flags take the "

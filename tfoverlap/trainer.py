@@ -21,11 +21,6 @@ from tfoverlap.core.progress import ProgressPrinter
 FRAMEWORK = "tensorflow"
 
 
-def default_model_dir(framework: str, model_name: str) -> str:
-  stamp = time.strftime("%Y%m%d-%H%M%S")
-  return os.path.join("runs", f"{framework}-{model_name}-{stamp}")
-
-
 def worker_dir(model_dir: str, worker_index: int) -> str:
   """Where a worker writes: the chief at the top, the others beneath."""
   if worker_index == 0:
@@ -78,7 +73,8 @@ def train(config: TrainConfig) -> dict:
   strategy = distribute.build_strategy(config.distribute)
   if not config.run.model_dir:
     config = dataclasses.replace(config, run=dataclasses.replace(
-        config.run, model_dir=default_model_dir(FRAMEWORK, config.model.name)))
+        config.run,
+        model_dir=run_record.default_model_dir(FRAMEWORK, config.model.name)))
   out_dir = worker_dir(config.run.model_dir, worker_index)
   os.makedirs(out_dir, exist_ok=True)
 

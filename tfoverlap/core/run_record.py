@@ -12,6 +12,7 @@ import platform
 import socket
 import sys
 import tempfile
+import time
 from typing import Iterable, Optional, Tuple
 
 import numpy as np
@@ -21,6 +22,12 @@ from tfoverlap import __version__
 SCHEMA_VERSION = 1
 RUN_RECORD_NAME = "run.json"
 TRACE_NAME = "trace.json"
+
+
+def default_model_dir(framework: str, model_name: str) -> str:
+  """runs/<framework>-<model>-<timestamp>, relative to the working directory."""
+  stamp = time.strftime("%Y%m%d-%H%M%S")
+  return os.path.join("runs", f"{framework}-{model_name}-{stamp}")
 
 
 def write_json_atomically(path: str, payload) -> None:
