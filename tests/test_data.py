@@ -1,0 +1,491 @@
+"""Tests of tfoverlap.data: real tf.data pipelines on the CPU.
+
+Sources are real: scikit-learn's digits, a TFDS dataset this file writes with
+TFDS's own writer, and PNG files it writes for an image folder. Distribution
+runs MirroredStrategy over the two logical CPUs that conftest.py creates.
+"""
+
+import collections
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfoverlap import data
+from tfoverlap.core.config import AUTOTUNE, ConfigError, DataConfig
+from tfoverlap.data import device, pipeline, preprocess_cost, sources
+
+DIGITS_TRAIN, DIGITS_EVAL = 1437, 360
+
+
+def make_cfg(**overrides) -> DataConfig:
+  base = DataConfig(dataset="digits", data_dir=None, tfds_name="mnist",
+                    image_size=8, num_classes=10, batch_size=16,
+                    synthetic_on_device=False, prefetch=AUTOTUNE,
+                    prefetch_to_device=False, map_parallelism=AUTOTUNE,
+                    cache=False, shuffle_buffer=256, preprocess_cost_ms=0.0,
+                    data_service="")
+  return dataclasses.replace(base, **overrides)
+
+
+def first_batches(ds, count):
+  return [tuple(t.numpy() for t in batch) for batch in ds.take(count)]
+
+
+def one_pass(ds):
+  """All (image, label) pairs of a finite dataset, concatenated."""
+  images, labels = zip(*[(x.numpy(), y.numpy()) for x, y in ds])
+  return np.concatenate(images), np.concatenate(labels)
+
+
+def image_counter(images, levels=None):
+  """Multiset of images, comparable across orders.
+
+  With `levels`, pixels are compared as integers (pixel * levels), so that
+  float32 and float64 renderings of the same k/levels values agree.
+  """
+  if levels:
+    images = np.round(np.asarray(images) * levels).astype(np.int64)
+  return collections.Counter(image.tobytes() for image in images)
+
+
+def digits_reference(split):
+  """The source's own arrays, expanded to 3 channels as decode does."""
+  images, labels = sources.load_digits_splits()[split]
+  return np.repeat(images, 3, axis=-1), labels
+
+
+# --- sources -----------------------------------------------------------------
+
+
+def test_digits_describe_and_batches():
+  cfg = make_cfg()
+  assert data.describe(cfg) == data.DatasetInfo(
+      num_classes=10, num_train_examples=DIGITS_TRAIN,
+      num_eval_examples=DIGITS_EVAL, image_size=8, channels=3)
+  ds = data.make_input_fn(cfg, split="train", task="classification",
+                          seed=0)(None)
+  assert ds.element_spec[0].shape == (16, 8, 8, 3)
+  assert ds.element_spec[0].dtype == tf.float32
+  assert ds.element_spec[1].shape == (16,)
+  assert ds.element_spec[1].dtype == tf.int32
+  images, labels = (np.concatenate(parts)
+                    for parts in zip(*first_batches(ds, 20)))
+  assert images.min() >= 0.0 and images.max() <= 1.0 and images.max() > 0.9
+  assert set(labels) == set(range(10))
+
+
+def test_digits_train_and_eval_partition_the_data_set():
+  from sklearn import datasets  # pylint: disable=g-import-not-at-top
+  cfg = make_cfg(shuffle_buffer=0, batch_size=DIGITS_TRAIN)
+  train_images, train_labels = first_batches(
+      data.make_input_fn(cfg, split="train", task="classification",
+                         seed=0)(None), 1)[0]
+  eval_images, eval_labels = one_pass(
+      data.make_input_fn(cfg, split="eval", task="classification", seed=0)(
+          None))
+  assert len(train_labels) == DIGITS_TRAIN and len(eval_labels) == DIGITS_EVAL
+  everything = np.repeat(datasets.load_digits().images[..., None] / 16.0, 3,
+                         axis=-1)
+  # Together exactly the whole data set: no example is in both splits.
+  assert (image_counter(np.concatenate([train_images, eval_images]), 16) ==
+          image_counter(everything, 16))
+
+
+def test_digits_order_follows_the_seed():
+  cfg = make_cfg(shuffle_buffer=512)
+
+  def labels(seed):
+    ds = data.make_input_fn(cfg, split="train", task="classification",
+                            seed=seed)(None)
+    return np.concatenate([b[1] for b in first_batches(ds, 8)])
+
+  np.testing.assert_array_equal(labels(1), labels(1))
+  assert not np.array_equal(labels(1), labels(2))
+
+
+def test_synthetic_pool_is_fixed_and_the_seed_only_orders_it():
+  cfg = make_cfg(dataset="synthetic", num_classes=5, image_size=6,
+                 batch_size=1024)
+  info = data.describe(cfg)
+  assert (info.num_classes, info.num_train_examples,
+          info.num_eval_examples) == (5, 1024, 256)
+  epochs = {}
+  for seed in (1, 2):
+    ds = data.make_input_fn(cfg, split="train", task="classification",
+                            seed=seed)(None)
+    epochs[seed] = first_batches(ds, 1)[0]
+  images, labels = epochs[1]
+  assert images.shape == (1024, 6, 6, 3)
+  assert 0.0 <= images.min() and images.max() <= 1.0
+  assert set(labels) == set(range(5))
+  assert image_counter(epochs[1][0]) == image_counter(epochs[2][0])
+  assert not np.array_equal(epochs[1][1], epochs[2][1])
+  eval_images, _ = one_pass(data.make_input_fn(
+      cfg, split="eval", task="classification", seed=1)(None))
+  assert eval_images.shape == (256, 6, 6, 3)
+  assert not image_counter(eval_images) & image_counter(images)
+
+
+@pytest.fixture(scope="module")
+def tfds_dir(tmp_path_factory):
+  """A real TFDS dataset (train 20, test 8 grayscale 12x12) written here."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp("tfds")
+  rng = np.random.default_rng(7)
+  splits = {}
+  for split, count in (("train", 20), ("test", 8)):
+    splits[split] = (rng.integers(0, 256, (count, 12, 12, 1), dtype=np.uint8),
+                     rng.integers(0, 3, count))
+  features = tfds.features.FeaturesDict({
+      "image": tfds.features.Image(shape=(12, 12, 1)),
+      "label": tfds.features.ClassLabel(num_classes=3)})
+  tfds.dataset_builders.store_as_tfds_dataset(
+      name="tiny_gray", version="1.0.0", features=features,
+      split_datasets={
+          split: tf.data.Dataset.from_tensor_slices(
+              {"image": images, "label": labels})
+          for split, (images, labels) in splits.items()},
+      data_dir=str(root))
+  return str(root), splits
+
+
+def test_tfds_reads_a_locally_prepared_dataset(tfds_dir):
+  root, written = tfds_dir
+  cfg = make_cfg(dataset="tfds", data_dir=root, tfds_name="tiny_gray",
+                 image_size=12, batch_size=4)
+  assert data.describe(cfg) == data.DatasetInfo(3, 20, 8, 12, 3)
+  images, labels = one_pass(data.make_input_fn(
+      cfg, split="eval", task="classification", seed=0)(None))
+  expected_images = np.repeat(written["test"][0] / 255.0, 3, axis=-1)
+  assert (image_counter(images, levels=255) ==
+          image_counter(expected_images, levels=255))
+  assert sorted(labels) == sorted(written["test"][1])
+  train = data.make_input_fn(dataclasses.replace(cfg, image_size=8),
+                             split="train", task="classification", seed=0)
+  images, labels = first_batches(train(None), 1)[0]
+  assert images.shape == (4, 8, 8, 3) and labels.dtype == np.int32
+
+
+def write_png(path, color, height=10, width=6):
+  pixels = np.tile(np.array(color, np.uint8), (height, width, 1))
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tf.io.write_file(path, tf.io.encode_png(pixels))
+
+
+def test_image_folder_reads_pngs(tmp_path):
+  colors = {"cat": (255, 0, 0), "dog": (0, 0, 255)}
+  for split, count in (("train", 5), ("validation", 2)):
+    for label, color in colors.items():
+      for i in range(count):
+        write_png(str(tmp_path / split / label / f"{i}.png"), color)
+  cfg = make_cfg(dataset="image_folder", data_dir=str(tmp_path),
+                 batch_size=4)
+  assert data.describe(cfg) == data.DatasetInfo(2, 10, 4, 8, 3)
+  images, labels = one_pass(data.make_input_fn(
+      cfg, split="eval", task="classification", seed=0)(None))
+  assert images.shape == (4, 8, 8, 3)
+  assert sorted(labels) == [0, 0, 1, 1]
+  for image, label in zip(images, labels):  # labels sort: cat 0, dog 1
+    expected = np.array(colors[["cat", "dog"][label]]) / 255.0
+    np.testing.assert_allclose(image, np.broadcast_to(expected, image.shape),
+                               atol=1e-6)
+
+
+def test_cache_keeps_decoded_samples_after_the_files_are_gone(tmp_path):
+  for label, color in (("cat", (255, 0, 0)), ("dog", (0, 0, 255))):
+    for i in range(3):
+      write_png(str(tmp_path / "train" / label / f"{i}.png"), color)
+  for cache in (True, False):
+    # No read-ahead: the second epoch starts only after the files are gone.
+    cfg = make_cfg(dataset="image_folder", data_dir=str(tmp_path),
+                   batch_size=6, shuffle_buffer=0, prefetch=0,
+                   map_parallelism=1, cache=cache)
+    batches = iter(data.make_input_fn(cfg, split="train",
+                                      task="classification", seed=0)(None))
+    _, first_labels = next(batches)
+    if cache:
+      files = sorted(tmp_path.glob("train/*/*.png"))
+      contents = {path: path.read_bytes() for path in files}
+      for path in files:
+        path.unlink()
+      _, second_labels = next(batches)  # served from memory
+      np.testing.assert_array_equal(first_labels, second_labels)
+      for path, content in contents.items():
+        path.write_bytes(content)
+    else:
+      for path in tmp_path.glob("train/*/*.png"):
+        path.unlink()
+      with pytest.raises(tf.errors.NotFoundError):
+        next(batches)  # without the cache the second epoch reads files
+
+
+def test_input_pipelines_read_disjoint_shards():
+  cfg = make_cfg(batch_size=16)
+  input_fn = data.make_input_fn(cfg, split="eval", task="classification",
+                                seed=0)
+  shards = []
+  for pipeline_id in range(2):
+    context = tf.distribute.InputContext(num_input_pipelines=2,
+                                         input_pipeline_id=pipeline_id,
+                                         num_replicas_in_sync=4)
+    ds = input_fn(context)
+    assert ds.element_spec[0].shape.as_list() == [None, 8, 8, 3]
+    images, labels = one_pass(ds)
+    assert len(labels) == DIGITS_EVAL // 2
+    assert max(len(y) for _, y in ds) == 4  # 16 over 4 replicas
+    shards.append(image_counter(images, 16))
+  assert shards[0] + shards[1] == image_counter(digits_reference("eval")[0],
+                                                16)
+
+
+# --- task shapes -------------------------------------------------------------
+
+
+def test_super_resolution_pairs_are_area_downscales():
+  cfg = make_cfg(image_size=16, shuffle_buffer=0)
+  ds = data.make_input_fn(cfg, split="train", task="super_resolution",
+                          seed=0, upscale=2)(None)
+  low, high = first_batches(ds, 1)[0]
+  assert low.shape == (16, 8, 8, 3) and high.shape == (16, 16, 16, 3)
+  block_means = high.reshape(16, 8, 2, 8, 2, 3).mean(axis=(2, 4))
+  np.testing.assert_allclose(low, block_means, atol=1e-6)
+  with pytest.raises(ConfigError, match="image_size"):
+    data.make_input_fn(cfg, split="train", task="super_resolution", seed=0,
+                       upscale=3)
+
+
+# --- knobs -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prefetch,map_parallelism,cache,shuffle_buffer", [
+    (0, 1, False, 0),
+    (3, 4, True, 0),
+    (AUTOTUNE, AUTOTUNE, False, 256),
+    (0, AUTOTUNE, True, DIGITS_TRAIN),
+    (3, 1, False, 64),
+    (AUTOTUNE, 4, True, 256),
+])
+def test_knobs_keep_batches_correct(prefetch, map_parallelism, cache,
+                                    shuffle_buffer):
+  cfg = make_cfg(prefetch=prefetch, map_parallelism=map_parallelism,
+                 cache=cache, shuffle_buffer=shuffle_buffer,
+                 batch_size=DIGITS_TRAIN)
+  train = data.make_input_fn(cfg, split="train", task="classification",
+                             seed=3)(None)
+  reference_images, reference_labels = digits_reference("train")
+  epochs = first_batches(train, 2)  # the second epoch comes from the cache
+  for images, labels in epochs:
+    assert image_counter(images, 16) == image_counter(reference_images, 16)
+    if shuffle_buffer:
+      assert not np.array_equal(labels, reference_labels)
+    else:
+      np.testing.assert_array_equal(labels, reference_labels)
+      np.testing.assert_allclose(images, reference_images, atol=1e-6)
+  if shuffle_buffer:  # each epoch is reshuffled
+    assert not np.array_equal(epochs[0][1], epochs[1][1])
+  evaluation = data.make_input_fn(dataclasses.replace(cfg, batch_size=100),
+                                  split="eval", task="classification",
+                                  seed=3)(None)
+  batch_sizes = [len(labels) for _, labels in evaluation]
+  assert batch_sizes == [100, 100, 100, 60]  # the partial batch is kept
+  np.testing.assert_array_equal(one_pass(evaluation)[1],
+                                digits_reference("eval")[1])
+  # "0 = off" also keeps tf.data from injecting a prefetch of its own.
+  injected = train.options().experimental_optimization.inject_prefetch
+  assert (injected is False) == (prefetch == 0)
+
+
+def test_preprocess_cost_iterations_scale_with_cost():
+  per_ms = preprocess_cost.iterations_per_ms()
+  assert per_ms > 0
+  assert preprocess_cost.iterations_per_ms() == per_ms  # calibrated once
+  assert preprocess_cost.iterations_for_cost(0.0) == 0
+  two_ms = preprocess_cost.iterations_for_cost(2.0)
+  eight_ms = preprocess_cost.iterations_for_cost(8.0)
+  assert two_ms >= 1
+  assert abs(eight_ms - 4 * two_ms) <= 4  # rounding only
+  with pytest.raises(ValueError):
+    preprocess_cost.iterations_for_cost(-1.0)
+
+
+def test_preprocess_cost_runs_inside_tf_data():
+  iterations = preprocess_cost.iterations_for_cost(0.5)
+  ds = tf.data.Dataset.range(4).map(
+      lambda i: preprocess_cost.burn(tf.cast(i, tf.float32), iterations),
+      num_parallel_calls=2)
+  for rounds, checksum in ds:
+    assert rounds.numpy() == iterations
+    assert np.isfinite(checksum.numpy())
+
+
+def test_preprocess_cost_leaves_samples_unchanged():
+  cfg = make_cfg(shuffle_buffer=0, map_parallelism=2)
+  plain = data.make_input_fn(cfg, split="train", task="classification",
+                             seed=0)(None)
+  costly = data.make_input_fn(
+      dataclasses.replace(cfg, preprocess_cost_ms=0.2), split="train",
+      task="classification", seed=0)(None)
+  for (x1, y1), (x2, y2) in zip(first_batches(plain, 3),
+                                first_batches(costly, 3)):
+    np.testing.assert_array_equal(x1, x2)
+    np.testing.assert_array_equal(y1, y2)
+
+
+def test_data_service_serves_the_same_examples():
+  cfg = make_cfg(batch_size=32)
+  direct_images, direct_labels = one_pass(data.make_input_fn(
+      cfg, split="eval", task="classification", seed=0)(None))
+  with data.start_data_service() as service:
+    assert service.address.startswith("grpc://localhost:")
+    served_cfg = dataclasses.replace(cfg, data_service=service.address)
+    served_images, served_labels = one_pass(data.make_input_fn(
+        served_cfg, split="eval", task="classification", seed=0)(None))
+    # A second evaluation pipeline gets its own job and again a full pass.
+    again = one_pass(data.make_input_fn(
+        served_cfg, split="eval", task="classification", seed=0)(None))[1]
+    train = data.make_input_fn(served_cfg, split="train",
+                               task="super_resolution", seed=0,
+                               upscale=2)(None)
+    low, high = first_batches(train, 2)[1]
+  assert collections.Counter(served_labels) == collections.Counter(
+      direct_labels)
+  assert image_counter(served_images) == image_counter(direct_images)
+  assert collections.Counter(again) == collections.Counter(direct_labels)
+  assert low.shape == (32, 4, 4, 3) and high.shape == (32, 8, 8, 3)
+  with pytest.raises(ValueError, match="local"):
+    data.make_input_fn(dataclasses.replace(cfg, data_service="local"),
+                       split="train", task="classification", seed=0)
+
+
+# --- devices -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prefetch_to_device", [True, False])
+def test_mirrored_replicas_get_half_batches(two_cpu_devices,
+                                            prefetch_to_device):
+  strategy = tf.distribute.MirroredStrategy(two_cpu_devices)
+  cfg = make_cfg(batch_size=16, prefetch_to_device=prefetch_to_device)
+  input_fn = data.make_input_fn(cfg, split="eval", task="classification",
+                                seed=0)
+  batches = data.distribute_input(strategy, input_fn, cfg)
+  assert isinstance(batches, tf.distribute.DistributedDataset)
+  labels, devices = [], set()
+  for step, (images, batch_labels) in enumerate(batches):
+    per_replica = strategy.experimental_local_results(images)
+    assert len(per_replica) == 2
+    if step == 0:
+      assert [x.shape for x in per_replica] == [(8, 8, 8, 3)] * 2
+      devices = [x.device for x in per_replica]
+    labels.extend(np.concatenate(
+        [y.numpy() for y in strategy.experimental_local_results(batch_labels)]))
+  # The replicas together see every evaluation example exactly once.
+  assert collections.Counter(labels) == collections.Counter(
+      digits_reference("eval")[1])
+  if prefetch_to_device:  # InputOptions staged each half on its own device
+    assert devices[0].endswith("CPU:0") and devices[1].endswith("CPU:1")
+  else:  # both halves wait in host memory for the step to copy them
+    assert all(d.endswith("CPU:0") for d in devices)
+
+
+def test_default_strategy_prefetches_to_device():
+  strategy = tf.distribute.get_strategy()
+  assert device.is_default_strategy(strategy)
+  cfg = make_cfg(prefetch_to_device=True, prefetch=3)
+  input_fn = data.make_input_fn(cfg, split="train", task="classification",
+                                seed=0)
+  ds = data.distribute_input(strategy, input_fn, cfg)
+  assert isinstance(ds, tf.data.Dataset)
+  images, labels = next(iter(ds))
+  assert images.shape == (16, 8, 8, 3) and labels.shape == (16,)
+  assert images.device.endswith("CPU:0")
+  assert device.device_buffer_size(AUTOTUNE) == 2
+  assert device.device_buffer_size(0) == 1
+
+
+def test_resident_batches_are_identical_on_every_replica(two_cpu_devices):
+  strategy = tf.distribute.MirroredStrategy(two_cpu_devices)
+  cfg = make_cfg(dataset="synthetic", synthetic_on_device=True,
+                 batch_size=8)
+  batches = data.make_resident_iterator(strategy, cfg,
+                                        task="classification", seed=0)
+  first, second = next(batches), next(batches)
+  assert first is second  # no pipeline: the very same tensors every step
+  images = strategy.experimental_local_results(first[0])
+  labels = strategy.experimental_local_results(first[1])
+  assert [x.device[-5:] for x in images] == ["CPU:0", "CPU:1"]
+  assert [y.device[-5:] for y in labels] == ["CPU:0", "CPU:1"]
+  assert images[0].shape == (4, 8, 8, 3)
+  np.testing.assert_array_equal(images[0].numpy(), images[1].numpy())
+  np.testing.assert_array_equal(labels[0].numpy(), labels[1].numpy())
+  sr = data.make_resident_iterator(tf.distribute.get_strategy(), cfg,
+                                   task="super_resolution", seed=0,
+                                   upscale=2).get_next()
+  assert sr[0].shape == (8, 4, 4, 3) and sr[1].shape == (8, 8, 8, 3)
+
+
+# --- errors ------------------------------------------------------------------
+
+
+def test_missing_tfds_dataset_names_the_flag(tfds_dir, tmp_path):
+  root, _ = tfds_dir
+  for name, data_dir in (("no_such_dataset", root), ("mnist", str(tmp_path))):
+    cfg = make_cfg(dataset="tfds", data_dir=data_dir, tfds_name=name)
+    with pytest.raises(ConfigError, match="never downloads") as error:
+      data.describe(cfg)
+    assert error.value.flag == "tfds_name"
+    assert str(error.value).startswith(f"--tfds_name={name}:")
+
+
+def test_tfds_without_eval_split_refuses_evaluation(tmp_path):
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  tfds.dataset_builders.store_as_tfds_dataset(
+      name="train_only", version="1.0.0",
+      features=tfds.features.FeaturesDict({
+          "image": tfds.features.Image(shape=(4, 4, 3)),
+          "label": tfds.features.ClassLabel(num_classes=2)}),
+      split_datasets={"train": tf.data.Dataset.from_tensor_slices({
+          "image": np.zeros((3, 4, 4, 3), np.uint8),
+          "label": np.array([0, 1, 0])})},
+      data_dir=str(tmp_path))
+  cfg = make_cfg(dataset="tfds", data_dir=str(tmp_path),
+                 tfds_name="train_only")
+  assert data.describe(cfg).num_eval_examples == 0
+  with pytest.raises(ConfigError, match="--evaluate"):
+    data.make_input_fn(cfg, split="eval", task="classification", seed=0)
+
+
+def test_bad_image_folders_name_data_dir(tmp_path):
+  cases = {}
+  cases["missing"] = str(tmp_path / "does_not_exist")
+  (tmp_path / "empty").mkdir()
+  cases["empty"] = str(tmp_path / "empty")
+  (tmp_path / "no_train" / "test" / "cat").mkdir(parents=True)
+  write_png(str(tmp_path / "no_train" / "test" / "cat" / "0.png"), (1, 2, 3))
+  cases["no_train"] = str(tmp_path / "no_train")
+  (tmp_path / "no_images" / "train" / "cat").mkdir(parents=True)
+  cases["no_images"] = str(tmp_path / "no_images")
+  for case, path in cases.items():
+    with pytest.raises(ConfigError) as error:
+      data.describe(make_cfg(dataset="image_folder", data_dir=path))
+    assert error.value.flag == "data_dir", case
+    assert str(error.value).startswith("--data_dir="), case
+  garbage = tmp_path / "garbage" / "train" / "cat" / "0.png"
+  garbage.parent.mkdir(parents=True)
+  garbage.write_bytes(b"this is not a png")
+  with pytest.raises(ConfigError, match="cannot decode") as error:
+    data.make_input_fn(make_cfg(dataset="image_folder",
+                                data_dir=str(tmp_path / "garbage")),
+                       split="train", task="classification", seed=0)
+  assert error.value.flag == "data_dir"
+
+
+def test_bad_arguments_are_refused():
+  with pytest.raises(ValueError, match="split"):
+    data.make_input_fn(make_cfg(), split="validation",
+                       task="classification", seed=0)
+  with pytest.raises(ValueError, match="task"):
+    data.make_input_fn(make_cfg(), split="train", task="detection", seed=0)
+  assert pipeline.TASKS == ("classification", "super_resolution")

@@ -1,0 +1,159 @@
+"""Getting batches onto the training devices: device prefetch, or none at all.
+
+`distribute_input` turns an input function into what the trainer iterates,
+staging batches on the replicas' devices ahead of the step when
+`--prefetch_to_device` is on. `make_resident_iterator` skips the input
+pipeline altogether (`--synthetic_on_device`): one batch is placed on every
+replica once and returned forever, as throughput benchmarks do, which bounds
+what any input overlap can achieve.
+"""
+
+import dataclasses
+from typing import List
+
+import tensorflow as tf
+
+from tfoverlap.core.config import AUTOTUNE, ConfigError, DataConfig
+from tfoverlap.data import pipeline
+
+# Device buffer depth when --prefetch=autotune: device-side buffers cannot be
+# autotuned, and two batches is what hides one step's copy behind the next.
+AUTOTUNE_DEVICE_BUFFER = 2
+
+
+def distribute_input(strategy: tf.distribute.Strategy,
+                     input_fn: pipeline.InputFn, cfg: DataConfig):
+  """What the trainer iterates: per-replica batches, on device if asked.
+
+  Under a real strategy (any strategy other than the default one) this is
+  `strategy.distribute_datasets_from_function`, with device prefetch set
+  through `tf.distribute.InputOptions`: applying
+  `tf.data.experimental.prefetch_to_device` inside the input function has no
+  effect there (tensorflow#94735). With `cfg.prefetch_to_device` off, the
+  per-replica batches stay in host memory and each step copies its own.
+
+  With the default strategy the plain dataset `input_fn(None)` is returned,
+  ending with `prefetch_to_device` onto the default device when asked.
+
+  Args:
+    strategy: the run's strategy, or `tf.distribute.get_strategy()` for none.
+    input_fn: from `make_input_fn`.
+    cfg: the data configuration (prefetch depth, prefetch_to_device).
+
+  Returns:
+    A `tf.distribute.DistributedDataset`, or a `tf.data.Dataset` for the
+    default strategy.
+  """
+  buffer_size = device_buffer_size(cfg.prefetch)
+  if is_default_strategy(strategy):
+    ds = input_fn(None)
+    if cfg.prefetch_to_device:
+      # Must be the last transformation: nothing may run after the copy.
+      ds = ds.apply(tf.data.experimental.prefetch_to_device(
+          default_device(), buffer_size))
+    return ds
+  options = tf.distribute.InputOptions(
+      experimental_fetch_to_device=cfg.prefetch_to_device,
+      experimental_per_replica_buffer_size=buffer_size)
+  return strategy.distribute_datasets_from_function(input_fn, options=options)
+
+
+def device_buffer_size(prefetch: int) -> int:
+  """Batches buffered per device: the prefetch depth, at least 1."""
+  if prefetch == AUTOTUNE:
+    return AUTOTUNE_DEVICE_BUFFER
+  return max(1, prefetch)
+
+
+def is_default_strategy(strategy) -> bool:
+  """True for the default (no-op) strategy that exists outside any scope."""
+  if strategy is None:
+    return True
+  if tf.distribute.has_strategy():
+    # Inside some strategy's scope the default one cannot be fetched; a
+    # scope is only ever entered for a real strategy.
+    return False
+  return strategy is tf.distribute.get_strategy()
+
+
+def default_device() -> str:
+  """Where the default strategy computes: the first GPU, else the CPU."""
+  gpus = tf.config.list_logical_devices("GPU")
+  return gpus[0].name if gpus else "/cpu:0"
+
+
+class ResidentIterator:
+  """Returns the same per-replica batch, already on each device, forever.
+
+  Usage:
+
+    batches = make_resident_iterator(strategy, cfg, task="classification",
+                                     seed=0)
+    images, labels = next(batches)  # PerReplica values under a strategy
+  """
+
+  def __init__(self, values):
+    self._values = values
+
+  def __iter__(self) -> "ResidentIterator":
+    return self
+
+  def __next__(self):
+    return self._values
+
+  def get_next(self):
+    """Same as next(), as `tf.distribute.DistributedIterator` spells it."""
+    return self._values
+
+
+def make_resident_iterator(strategy: tf.distribute.Strategy, cfg: DataConfig,
+                           *, task: str, seed: int,
+                           upscale: int = 1) -> ResidentIterator:
+  """One batch per replica, placed on the replica's device once.
+
+  The batch is the first training batch of the source (shuffled with
+  `seed`), without preprocessing cost, cache, data service or prefetch:
+  there is no input pipeline left to run while training.
+
+  Args:
+    strategy: the run's strategy (or the default strategy).
+    cfg: the data configuration; batch_size is global.
+    task, seed, upscale: as for `make_input_fn`.
+
+  Returns:
+    An iterator whose next() is `strategy`'s distributed value of that
+    batch (a plain tuple of tensors for the default strategy).
+
+  Raises:
+    ConfigError: batch_size does not divide over the replicas, or the
+      source cannot be read (see `make_input_fn`).
+  """
+  num_replicas = strategy.num_replicas_in_sync
+  if cfg.batch_size % num_replicas:
+    raise ConfigError("batch_size", cfg.batch_size,
+                      f"must divide evenly over {num_replicas} replicas")
+  bare = dataclasses.replace(cfg, preprocess_cost_ms=0.0, data_service="",
+                             cache=False, prefetch=0, prefetch_to_device=False)
+  input_fn = pipeline.make_input_fn(bare, split="train", task=task, seed=seed,
+                                    upscale=upscale)
+  context = tf.distribute.InputContext(num_input_pipelines=1,
+                                       input_pipeline_id=0,
+                                       num_replicas_in_sync=num_replicas)
+  batch = next(iter(input_fn(context)))
+  devices = _local_replica_devices(strategy)
+
+  def place_on_replica(value_context):
+    # The strategy calls this once per local replica but not under that
+    # replica's device scope, so the copy is placed here.
+    device = devices[value_context.replica_id_in_sync_group % len(devices)]
+    with tf.device(device):
+      return tf.nest.map_structure(tf.identity, batch)
+
+  return ResidentIterator(
+      strategy.experimental_distribute_values_from_function(place_on_replica))
+
+
+def _local_replica_devices(strategy: tf.distribute.Strategy) -> List[str]:
+  if is_default_strategy(strategy):
+    return [default_device()]
+  return list(strategy.extended.worker_devices)

@@ -1,0 +1,305 @@
+"""Where samples come from: the four sources behind `--dataset`.
+
+Each source reads raw elements per split and has its own decode step that
+turns one raw element into `(image float32 [S, S, 3] in [0, 1], label int32)`.
+Keeping decode separate from reading is what lets the pipeline cache decoded
+samples (`--cache`) and parallelize decoding (`--map_parallelism`).
+
+Nothing here downloads: TFDS datasets are read only from a local `data_dir`
+where they were prepared beforehand.
+"""
+
+import dataclasses
+import functools
+import math
+import os
+from typing import Callable, Dict
+
+import numpy as np
+import tensorflow as tf
+
+from tfoverlap.core.config import ConfigError, DataConfig
+
+SYNTHETIC_TRAIN_EXAMPLES = 1024
+SYNTHETIC_EVAL_EXAMPLES = 256
+# Fixed, independent of the run seed: the data set is the same in every run,
+# only the order the run seed shuffles it in changes.
+POOL_SEED = 0
+DIGITS_EVAL_FRACTION = 0.2
+EVAL_SPLIT_NAMES = ("test", "validation")  # first one present is used
+_NEVER_DOWNLOADS = "tfoverlap never downloads"
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+  """What the model and the step ledger need to know about a data set."""
+  num_classes: int
+  num_train_examples: int
+  num_eval_examples: int  # 0 when the source has no evaluation split
+  image_size: int
+  channels: int  # always 3: grayscale sources are expanded
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """One data set, ready to be read per split.
+
+  Attributes:
+    name: for messages, e.g. "digits" or "tfds:mnist".
+    num_classes: labels lie in [0, num_classes).
+    num_examples: {"train": n, "eval": n}; eval is 0 when there is none.
+    read: split ("train" or "eval") -> unbatched dataset of raw elements.
+    decode: raw element (as separate arguments) -> (image, label), the
+      image float32 [image_size, image_size, 3] in [0, 1], the label int32.
+  """
+  name: str
+  num_classes: int
+  num_examples: Dict[str, int]
+  read: Callable[[str], tf.data.Dataset]
+  decode: Callable[..., tuple]
+
+
+def describe(cfg: DataConfig) -> DatasetInfo:
+  """Sizes and shapes of the data set that `cfg` selects.
+
+  Args:
+    cfg: the data configuration.
+
+  Returns:
+    The data set's classes and split sizes, and the image shape the
+    pipeline produces.
+
+  Raises:
+    ConfigError: the data set is missing or unreadable (see `load_source`).
+  """
+  source = load_source(cfg)
+  return DatasetInfo(num_classes=source.num_classes,
+                     num_train_examples=source.num_examples["train"],
+                     num_eval_examples=source.num_examples["eval"],
+                     image_size=cfg.image_size,
+                     channels=3)
+
+
+def load_source(cfg: DataConfig) -> Source:
+  """Opens the source that `cfg.dataset` names.
+
+  Args:
+    cfg: the data configuration.
+
+  Returns:
+    The opened source; nothing is read yet beyond metadata and, for files
+    on disk, one sample to check that it decodes.
+
+  Raises:
+    ConfigError: naming `data_dir` or `tfds_name` when the data set is
+      missing, has no train split or no images, or cannot be decoded.
+  """
+  loaders = {
+      "digits": _digits_source,
+      "synthetic": _synthetic_source,
+      "tfds": _tfds_source,
+      "image_folder": _image_folder_source,
+  }
+  if cfg.dataset not in loaders:
+    raise ConfigError("dataset", cfg.dataset,
+                      f"allowed: {', '.join(loaders)}")
+  return loaders[cfg.dataset](cfg)
+
+
+def to_rgb_float(image: tf.Tensor, image_size: int) -> tf.Tensor:
+  """The per-sample conversion that ends the decode of every stored source.
+
+  Integer images are scaled to [0, 1]; float images are taken as already in
+  [0, 1]. Grayscale becomes 3 equal channels, an alpha channel is dropped,
+  and the image is resized (bilinear) to `image_size` square.
+
+  Args:
+    image: [H, W], [H, W, C] with C in 1, 3, 4, integer or float.
+    image_size: side of the square output.
+
+  Returns:
+    float32 [image_size, image_size, 3] in [0, 1].
+  """
+  image = tf.image.convert_image_dtype(image, tf.float32)
+  if image.shape.rank == 2:
+    image = image[..., tf.newaxis]
+  channels = image.shape[-1]
+  if channels == 1:
+    image = tf.image.grayscale_to_rgb(image)
+  elif channels is None:
+    image = tf.cond(tf.shape(image)[-1] == 1,
+                    lambda: tf.tile(image, [1, 1, 3]),
+                    lambda: image[..., :3])
+  elif channels != 3:
+    image = image[..., :3]
+  if image.shape[0] != image_size or image.shape[1] != image_size:
+    image = tf.image.resize(image, [image_size, image_size],
+                            method="bilinear")
+  return tf.ensure_shape(image, [image_size, image_size, 3])
+
+
+@functools.lru_cache(maxsize=1)
+def load_digits_splits() -> Dict[str, tuple]:
+  """scikit-learn's digits, split identically in every process and run.
+
+  Returns:
+    {"train": (images, labels), "eval": (images, labels)}: images float32
+    [n, 8, 8, 1] in [0, 1], labels int32 [n]; 1437 and 360 examples.
+  """
+  from sklearn import datasets  # pylint: disable=g-import-not-at-top
+  digits = datasets.load_digits()
+  images = (digits.images / 16.0).astype(np.float32)[..., np.newaxis]
+  labels = digits.target.astype(np.int32)
+  order = np.random.default_rng(POOL_SEED).permutation(len(labels))
+  num_eval = math.ceil(DIGITS_EVAL_FRACTION * len(labels))
+  eval_idx, train_idx = order[:num_eval], order[num_eval:]
+  return {"train": (images[train_idx], labels[train_idx]),
+          "eval": (images[eval_idx], labels[eval_idx])}
+
+
+def _digits_source(cfg: DataConfig) -> Source:
+  arrays = load_digits_splits()
+
+  def decode(image, label):
+    return to_rgb_float(image, cfg.image_size), label
+
+  return Source(
+      name="digits", num_classes=10,
+      num_examples={split: len(labels) for split, (_, labels) in
+                    arrays.items()},
+      read=lambda split: tf.data.Dataset.from_tensor_slices(arrays[split]),
+      decode=decode)
+
+
+def _synthetic_source(cfg: DataConfig) -> Source:
+  """Random images drawn per index, so the pool is fixed but never stored.
+
+  Drawing sample i with a stateless generator keyed by i gives the same pool
+  in every process and every epoch without embedding a large constant in the
+  graph (which the data service would have to ship to its workers).
+  """
+  first_index = {"train": 0, "eval": SYNTHETIC_TRAIN_EXAMPLES}
+  counts = {"train": SYNTHETIC_TRAIN_EXAMPLES,
+            "eval": SYNTHETIC_EVAL_EXAMPLES}
+
+  def read(split):
+    start = first_index[split]
+    return tf.data.Dataset.range(start, start + counts[split])
+
+  def decode(index):
+    image_seed = tf.stack([tf.constant(POOL_SEED, tf.int64), index])
+    label_seed = tf.stack([tf.constant(POOL_SEED + 1, tf.int64), index])
+    image = tf.random.stateless_uniform(
+        [cfg.image_size, cfg.image_size, 3], seed=image_seed)
+    label = tf.random.stateless_uniform(
+        [], seed=label_seed, minval=0, maxval=cfg.num_classes, dtype=tf.int32)
+    return image, label
+
+  return Source(name="synthetic", num_classes=cfg.num_classes,
+                num_examples=counts, read=read, decode=decode)
+
+
+def _tfds_source(cfg: DataConfig) -> Source:
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  name = cfg.tfds_name
+  if not cfg.data_dir:
+    raise ConfigError("data_dir", cfg.data_dir,
+                      "--dataset=tfds needs the local directory the dataset "
+                      f"was prepared in ({_NEVER_DOWNLOADS})")
+  missing = ConfigError(
+      "tfds_name", name,
+      f"not prepared under --data_dir={cfg.data_dir}; allowed: a TFDS "
+      f"dataset already built there ({_NEVER_DOWNLOADS}; prepare it "
+      f"beforehand, e.g. `tfds build {name} --data_dir={cfg.data_dir}`)")
+  try:
+    builder = tfds.builder(name, data_dir=cfg.data_dir)
+  except (ValueError, AssertionError, OSError) as e:
+    # DatasetNotFoundError (a ValueError) for unknown names; other errors for
+    # unknown versions or configs: for the user all mean "not here".
+    raise missing from e
+  if not builder.is_prepared():
+    raise missing
+  return _builder_source(cfg, builder, f"tfds:{name}", "tfds_name", name)
+
+
+def _image_folder_source(cfg: DataConfig) -> Source:
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  layout = "<data_dir>/<split>/<label>/<image>.png|jpg"
+  if not cfg.data_dir or not os.path.isdir(cfg.data_dir):
+    raise ConfigError("data_dir", cfg.data_dir,
+                      f"allowed: an existing local directory laid out as "
+                      f"{layout}")
+  builder = tfds.ImageFolder(cfg.data_dir)
+  splits = builder.info.splits
+  if "train" not in splits or not splits["train"].num_examples:
+    raise ConfigError("data_dir", cfg.data_dir,
+                      f"no images in a train split (found splits "
+                      f"{sorted(splits.keys())}); allowed: a directory laid "
+                      f"out as {layout} with a train split")
+  return _builder_source(cfg, builder, "image_folder", "data_dir",
+                         cfg.data_dir)
+
+
+def _builder_source(cfg: DataConfig, builder, name: str, flag: str,
+                    value) -> Source:
+  """A source over a TFDS builder with 'image' and 'label' features.
+
+  Images are read encoded and decoded in the source's decode step (not by
+  TFDS while reading), so `--cache` keeps decoded pixels and decoding runs
+  with `--map_parallelism`.
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  features = builder.info.features
+  if "image" not in features or "label" not in features:
+    raise ConfigError(flag, value,
+                      f"needs features 'image' and 'label'; found "
+                      f"{sorted(features.keys())}")
+  splits = builder.info.splits
+  if "train" not in splits:
+    raise ConfigError(flag, value,
+                      f"needs a 'train' split; found {sorted(splits.keys())}")
+  split_names = {"train": "train",
+                 "eval": next((s for s in EVAL_SPLIT_NAMES if s in splits),
+                              None)}
+  num_classes = getattr(features["label"], "num_classes", None)
+  if not num_classes:
+    raise ConfigError(flag, value,
+                      "needs a 'label' feature that is a ClassLabel")
+  image_feature = features["image"]
+  encoded = isinstance(image_feature, tfds.features.Image)
+  # TFDS silently caches small datasets in memory unless told not to, which
+  # would make --cache=false cache anyway.
+  read_config = tfds.ReadConfig(try_autocache=False)
+
+  def read(split):
+    ds = builder.as_dataset(
+        split=split_names[split], shuffle_files=False, read_config=read_config,
+        decoders={"image": tfds.decode.SkipDecoding()} if encoded else None)
+    return ds.map(lambda example: (example["image"], example["label"]))
+
+  def decode(image, label):
+    if encoded:
+      image = image_feature.decode_example(image)
+    return to_rgb_float(image, cfg.image_size), tf.cast(label, tf.int32)
+
+  source = Source(
+      name=name, num_classes=num_classes,
+      num_examples={split: (splits[s].num_examples if s else 0)
+                    for split, s in split_names.items()},
+      read=read, decode=decode)
+  _check_decodable(source, flag, value)
+  return source
+
+
+def _check_decodable(source: Source, flag: str, value) -> None:
+  """Decodes the first training sample now, so a data set of files that are
+  not images fails at startup with one line instead of mid-training."""
+  try:
+    for _ in source.read("train").take(1).map(source.decode):
+      pass
+  except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError) as e:
+    reason = e.message.strip().splitlines()[0] if e.message else type(e)
+    raise ConfigError(flag, value,
+                      f"cannot decode the images of {source.name} ({reason}); "
+                      "allowed: PNG, JPEG, GIF or BMP images") from e
+
