@@ -15,15 +15,15 @@ class ModelSpec:
 
 MODELS = {
     "mlp": ModelSpec("classification", 1),
-    "small_cnn": ModelSpec("classification", 8),
-    "resnet18": ModelSpec("classification", 32),
-    "resnet50": ModelSpec("classification", 32),
+    "small_cnn": ModelSpec("classification", 4),
+    "resnet18": ModelSpec("classification", 1),
+    "resnet50": ModelSpec("classification", 1),
     "vgg16": ModelSpec("classification", 32),
     "inception_v3": ModelSpec("classification", 75),
-    "wide_resnet26_2": ModelSpec("classification", 32),
-    "wide_resnet50_2": ModelSpec("classification", 32),
-    "wide_resnet101_2": ModelSpec("classification", 32),
-    "edsr": ModelSpec("super_resolution", 4, upscale=2),
+    "wide_resnet26_2": ModelSpec("classification", 1),
+    "wide_resnet50_2": ModelSpec("classification", 1),
+    "wide_resnet101_2": ModelSpec("classification", 1),
+    "edsr": ModelSpec("super_resolution", 2, upscale=2),
 }
 
 MODEL_NAMES = tuple(MODELS)
