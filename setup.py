@@ -28,6 +28,7 @@ setuptools.setup(
         # The CPU build: GPU machines add tensorflow[and-cuda] of the same
         # release (see README). Both provide the same `tensorflow` module.
         "tensorflow-cpu==2.21.*",
+        "tensorboard==2.21.*",  # tf.summary; tensorflow-cpu 2.21 lacks it
         "tensorflow-datasets==4.9.*",
         "importlib_resources",  # tensorflow-datasets needs it at import
         "scikit-learn>=1.3",  # ships the embedded digits dataset

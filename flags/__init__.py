@@ -109,6 +109,10 @@ def _check_data(values) -> None:
   if values.synthetic_on_device and values.dataset != "synthetic":
     raise ConfigError("synthetic_on_device", True,
                       "applies only to --dataset=synthetic")
+  if values.synthetic_on_device and values.loop == "fit":
+    raise ConfigError("synthetic_on_device", True,
+                      "model.fit reads a tf.data pipeline; device-resident "
+                      "batches need --loop=ctl")
   service = values.data_service
   if service not in ("", "local") and not _DATA_SERVICE_ADDRESS.match(service):
     raise ConfigError("data_service", service,

@@ -14,7 +14,7 @@ def define_flags():
                       "Local directory for --dataset=tfds or image_folder.")
   flags.DEFINE_string("tfds_name", "mnist",
                       "TFDS dataset name (with optional :version).")
-  flags.DEFINE_integer("image_size", 32,
+  flags.DEFINE_integer("image_size", 16,
                        "Side of the square images fed to the model.",
                        lower_bound=1)
   flags.DEFINE_integer("num_classes", 10, "Classes of --dataset=synthetic.",

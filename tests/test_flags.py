@@ -64,6 +64,8 @@ def test_prefetch_depth_parses(text, expected):
     ({"dataset": "tfds"}, "data_dir"),
     ({"batch_size": "63"}, "batch_size"),
     ({"synthetic_on_device": "true"}, "synthetic_on_device"),
+    ({"synthetic_on_device": "true", "dataset": "synthetic", "loop": "fit"},
+     "synthetic_on_device"),
     ({"data_service": "not an address"}, "data_service"),
     ({"model": "inception_v3"}, "image_size"),
     ({"model": "edsr", "image_size": "33"}, "image_size"),

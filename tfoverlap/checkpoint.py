@@ -19,6 +19,17 @@ from tfoverlap.core.config import CheckpointConfig
 CHECKPOINT_DIR_NAME = "checkpoints"
 
 
+def raw_variables(variables) -> dict:
+  """The tf.Variables behind Keras 3 variables, keyed by variable path.
+
+  TensorFlow's async save copies each trackable to the CPU inside a
+  tf.function, and Keras 3 variables create a new tf.Variable there, which
+  tf.function refuses on the second save; the raw variables copy cleanly.
+  Keying by path also makes a checkpoint independent of object structure.
+  """
+  return {v.path.replace("/", "."): v.value for v in variables}
+
+
 class Checkpointer:
   """Saves model, optimizer and step every `every_steps` steps.
 
@@ -44,7 +55,9 @@ class Checkpointer:
     else:
       self.directory = os.path.join(model_dir, f"worker-{worker_index}",
                                     "checkpoint-scratch")
-    self._checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    self._checkpoint = tf.train.Checkpoint(
+        model=raw_variables(model.weights),
+        optimizer=raw_variables(optimizer.variables))
     self._manager = tf.train.CheckpointManager(
         self._checkpoint, self.directory, max_to_keep=cfg.keep)
     self._options = tf.train.CheckpointOptions(

@@ -155,8 +155,10 @@ def build_strategy(cfg: DistributeConfig) -> tf.distribute.Strategy:
 def describe_strategy(strategy: tf.distribute.Strategy,
                       cfg: DistributeConfig) -> dict:
   """What run.json records about the strategy actually built."""
-  extended = strategy.extended
-  devices = list(getattr(extended, "worker_devices", ()) or ())
+  if strategy is not tf.distribute.get_strategy():
+    devices = list(strategy.extended.worker_devices)
+  else:  # the default strategy runs on TensorFlow's default device
+    devices = [tf.config.list_logical_devices()[0].name]
   return {
       "name": cfg.strategy,
       "class": type(strategy).__name__,

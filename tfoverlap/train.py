@@ -8,6 +8,7 @@ step's time went. `--helpfull` lists every flag; `--flagfile` reads them.
 import sys
 
 from absl import app
+from absl import logging
 
 import flags as tfo_flags
 from tfoverlap.core.config import ConfigError
@@ -18,6 +19,10 @@ tfo_flags.define_flags()
 def main(argv):
   del argv  # parse_or_exit refuses positional arguments
   config = tfo_flags.to_config(tfo_flags.FLAGS)
+  if not tfo_flags.FLAGS["verbosity"].present:
+    # TensorFlow logs every collective it sets up at INFO; --verbosity=0
+    # brings that back.
+    logging.set_verbosity(logging.WARNING)
   # TensorFlow is imported only now, after flags parsed, so --helpfull and a
   # bad flag answer at once.
   from tfoverlap import trainer  # pylint: disable=g-import-not-at-top

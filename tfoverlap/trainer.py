@@ -45,14 +45,15 @@ def weights_digest(model) -> str:
       (w.path, w.numpy()) for w in model.weights)
 
 
-def _build_train_iterator(strategy, config: TrainConfig, spec):
+def _build_train_input(strategy, config: TrainConfig, spec):
+  """The distributed training data, or resident batches with no pipeline."""
   if config.data.synthetic_on_device:
     return data.make_resident_iterator(strategy, config.data, task=spec.task,
                                        seed=config.run.seed,
                                        upscale=spec.upscale)
   input_fn = data.make_input_fn(config.data, split="train", task=spec.task,
                                 seed=config.run.seed, upscale=spec.upscale)
-  return iter(data.distribute_input(strategy, input_fn, config.data))
+  return data.distribute_input(strategy, input_fn, config.data)
 
 
 def train(config: TrainConfig) -> dict:
@@ -116,19 +117,19 @@ def train(config: TrainConfig) -> dict:
       last_step=config.run.train_steps,
       global_batch_size=config.data.batch_size)
 
-  train_iterator = _build_train_iterator(strategy, config, spec)
+  train_input = _build_train_input(strategy, config, spec)
   if ctx.first_step > ctx.last_step:
     loss = float("nan")
   elif config.run.loop == "fit":
     loss = loops.run_fit_loop(ctx, model=model, optimizer=optimizer,
                               loss_fn=loops.fit_loss(spec.task),
-                              distributed_data=train_iterator)
+                              distributed_data=train_input)
   else:
     train_step = steps.make_train_step(
         strategy, model, optimizer, task=spec.task,
         global_batch_size=config.data.batch_size)
     loss = loops.run_custom_loop(ctx, train_step=train_step,
-                                 iterator=train_iterator)
+                                 iterator=iter(train_input))
   if checkpointer:
     checkpointer.close()
 

@@ -1,0 +1,100 @@
+"""The multi-worker launcher: real worker processes on localhost."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tfoverlap import launch
+from tfoverlap.core import run_record
+
+from tests.helpers import REPO_ROOT, run_module, subprocess_env
+
+TINY_RUN = ["--model=mlp", "--dataset=synthetic", "--image_size=8",
+            "--batch_size=16", "--prefetch=2", "--log_every_steps=5",
+            "--tensorboard=false"]
+
+
+def test_worker_args_carry_cluster_settings():
+  args = launch.build_worker_args(["--model=mlp", "--num_workers=5"], 2)
+  assert "--strategy=multi_worker" in args
+  assert "--num_workers=2" in args and "--num_workers=5" not in args
+  assert any(a.startswith("--model_dir=runs/tensorflow-mlp-") for a in args)
+  assert any(a.startswith("--intra_op_threads=") for a in args)
+
+
+def test_tf_config_names_every_worker():
+  config = json.loads(launch.tf_config([1111, 2222], 1))
+  assert config["cluster"]["worker"] == ["localhost:1111", "localhost:2222"]
+  assert config["task"] == {"type": "worker", "index": 1}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--num_workers=1", "--", "--model=mlp"], "--num_workers=1"),
+    (["--num_workers=2", "--", "--batch_size=0"], "--batch_size=0"),
+    (["--num_workers=2", "--", "--batch_size=15"], "--batch_size=15"),
+    (["--num_workers=2", "--", "--model=nope"], "--model=nope"),
+])
+def test_bad_flags_stop_before_any_worker_starts(args, message):
+  result = run_module("tfoverlap.launch", *args, timeout=120)
+  assert result.returncode == 2
+  assert message in result.stderr
+  assert "Traceback" not in result.stderr
+
+
+def test_two_workers_train_to_identical_weights(tmp_path):
+  model_dir = tmp_path / "run"
+  result = run_module("tfoverlap.launch", "--num_workers=2", "--",
+                      *TINY_RUN, "--train_steps=20", "--deterministic",
+                      f"--model_dir={model_dir}", timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  chief = run_record.load_run_record(str(model_dir))
+  other = run_record.load_run_record(str(model_dir / "worker-1"))
+  assert chief["worker"] == {"index": 0, "num_workers": 2}
+  assert other["worker"] == {"index": 1, "num_workers": 2}
+  assert chief["strategy"]["class"] == "MultiWorkerMirroredStrategy"
+  assert chief["strategy"]["num_replicas"] == 2
+  assert chief["steps"] == other["steps"] == 20
+  assert chief["weights_digest"] == other["weights_digest"]
+
+
+def _children(pid: int) -> list:
+  with open(f"/proc/{pid}/task/{pid}/children", encoding="utf-8") as f:
+    return [int(p) for p in f.read().split()]
+
+
+def _worker_index(pid: int) -> int:
+  with open(f"/proc/{pid}/environ", "rb") as f:
+    env = dict(item.split(b"=", 1) for item in f.read().split(b"\0")
+               if b"=" in item)
+  return json.loads(env[b"TF_CONFIG"])["task"]["index"]
+
+
+def test_killed_worker_ends_the_job_with_a_clear_message(tmp_path):
+  launcher = subprocess.Popen(
+      [sys.executable, "-m", "tfoverlap.launch", "--num_workers=2", "--",
+       *TINY_RUN, "--train_steps=100000", f"--model_dir={tmp_path}"],
+      cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+  try:
+    # Wait until the chief reports training progress: collectives are live.
+    for line in launcher.stdout:
+      if line.startswith("step "):
+        break
+    workers = {_worker_index(pid): pid for pid in _children(launcher.pid)}
+    os.kill(workers[1], signal.SIGKILL)
+    # Bounded: the launcher must notice and stop the chief by itself.
+    _, stderr = launcher.communicate(timeout=launch.STOP_GRACE_S + 60)
+  finally:
+    if launcher.poll() is None:
+      launcher.kill()
+  assert launcher.returncode != 0
+  assert "worker 1 was killed by SIGKILL" in stderr
+  assert "stopping the other 1 worker(s)" in stderr
+  time.sleep(0.5)
+  with pytest.raises(ProcessLookupError):
+    os.kill(workers[0], 0)  # the chief is gone too

@@ -1,0 +1,162 @@
+"""The TensorFlow trainer end to end: real training, real files."""
+
+import glob
+import os
+import statistics
+
+import pytest
+import tensorflow as tf
+
+from tfoverlap import models
+from tfoverlap.core import run_record, trace
+
+from tests.helpers import run_module
+
+QUICK = ["--log_every_steps=10"]
+
+
+def train(tmp_path, *args, timeout=600):
+  model_dir = tmp_path / "run"
+  result = run_module("tfoverlap.train", f"--model_dir={model_dir}", *QUICK,
+                      *args, timeout=timeout)
+  assert result.returncode == 0, result.stderr[-4000:]
+  return result, run_record.load_run_record(str(model_dir)), model_dir
+
+
+def test_main_job_learns_digits_and_reports(tmp_path):
+  # The main job exactly as the README runs it: no flags but where to write.
+  result = run_module("tfoverlap.train", f"--model_dir={tmp_path}",
+                      timeout=600)
+  assert result.returncode == 0, result.stderr[-4000:]
+  record = run_record.load_run_record(str(tmp_path))
+  assert record["final"]["eval_accuracy"] >= 0.90
+  assert record["final"]["eval_examples"] == 360
+  assert record["strategy"]["class"] == "MirroredStrategy"
+  assert record["strategy"]["num_replicas"] == 2
+  assert record["flags"]["data"]["prefetch"] != 0
+  assert "Per-step breakdown" in result.stdout
+  for phase in ("data_wait", "compute", "checkpoint_stall", "step"):
+    assert phase in result.stdout
+  assert "step 300/300" in result.stdout  # progress was shown
+
+
+def test_run_record_and_trace_hold_what_they_claim(tmp_path):
+  _, record, model_dir = train(tmp_path, "--model=mlp", "--train_steps=30",
+                               "--strategy=default", "--batch_size=32")
+  assert record["schema_version"] == run_record.SCHEMA_VERSION
+  assert record["framework"] == "tensorflow"
+  assert record["flags"]["model"]["name"] == "mlp"
+  assert record["flags"]["run"]["model_dir"] == str(model_dir)
+  env = record["environment"]
+  assert env["tensorflow"] == tf.__version__
+  assert any("CPU:0" in d for d in env["devices"])
+  expected_params = models.num_params(
+      models.build_model("mlp", image_size=16, num_classes=10))
+  assert record["model"]["num_params"] == expected_params
+  assert record["steps"] == 30
+  assert record["warmup_steps"] + record["measured_steps"] == 30
+  assert record["samples_per_second"] > 0
+  for phase in ("data_wait", "compute", "checkpoint_stall", "step", "other"):
+    stats = record["phases"][phase]
+    assert set(stats) == {"mean", "p50", "p95", "total", "fraction"}
+    assert stats["p50"] <= stats["p95"] + 1e-12
+  assert record["phases"]["compute"]["mean"] > 0
+  assert record["phases"]["checkpoint_stall"]["total"] == 0
+  assert 0 <= record["final"]["eval_accuracy"] <= 1
+  assert record["final"]["train_loss"] > 0
+  assert len(record["weights_digest"]) == 64
+
+  events = trace.load_trace(record["outputs"]["trace"])["traceEvents"]
+  step_events = [e for e in events if e.get("name") == "step"]
+  assert [e["args"]["step"] for e in step_events] == list(range(1, 31))
+  compute_us = sorted(e["dur"] for e in events if e.get("name") == "compute")
+  assert len(compute_us) == 30
+  # The record's median is the trace's median: both come from one ledger.
+  median_us = statistics.median(
+      e["dur"] for e in events if e.get("name") == "compute" and
+      e["args"]["step"] > record["warmup_steps"])
+  assert record["phases"]["compute"]["p50"] * 1e6 == pytest.approx(median_us,
+                                                                    rel=1e-3)
+
+  event_files = glob.glob(os.path.join(record["outputs"]["tensorboard"],
+                                       "events.out.tfevents.*"))
+  assert event_files
+  tags = set()
+  for event in tf.compat.v1.train.summary_iterator(event_files[0]):
+    tags.update(v.tag for v in event.summary.value)
+  assert {"loss", "steps/samples_per_second",
+          "steps/data_wait_fraction"} <= tags
+
+
+def test_mirrored_matches_single_device_at_same_global_batch(tmp_path):
+  common = ["--model=mlp", "--train_steps=25", "--batch_size=32",
+            "--deterministic", "--shuffle_buffer=0", "--learning_rate=0.01",
+            "--trace=false", "--tensorboard=false"]
+  _, single, _ = train(tmp_path / "single", *common, "--strategy=default")
+  _, mirrored, _ = train(tmp_path / "mirrored", *common,
+                         "--strategy=mirrored", "--num_devices=2")
+  assert mirrored["strategy"]["num_replicas"] == 2
+  assert single["strategy"]["num_replicas"] == 1
+  for key in ("train_loss", "eval_loss", "eval_accuracy"):
+    assert mirrored["final"][key] == pytest.approx(single["final"][key],
+                                                   rel=1e-4, abs=1e-5), key
+
+
+def test_fit_loop_feeds_the_same_ledger(tmp_path):
+  _, record, _ = train(tmp_path, "--loop=fit", "--train_steps=40",
+                       "--model=small_cnn")
+  assert record["steps"] == 40
+  assert "data_wait" not in record["phases_measured"]
+  assert record["phases"]["compute"]["mean"] > 0
+  assert record["final"]["eval_accuracy"] > 0.5
+  assert any("model.fit" in note for note in record["notes"])
+
+
+@pytest.mark.parametrize("mode", ["sync", "tf_async"])
+def test_checkpoints_are_written_kept_and_resumed(tmp_path, mode):
+  args = ["--model=mlp", "--strategy=default", f"--checkpoint={mode}",
+          "--checkpoint_every=5", "--checkpoint_keep=2"]
+  _, first, model_dir = train(tmp_path, *args, "--train_steps=20")
+  kept = sorted(os.path.basename(p) for p in glob.glob(
+      str(model_dir / "checkpoints" / "ckpt-*.index")))
+  assert kept == ["ckpt-15.index", "ckpt-20.index"]
+  assert first["phases"]["checkpoint_stall"]["total"] > 0
+  _, second, _ = train(tmp_path, *args, "--train_steps=30")
+  assert second["steps"] == 10  # steps 21..30 after restoring step 20
+  assert any("step 20" in note for note in second["notes"])
+
+
+def test_super_resolution_trains_and_reports_psnr(tmp_path):
+  _, record, _ = train(tmp_path, "--model=edsr", "--dataset=synthetic",
+                       "--train_steps=3", "--strategy=default",
+                       "--batch_size=4")
+  assert record["final"]["eval_psnr_db"] > 0
+  assert "eval_accuracy" not in record["final"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--strategy=horovod"], ["--strategy=horovod", "TensorFlow 2.21"]),
+    (["--all_reduce=nccl"], ["--all_reduce=nccl", "GPU"]),
+    (["--strategy=mirrored", "--all_reduce=ring"], ["--all_reduce=ring"]),
+    (["--strategy=default", "--all_reduce_pack_mb=4"],
+     ["--all_reduce_pack_mb=4"]),
+    (["--strategy=multi_worker", "--num_workers=2", "--batch_size=64"],
+     ["tfoverlap.launch"]),
+])
+def test_settings_the_framework_cannot_honour_exit_2(tmp_path, args, words):
+  result = run_module("tfoverlap.train", f"--model_dir={tmp_path}", *args,
+                      timeout=300)
+  assert result.returncode == 2, result.stderr[-3000:]
+  last = result.stderr.strip().splitlines()[-1]
+  assert "Traceback" not in result.stderr
+  for word in words:
+    assert word in last
+
+
+def test_missing_tfds_dataset_is_one_line(tmp_path):
+  result = run_module("tfoverlap.train", "--dataset=tfds",
+                      f"--data_dir={tmp_path}", "--tfds_name=mnist",
+                      f"--model_dir={tmp_path / 'run'}", timeout=300)
+  assert result.returncode == 2
+  assert "Traceback" not in result.stderr
+  assert "mnist" in result.stderr.strip().splitlines()[-1]
