@@ -53,8 +53,14 @@ def define_flags(flag_values=FLAGS):
     group.define_flags()
 
 
-def parse_or_exit(argv):
-  """absl `flags_parser`: parses and validates, or exits 2 with one line."""
+def parse_or_exit(argv, validate: bool = True):
+  """absl `flags_parser`: parses and validates, or exits 2 with one line.
+
+  Args:
+    argv: the command line, program name first.
+    validate: also build the TrainConfig, refusing what it refuses; a
+      launcher that only reads its own flags passes False.
+  """
   try:
     remaining = FLAGS(argv)
   except absl_flags.Error as e:
@@ -67,10 +73,11 @@ def parse_or_exit(argv):
     exit_with_usage_error(
         f"unexpected positional arguments {remaining[1:]}; flags take the "
         "form --name=value")
-  try:
-    to_config(FLAGS)
-  except ConfigError as e:
-    exit_with_usage_error(str(e))
+  if validate:
+    try:
+      to_config(FLAGS)
+    except ConfigError as e:
+      exit_with_usage_error(str(e))
   return remaining
 
 

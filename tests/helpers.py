@@ -1,8 +1,10 @@
 """Running the project's entry points as real subprocesses in tests."""
 
 import os
+import queue
 import subprocess
 import sys
+import threading
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,3 +25,28 @@ def run_module(module: str, *args, timeout: float = 600, cwd=None,
                         capture_output=True, text=True, timeout=timeout,
                         cwd=cwd or REPO_ROOT, env=subprocess_env(**env),
                         check=False)
+
+
+def wait_for_line(stream, needle: str, timeout: float) -> str:
+  """The first line of `stream` containing `needle`, within `timeout` s.
+
+  Reads on a daemon thread so a process that never prints the line fails
+  the test instead of hanging it.
+  """
+  found = queue.Queue()
+
+  def read():
+    for line in stream:
+      if needle in line:
+        found.put(line)
+        return
+    found.put(None)
+
+  threading.Thread(target=read, daemon=True).start()
+  try:
+    line = found.get(timeout=timeout)
+  except queue.Empty:
+    line = None
+  if line is None:
+    raise AssertionError(f"no line with {needle!r} within {timeout} s")
+  return line

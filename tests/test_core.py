@@ -57,6 +57,22 @@ def test_summary_excludes_warmup_and_splits_phases():
   assert summary["samples_per_second"] == pytest.approx(32 / 0.013)
 
 
+def test_time_between_steps_counts_as_other():
+  clock = FakeClock()
+  ledger = ledger_lib.StepLedger(clock=clock)
+  for step in (1, 2):
+    with ledger.phase(ledger_lib.COMPUTE):
+      clock.advance(0.010)
+    ledger.end_step(step, num_samples=1)
+    clock.advance(0.005)  # a progress line printed after the step closed
+  first, second = ledger.steps
+  assert first.duration_s == pytest.approx(0.010)
+  assert second.start_s == first.end_s
+  assert second.duration_s == pytest.approx(0.015)
+  assert sum(r.duration_s for r in ledger.steps) == pytest.approx(
+      second.end_s - first.start_s)
+
+
 def test_percentiles_interpolate():
   values = sorted(float(v) for v in range(1, 101))
   assert ledger_lib.percentile(values, 50) == pytest.approx(50.5)

@@ -168,7 +168,7 @@ def parse_launcher_flags(argv):
     own, trainer_args = argv[:split], argv[split + 1:]
   else:
     own, trainer_args = argv, []
-  tfo_flags.parse_or_exit(own)
+  tfo_flags.parse_or_exit(own, validate=False)
   num_workers = tfo_flags.FLAGS.num_workers
   if num_workers < 2:
     tfo_flags.exit_with_usage_error(

@@ -24,7 +24,7 @@ DATA_WAIT = "data_wait"  # blocked waiting for the next batch
 COMPUTE = "compute"  # forward, backward, gradient all-reduce and update
 CHECKPOINT_STALL = "checkpoint_stall"  # training blocked by a checkpoint
 PHASES = (DATA_WAIT, COMPUTE, CHECKPOINT_STALL)
-STEP = "step"  # the whole step, first phase start to last phase end
+STEP = "step"  # the whole step: from the previous step's end to its own
 OTHER = "other"  # step time outside any phase: logging, bookkeeping
 
 
@@ -96,9 +96,12 @@ class StepLedger:
     self._clock = clock
     self._spans: List[Span] = []
     self._steps: List[StepRecord] = []
-    self._open_phases: Dict[str, float] = {}
     self._current_step_start: Optional[float] = None
     self._current_phases: Dict[str, float] = {}
+    # Steps are chained: each starts where the previous one ended, so time
+    # spent between them (progress lines, framework internals) is "other"
+    # and the step durations add up to the loop's wall time.
+    self._previous_step_end: Optional[float] = None
     self.origin_s = clock()
 
   @property
@@ -113,8 +116,7 @@ class StepLedger:
   def phase(self, name: str):
     """Times the enclosed block as phase `name` of the current step."""
     start = self._clock()
-    if self._current_step_start is None:
-      self._current_step_start = start
+    self._open_step(start)
     try:
       yield
     finally:
@@ -122,11 +124,18 @@ class StepLedger:
 
   def add(self, name: str, start_s: float, end_s: float) -> None:
     """Adds a phase measured elsewhere (e.g. by a callback) to this step."""
-    if self._current_step_start is None or start_s < self._current_step_start:
-      self._current_step_start = start_s
+    self._open_step(start_s)
     self._current_phases[name] = (self._current_phases.get(name, 0.0) +
                                   end_s - start_s)
     self._spans.append(Span(name, len(self._steps) + 1, start_s, end_s))
+
+  def _open_step(self, first_phase_start_s: float) -> None:
+    if self._current_step_start is not None:
+      return
+    if self._previous_step_end is not None:
+      self._current_step_start = self._previous_step_end
+    else:
+      self._current_step_start = first_phase_start_s
 
   def end_step(self, step: int, num_samples: int) -> StepRecord:
     """Closes the current step; its duration runs until now."""
@@ -139,6 +148,7 @@ class StepLedger:
     self._spans.append(Span(STEP, step, start, end))
     self._current_step_start = None
     self._current_phases = {}
+    self._previous_step_end = end
     return record
 
   def window(self, since_step: int) -> List[StepRecord]:
