@@ -160,3 +160,15 @@ def test_missing_tfds_dataset_is_one_line(tmp_path):
   assert result.returncode == 2
   assert "Traceback" not in result.stderr
   assert "mnist" in result.stderr.strip().splitlines()[-1]
+
+
+def test_unwritable_model_dir_is_one_line(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("not a directory")
+  result = run_module("tfoverlap.train", "--model=mlp", "--train_steps=2",
+                      f"--model_dir={blocker / 'run'}", timeout=300)
+  assert result.returncode == 1
+  assert "Traceback" not in result.stderr
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith("tfoverlap.train: error:")
+  assert "run" in last

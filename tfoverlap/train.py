@@ -14,6 +14,7 @@ import flags as tfo_flags
 from tfoverlap.core.config import ConfigError
 
 tfo_flags.define_flags()
+RUNTIME_ERROR_EXIT_CODE = 1
 
 
 def main(argv):
@@ -25,16 +26,29 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   # TensorFlow is imported only now, after flags parsed, so --helpfull and a
   # bad flag answer at once.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfoverlap import trainer  # pylint: disable=g-import-not-at-top
   from tfoverlap.core import report  # pylint: disable=g-import-not-at-top
   try:
     record = trainer.train(config)
   except ConfigError as e:
     tfo_flags.exit_with_usage_error(str(e))
+  except (tf.errors.OpError, OSError) as e:
+    # A lost peer, an exhausted device or a full disk: one line for the
+    # user; the traceback stays available with --verbosity=1.
+    logging.debug("training failed", exc_info=True)
+    exit_with_runtime_error(e)
   if record["worker"]["index"] == 0:
     print(report.format_breakdown(record,
                                   phases_measured=record["phases_measured"]))
     print(format_final(record))
+
+
+def exit_with_runtime_error(error: Exception):
+  first_line = (str(error).strip().splitlines() or [""])[0]
+  print(f"tfoverlap.train: error: {type(error).__name__}: {first_line}",
+        file=sys.stderr)
+  sys.exit(RUNTIME_ERROR_EXIT_CODE)
 
 
 def format_final(record: dict) -> str:

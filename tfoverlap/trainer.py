@@ -56,6 +56,52 @@ def _build_train_input(strategy, config: TrainConfig, spec):
   return data.distribute_input(strategy, input_fn, config.data)
 
 
+def _with_default_model_dir(config: TrainConfig) -> TrainConfig:
+  if config.run.model_dir:
+    return config
+  return dataclasses.replace(config, run=dataclasses.replace(
+      config.run,
+      model_dir=run_record.default_model_dir(FRAMEWORK, config.model.name)))
+
+
+def _build_model_and_optimizer(strategy, config: TrainConfig, num_classes,
+                               channels):
+  steps.apply_precision_policy(config.model.precision)
+  with strategy.scope():
+    model = models.build_model(config.model.name,
+                               image_size=config.data.image_size,
+                               num_classes=num_classes, channels=channels)
+    optimizer = steps.build_optimizer(config.model)
+    # Slots exist before a restore, so a checkpoint fills them in place.
+    optimizer.build(model.trainable_variables)
+  return model, optimizer
+
+
+def _run_loop(ctx: loops.LoopContext, strategy, config: TrainConfig, spec,
+              model, optimizer) -> float:
+  """Runs the configured loop over the remaining steps; the last loss."""
+  train_input = _build_train_input(strategy, config, spec)
+  if ctx.first_step > ctx.last_step:
+    return float("nan")
+  if config.run.loop == "fit":
+    return loops.run_fit_loop(ctx, model=model, optimizer=optimizer,
+                              loss_fn=loops.fit_loss(spec.task),
+                              distributed_data=train_input)
+  train_step = steps.make_train_step(strategy, model, optimizer,
+                                     task=spec.task,
+                                     global_batch_size=config.data.batch_size)
+  return loops.run_custom_loop(ctx, train_step=train_step,
+                               iterator=iter(train_input))
+
+
+def _evaluate(strategy, config: TrainConfig, spec, model) -> dict:
+  eval_fn = data.make_input_fn(config.data, split="eval", task=spec.task,
+                               seed=config.run.seed, upscale=spec.upscale)
+  return steps.evaluate(strategy, model,
+                        data.distribute_input(strategy, eval_fn, config.data),
+                        task=spec.task)
+
+
 def train(config: TrainConfig) -> dict:
   """Runs training as configured; returns the run record it wrote.
 
@@ -66,16 +112,12 @@ def train(config: TrainConfig) -> dict:
   worker_index, num_workers = (distribute.cluster_from_tf_config()
                                if config.distribute.strategy == "multi_worker"
                                else (0, 1))
-  is_chief = worker_index == 0
   distribute.configure_host(config.distribute, config.run)
   keras.utils.set_random_seed(config.run.seed)
   if config.run.deterministic:
     tf.config.experimental.enable_op_determinism()
   strategy = distribute.build_strategy(config.distribute)
-  if not config.run.model_dir:
-    config = dataclasses.replace(config, run=dataclasses.replace(
-        config.run,
-        model_dir=run_record.default_model_dir(FRAMEWORK, config.model.name)))
+  config = _with_default_model_dir(config)
   out_dir = worker_dir(config.run.model_dir, worker_index)
   os.makedirs(out_dir, exist_ok=True)
 
@@ -84,65 +126,59 @@ def train(config: TrainConfig) -> dict:
     service = data.start_data_service()
     config = dataclasses.replace(config, data=dataclasses.replace(
         config.data, data_service=service.address))
-  spec = zoo.MODELS[config.model.name]
-  info = data.describe(config.data)
-  steps.apply_precision_policy(config.model.precision)
-  with strategy.scope():
-    model = models.build_model(config.model.name,
-                               image_size=config.data.image_size,
-                               num_classes=info.num_classes,
-                               channels=info.channels)
-    optimizer = steps.build_optimizer(config.model)
-    optimizer.build(model.trainable_variables)
+  try:
+    spec = zoo.MODELS[config.model.name]
+    info = data.describe(config.data)
+    model, optimizer = _build_model_and_optimizer(
+        strategy, config, info.num_classes, info.channels)
+    checkpointer = checkpoint.build_checkpointer(
+        config.checkpoint, config.run.model_dir, model=model,
+        optimizer=optimizer, is_chief=worker_index == 0,
+        worker_index=worker_index)
+    restored_step = checkpointer.restore_latest() if checkpointer else 0
 
-  checkpointer = checkpoint.build_checkpointer(
-      config.checkpoint, config.run.model_dir, model=model,
-      optimizer=optimizer, is_chief=is_chief, worker_index=worker_index)
-  restored_step = checkpointer.restore_latest() if checkpointer else 0
-
-  ledger = ledger_lib.StepLedger()
-  prefix = "" if num_workers == 1 else f"[worker {worker_index}] "
-  ctx = loops.LoopContext(
-      ledger=ledger,
-      progress=ProgressPrinter(total_steps=config.run.train_steps,
-                               every_steps=config.run.log_every_steps,
-                               enabled=config.run.progress and is_chief,
-                               prefix=prefix),
-      checkpointer=checkpointer,
-      write_scalars=loops.make_scalar_writer(
-          os.path.join(out_dir, "tensorboard")
-          if config.run.tensorboard else None,
-          config.run.log_every_steps, ledger),
-      first_step=restored_step + 1,
-      last_step=config.run.train_steps,
-      global_batch_size=config.data.batch_size)
-
-  train_input = _build_train_input(strategy, config, spec)
-  if ctx.first_step > ctx.last_step:
-    loss = float("nan")
-  elif config.run.loop == "fit":
-    loss = loops.run_fit_loop(ctx, model=model, optimizer=optimizer,
-                              loss_fn=loops.fit_loss(spec.task),
-                              distributed_data=train_input)
-  else:
-    train_step = steps.make_train_step(
-        strategy, model, optimizer, task=spec.task,
+    ledger = ledger_lib.StepLedger()
+    ctx = loops.LoopContext(
+        ledger=ledger,
+        progress=ProgressPrinter(
+            total_steps=config.run.train_steps,
+            every_steps=config.run.log_every_steps,
+            enabled=config.run.progress and worker_index == 0,
+            prefix="" if num_workers == 1 else f"[worker {worker_index}] "),
+        checkpointer=checkpointer,
+        write_scalars=loops.make_scalar_writer(
+            os.path.join(out_dir, "tensorboard")
+            if config.run.tensorboard else None,
+            config.run.log_every_steps, ledger),
+        first_step=restored_step + 1,
+        last_step=config.run.train_steps,
         global_batch_size=config.data.batch_size)
-    loss = loops.run_custom_loop(ctx, train_step=train_step,
-                                 iterator=iter(train_input))
-  if checkpointer:
-    checkpointer.close()
+    final = {"train_loss": _run_loop(ctx, strategy, config, spec, model,
+                                     optimizer)}
+    if checkpointer:
+      checkpointer.close()
+    if config.run.evaluate and info.num_eval_examples:
+      final.update(_evaluate(strategy, config, spec, model))
+  finally:
+    if service is not None:
+      service.stop()
 
-  final = {"train_loss": loss}
-  if config.run.evaluate and info.num_eval_examples:
-    eval_fn = data.make_input_fn(config.data, split="eval", task=spec.task,
-                                 seed=config.run.seed, upscale=spec.upscale)
-    final.update(steps.evaluate(
-        strategy, model, data.distribute_input(strategy, eval_fn, config.data),
-        task=spec.task))
-  if service is not None:
-    service.stop()
+  notes = []
+  if config.run.loop == "fit":
+    notes.append("model.fit pulls its input inside the compiled step: "
+                 "data wait is part of compute")
+  if restored_step:
+    notes.append(f"resumed from the checkpoint of step {restored_step}")
+  return _write_outputs(
+      config, out_dir, ledger, strategy=strategy, model=model, final=final,
+      worker_index=worker_index, num_workers=num_workers, notes=notes,
+      wall_s=time.perf_counter() - start)
 
+
+def _write_outputs(config: TrainConfig, out_dir: str, ledger, *, strategy,
+                   model, final, worker_index, num_workers, notes,
+                   wall_s) -> dict:
+  """Writes the trace and run.json of this worker; returns the record."""
   outputs = {}
   if config.run.trace:
     outputs["trace"] = trace.write_chrome_trace(
@@ -151,14 +187,9 @@ def train(config: TrainConfig) -> dict:
         process_name=f"{FRAMEWORK} worker {worker_index}")
   if config.run.tensorboard:
     outputs["tensorboard"] = os.path.join(out_dir, "tensorboard")
+  outputs["run_record"] = os.path.join(out_dir, run_record.RUN_RECORD_NAME)
   phases_measured = ([ledger_lib.COMPUTE, ledger_lib.CHECKPOINT_STALL]
                      if config.run.loop == "fit" else list(ledger_lib.PHASES))
-  notes = []
-  if config.run.loop == "fit":
-    notes.append("model.fit pulls its input inside the compiled step: "
-                 "data wait is part of compute")
-  if restored_step:
-    notes.append(f"resumed from the checkpoint of step {restored_step}")
   record = run_record.build_run_record(
       framework=FRAMEWORK,
       config=config.to_dict(),
@@ -168,7 +199,7 @@ def train(config: TrainConfig) -> dict:
       strategy=distribute.describe_strategy(strategy, config.distribute),
       ledger_summary=ledger.summary(),
       num_steps=len(ledger.steps),
-      wall_s=time.perf_counter() - start,
+      wall_s=wall_s,
       final=final,
       weights_digest=weights_digest(model),
       worker_index=worker_index,
@@ -176,5 +207,5 @@ def train(config: TrainConfig) -> dict:
       phases_measured=phases_measured,
       outputs=outputs,
       notes=notes)
-  outputs["run_record"] = run_record.write_run_record(out_dir, record)
+  run_record.write_run_record(out_dir, record)
   return record
