@@ -100,3 +100,20 @@ def test_killed_worker_ends_the_job_with_a_clear_message(tmp_path):
   time.sleep(0.5)
   with pytest.raises(ProcessLookupError):
     os.kill(workers[0], 0)  # the chief is gone too
+
+
+def test_every_worker_resumes_from_the_chiefs_checkpoint(tmp_path):
+  args = [*TINY_RUN, "--deterministic", "--checkpoint=sync",
+          "--checkpoint_every=5", f"--model_dir={tmp_path}"]
+  first = run_module("tfoverlap.launch", "--num_workers=2", "--", *args,
+                     "--train_steps=10", timeout=300)
+  assert first.returncode == 0, first.stderr[-3000:]
+  assert (tmp_path / "checkpoints" / "ckpt-10.index").exists()
+  assert not (tmp_path / "worker-1" / "checkpoint-scratch").exists()
+  second = run_module("tfoverlap.launch", "--num_workers=2", "--", *args,
+                      "--train_steps=15", timeout=300)
+  assert second.returncode == 0, second.stderr[-3000:]
+  chief = run_record.load_run_record(str(tmp_path))
+  other = run_record.load_run_record(str(tmp_path / "worker-1"))
+  assert chief["steps"] == other["steps"] == 5  # both resumed at step 10
+  assert chief["weights_digest"] == other["weights_digest"]

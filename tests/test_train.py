@@ -172,3 +172,32 @@ def test_unwritable_model_dir_is_one_line(tmp_path):
   last = result.stderr.strip().splitlines()[-1]
   assert last.startswith("tfoverlap.train: error:")
   assert "run" in last
+
+
+@pytest.mark.parametrize("args, echoed", [
+    (["--data_service=local"], {"data_service": "grpc://localhost:"}),
+    (["--prefetch=0", "--map_parallelism=1"], {"prefetch": 0,
+                                               "map_parallelism": 1}),
+    (["--prefetch=3", "--prefetch_to_device"], {"prefetch_to_device": True}),
+    (["--cache", "--shuffle_buffer=0", "--preprocess_cost_ms=0.5"],
+     {"cache": True, "preprocess_cost_ms": 0.5}),
+    (["--dataset=synthetic", "--synthetic_on_device"],
+     {"synthetic_on_device": True}),
+])
+def test_every_input_knob_runs_through_the_trainer(tmp_path, args, echoed):
+  _, record, _ = train(tmp_path, "--model=mlp", "--train_steps=8",
+                       "--evaluate=false", *args)
+  assert record["steps"] == 8
+  for key, value in echoed.items():
+    recorded = record["flags"]["data"][key]
+    if isinstance(value, str):
+      assert recorded.startswith(value), recorded
+    else:
+      assert recorded == value
+
+
+def test_mixed_bfloat16_trains(tmp_path):
+  _, record, _ = train(tmp_path, "--model=small_cnn", "--train_steps=5",
+                       "--precision=mixed_bfloat16", "--strategy=default")
+  assert record["flags"]["model"]["precision"] == "mixed_bfloat16"
+  assert record["final"]["train_loss"] > 0

@@ -35,7 +35,8 @@ class Checkpointer:
 
   In a multi-worker run every worker must take part in the save (reading
   replicated variables may all-reduce), but only the chief's files are kept:
-  the others write to a scratch directory that is removed afterwards.
+  the others write to a scratch directory that is removed afterwards. Every
+  worker restores from the chief's checkpoints, so all resume at one step.
 
   Usage:
     checkpointer = Checkpointer(cfg, model_dir, model=m, optimizer=o,
@@ -50,8 +51,9 @@ class Checkpointer:
                optimizer, is_chief: bool, worker_index: int = 0):
     self._cfg = cfg
     self._is_chief = is_chief
+    self._chief_directory = os.path.join(model_dir, CHECKPOINT_DIR_NAME)
     if is_chief:
-      self.directory = os.path.join(model_dir, CHECKPOINT_DIR_NAME)
+      self.directory = self._chief_directory
     else:
       self.directory = os.path.join(model_dir, f"worker-{worker_index}",
                                     "checkpoint-scratch")
@@ -66,7 +68,7 @@ class Checkpointer:
 
   def restore_latest(self) -> int:
     """Restores the newest checkpoint, if any; returns its step (or 0)."""
-    latest = self._manager.latest_checkpoint
+    latest = tf.train.latest_checkpoint(self._chief_directory)
     if latest is None:
       return 0
     self._checkpoint.restore(latest).assert_existing_objects_matched()
