@@ -1,0 +1,83 @@
+"""Strategies by name, in process (multi_worker runs in test_launch)."""
+
+import json
+
+import pytest
+import tensorflow as tf
+
+from tfoverlap import distribute
+from tfoverlap.core.config import ConfigError, DistributeConfig
+
+
+def config(**overrides) -> DistributeConfig:
+  values = dict(strategy="mirrored", num_devices=2, num_workers=1,
+                all_reduce="auto", all_reduce_pack_mb=0.0)
+  values.update(overrides)
+  return DistributeConfig(**values)
+
+
+def test_mirrored_replicates_over_the_logical_cpus(two_cpu_devices):
+  strategy = distribute.build_strategy(config())
+  assert isinstance(strategy, tf.distribute.MirroredStrategy)
+  assert strategy.num_replicas_in_sync == 2
+  described = distribute.describe_strategy(strategy, config())
+  assert described["num_replicas"] == 2
+  assert [d.lower()[-5:] for d in described["devices"]] == ["cpu:0", "cpu:1"]
+
+
+def test_default_and_one_device_have_one_replica():
+  default = distribute.build_strategy(config(strategy="default"))
+  assert default is tf.distribute.get_strategy()
+  assert distribute.describe_strategy(
+      default, config(strategy="default"))["devices"]
+  one = distribute.build_strategy(config(strategy="one_device"))
+  assert isinstance(one, tf.distribute.OneDeviceStrategy)
+  assert one.num_replicas_in_sync == 1
+
+
+def test_more_devices_than_exist_is_refused():
+  with pytest.raises(ConfigError) as error:
+    distribute.build_strategy(config(num_devices=3))
+  assert error.value.flag == "num_devices"
+
+
+def test_pack_size_and_implementation_reach_the_collectives():
+  options = distribute.communication_options(
+      config(strategy="multi_worker", all_reduce="ring",
+             all_reduce_pack_mb=4))
+  assert options.bytes_per_pack == 4 * 1024 * 1024
+  assert options.implementation == (
+      tf.distribute.experimental.CommunicationImplementation.RING)
+
+
+def test_cluster_comes_from_tf_config(monkeypatch):
+  monkeypatch.setenv("TF_CONFIG", json.dumps({
+      "cluster": {"worker": ["localhost:1", "localhost:2", "localhost:3"]},
+      "task": {"type": "worker", "index": 2}}))
+  assert distribute.cluster_from_tf_config() == (2, 3)
+  monkeypatch.setenv("TF_CONFIG", "{not json")
+  with pytest.raises(ConfigError):
+    distribute.cluster_from_tf_config()
+  monkeypatch.delenv("TF_CONFIG")
+  assert distribute.cluster_from_tf_config() == (0, 1)
+
+
+@pytest.mark.parametrize("overrides, flag", [
+    ({"strategy": "horovod"}, "strategy"),
+    ({"strategy": "default", "all_reduce": "ring"}, "all_reduce"),
+    ({"strategy": "one_device", "all_reduce_pack_mb": 1.0},
+     "all_reduce_pack_mb"),
+    ({"all_reduce": "ring"}, "all_reduce"),
+    ({"all_reduce_pack_mb": 2.0}, "all_reduce_pack_mb"),
+    ({"all_reduce": "nccl"}, "all_reduce"),  # no GPUs on this host
+    ({"strategy": "multi_worker", "num_workers": 2}, "strategy"),
+])
+def test_knobs_a_strategy_would_ignore_are_refused(overrides, flag,
+                                                   monkeypatch):
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  if tf.config.list_physical_devices("GPU") and overrides.get(
+      "all_reduce") == "nccl":
+    pytest.skip("NCCL is allowed on a GPU host")
+  with pytest.raises(ConfigError) as error:
+    distribute.build_strategy(config(**overrides))
+  assert error.value.flag == flag
