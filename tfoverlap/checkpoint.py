@@ -43,7 +43,8 @@ class Checkpointer:
                                 is_chief=True)
     start_step = checkpointer.restore_latest()
     ...
-    checkpointer.maybe_save(step)
+    if checkpointer.is_due(step):
+      checkpointer.save(step)
     checkpointer.close()
   """
 
@@ -74,13 +75,14 @@ class Checkpointer:
     self._checkpoint.restore(latest).assert_existing_objects_matched()
     return int(latest.rsplit("-", 1)[1])
 
-  def maybe_save(self, step: int) -> bool:
-    """Saves if `step` is on the cadence; True when it saved."""
-    if step % self._cfg.every_steps:
-      return False
+  def is_due(self, step: int) -> bool:
+    """Whether `step` is on the checkpoint cadence."""
+    return step % self._cfg.every_steps == 0
+
+  def save(self, step: int) -> None:
+    """Saves now; blocks for the whole write (sync) or the copy (tf_async)."""
     self._manager.save(checkpoint_number=step, options=self._options)
     self.num_saves += 1
-    return True
 
   def close(self) -> None:
     """Waits for a background write, then drops a non-chief's scratch."""

@@ -32,9 +32,9 @@ class LoopContext:
 
 def _after_step(ctx: LoopContext, step: int, loss: float) -> None:
   """Checkpoint, close the step in the ledger, report."""
-  if ctx.checkpointer is not None:
+  if ctx.checkpointer is not None and ctx.checkpointer.is_due(step):
     with ctx.ledger.phase(ledger_lib.CHECKPOINT_STALL):
-      ctx.checkpointer.maybe_save(step)
+      ctx.checkpointer.save(step)
   ctx.ledger.end_step(step, ctx.global_batch_size)
   ctx.progress.maybe_print(ctx.ledger, step, loss)
   ctx.write_scalars(step, loss)
