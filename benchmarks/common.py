@@ -1,0 +1,254 @@
+"""What every benchmark shares: running trainers, reading run.json, reporting.
+
+Trainer runs are separate processes (`python -m tfoverlap.train`), as a user
+runs them, so each one pays its own start-up and none inherits another's
+thread pools or tf.data autotuning state. Results are medians over repeats
+whose variants were interleaved, because these machines are shared and noisy:
+a slow minute then hits every variant alike instead of one.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from importlib import metadata
+from typing import Dict, List, Optional, Sequence
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS_DIR = os.path.join(REPO_ROOT, "benchmarks", "results")
+
+# Outputs that are not being measured: each would add work to the steps or to
+# the process, and the plain Keras baseline has none of them.
+QUIET_TRAINER_FLAGS = ("--progress=false", "--trace=false",
+                       "--tensorboard=false", "--evaluate=false")
+PROCESS_TIMEOUT_S = 900
+_STDERR_TAIL_CHARS = 3000
+
+
+class BenchmarkError(RuntimeError):
+  """A benchmark process failed; the message carries its command and stderr."""
+
+
+def subprocess_env() -> Dict[str, str]:
+  env = dict(os.environ)
+  # TensorFlow's INFO lines are noise in captured output; errors still show.
+  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  return env
+
+
+def children_cpu_s() -> float:
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
+
+
+def host_cpu_s() -> Dict[str, float]:
+  """Seconds of CPU the whole host spent busy, and lost to the hypervisor."""
+  try:
+    with open("/proc/stat", encoding="utf-8") as f:
+      fields = [int(v) for v in f.readline().split()[1:]]
+  except (OSError, ValueError):
+    return {"busy": float("nan"), "steal": float("nan")}
+  ticks = os.sysconf("SC_CLK_TCK")
+  user, nice, system, _, _, irq, softirq, steal = (fields + [0] * 8)[:8]
+  return {"busy": (user + nice + system + irq + softirq) / ticks,
+          "steal": steal / ticks}
+
+
+def run_process(args: Sequence[str], timeout_s: float = PROCESS_TIMEOUT_S
+                ) -> dict:
+  """Runs a Python module command from the repository root and waits.
+
+  Returns:
+    {"stdout", "process_wall_s", "process_cpu_s", "foreign_cpu_s",
+    "steal_s"}: process cpu is user + system time of the process (children
+    run one at a time, so the change in RUSAGE_CHILDREN is exactly this
+    one's). foreign cpu is what the rest of the host burned meanwhile (other
+    users' work: these machines are shared) and steal what the hypervisor
+    took; both say how much a run was disturbed.
+
+  Raises:
+    BenchmarkError: non-zero exit or time-out, with the end of stderr.
+  """
+  command = [sys.executable, *args]
+  cpu_before = children_cpu_s()
+  host_before = host_cpu_s()
+  start = time.perf_counter()
+  try:
+    done = subprocess.run(command, cwd=REPO_ROOT, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=timeout_s,
+                          check=False)
+  except subprocess.TimeoutExpired as e:
+    raise BenchmarkError(f"timed out after {timeout_s:.0f}s: "
+                         f"{' '.join(args)}") from e
+  wall_s = time.perf_counter() - start
+  host_after = host_cpu_s()
+  process_cpu_s = children_cpu_s() - cpu_before
+  if done.returncode != 0:
+    raise BenchmarkError(
+        f"exit {done.returncode}: {' '.join(args)}\n"
+        f"{done.stderr[-_STDERR_TAIL_CHARS:]}")
+  return {"stdout": done.stdout, "process_wall_s": wall_s,
+          "process_cpu_s": process_cpu_s,
+          "foreign_cpu_s": max(0.0, host_after["busy"] - host_before["busy"]
+                               - process_cpu_s),
+          "steal_s": host_after["steal"] - host_before["steal"]}
+
+
+def run_trainer(trainer_flags: Sequence[str], model_dir: str) -> dict:
+  """One `python -m tfoverlap.train` run; returns `summarize_record` of it."""
+  args = ["-m", "tfoverlap.train", *QUIET_TRAINER_FLAGS, *trainer_flags,
+          f"--model_dir={model_dir}"]
+  process = run_process(args)
+  with open(os.path.join(model_dir, "run.json"), encoding="utf-8") as f:
+    record = json.load(f)
+  summary = summarize_record(record)
+  summary.update(process_stats(process))
+  return summary
+
+
+def process_stats(process: dict) -> dict:
+  return {k: v for k, v in process.items() if k != "stdout"}
+
+
+def summarize_record(record: dict) -> dict:
+  """The fields of a run.json that the benchmarks compare."""
+  phases = record["phases"]
+
+  def phase(name):
+    stats = phases.get(name, {})
+    return {"p50_ms": 1e3 * stats.get("p50", 0.0),
+            "mean_ms": 1e3 * stats.get("mean", 0.0),
+            "fraction": stats.get("fraction", 0.0)}
+
+  return {
+      "samples_per_second": record["samples_per_second"],
+      "warmup_steps": record["warmup_steps"],
+      "measured_steps": record["measured_steps"],
+      "wall_s": record["wall_s"],
+      "step": phase("step"),
+      "data_wait": phase("data_wait"),
+      "compute": phase("compute"),
+      "other": phase("other"),
+      "final": record.get("final", {}),
+  }
+
+
+def median(values: Sequence[float]) -> float:
+  return statistics.median(values) if values else float("nan")
+
+
+def cpu_model() -> str:
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or "unknown"
+
+
+def ram_gib() -> float:
+  try:
+    with open("/proc/meminfo", encoding="utf-8") as f:
+      for line in f:
+        if line.startswith("MemTotal:"):
+          return int(line.split()[1]) / (1024 * 1024)
+  except OSError:
+    pass
+  return float("nan")
+
+
+def _version(package: str) -> Optional[str]:
+  try:
+    return metadata.version(package)
+  except metadata.PackageNotFoundError:
+    return None
+
+
+def describe_machine() -> dict:
+  """Read without importing TensorFlow: this driver process stays light."""
+  return {
+      "date": datetime.date.today().isoformat(),
+      "cpu_model": cpu_model(),
+      "cpu_count": os.cpu_count(),
+      "ram_gib": round(ram_gib(), 1),
+      "python": platform.python_version(),
+      "tensorflow": _version("tensorflow") or _version("tensorflow-cpu"),
+      "keras": _version("keras"),
+      "gpu": "none detected" if not os.path.exists("/dev/nvidia0") else
+             "present",
+      "load_average_at_start": os.getloadavg(),
+  }
+
+
+def add_common_args(parser: argparse.ArgumentParser, *, repeats: int) -> None:
+  parser.add_argument("--quick", action="store_true",
+                      help="A smoke run of about a minute: fewer steps and "
+                      "repeats; its numbers are not for reporting.")
+  parser.add_argument("--repeats", type=int, default=None,
+                      help=f"Interleaved repeats (default {repeats}, 1 with "
+                      "--quick).")
+  parser.add_argument("--output", default=None,
+                      help="Result JSON path (default "
+                      "benchmarks/results/<name>.json; --quick writes "
+                      "<name>.quick.json so a smoke run never replaces a full "
+                      "result).")
+
+
+def resolve_repeats(args, default: int) -> int:
+  if args.repeats is not None:
+    if args.repeats < 1:
+      raise SystemExit(f"--repeats={args.repeats}: allowed: >= 1")
+    return args.repeats
+  return 1 if args.quick else default
+
+
+def result_path(name: str, args) -> str:
+  if args.output:
+    return args.output
+  suffix = ".quick.json" if args.quick else ".json"
+  return os.path.join(RESULTS_DIR, name + suffix)
+
+
+def write_results(path: str, payload: dict) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(payload, f, indent=2, sort_keys=True)
+    f.write("\n")
+
+
+def command_line() -> str:
+  """How this benchmark was started, as one would retype it."""
+  module = sys.modules["__main__"].__spec__
+  name = module.name if module else os.path.basename(sys.argv[0])
+  return " ".join(["python -m", name, *sys.argv[1:]])
+
+
+def format_table(headers: List[str], rows: List[List]) -> str:
+  """A fixed-width text table; floats get 3 significant decimals."""
+  def cell(value):
+    if isinstance(value, float):
+      return f"{value:.3f}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value)
+
+  text_rows = [[cell(v) for v in row] for row in rows]
+  widths = [max(len(h), *(len(r[i]) for r in text_rows)) if text_rows
+            else len(h) for i, h in enumerate(headers)]
+  lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)),
+           "  ".join("-" * w for w in widths)]
+  lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths))
+            for r in text_rows]
+  return "\n".join(lines)
+
+
+def log(message: str) -> None:
+  """Progress on stderr, flushed: full runs take minutes."""
+  print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr,
+        flush=True)

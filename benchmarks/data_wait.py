@@ -1,0 +1,263 @@
+"""Data wait with input prefetch off, on, and to the device, as input cost grows.
+
+  python -m benchmarks.data_wait            # full run
+  python -m benchmarks.data_wait --quick    # smoke run
+
+1. Compute alone. The model trains on batches kept resident
+   (--synthetic_on_device: no input pipeline runs at all); the median of the
+   compute phase p50 over the calibration runs is C, the step's compute time.
+   A shorter run of the same kind, differenced against the long ones, gives
+   the CPU seconds a step burns (spin-waiting threads included, so it
+   overstates the work; recorded, not used for conclusions).
+2. What the cost flag delivers. `benchmarks.cost_probe`, in three fresh
+   processes, measures the one-thread time per sample each requested cost
+   really takes (every trainer calibrates the cost loop once at start).
+3. The grid. For every cost multiple k in 0, 0.5, 1, 2 the preprocessing
+   cost is requested as k * C / batch_size per sample (--preprocess_cost_ms),
+   so that one batch's preprocessing is k * C of CPU time, and each prefetch
+   mode trains:
+     off        --prefetch=0
+     autotune   --prefetch=autotune
+     to_device  --prefetch=autotune --prefetch_to_device
+   Every repeat runs all twelve cells once, in a fresh shuffled order, each
+   in its own trainer process (custom loop: its ledger times the wait for
+   the next batch separately from compute).
+
+Reported per cell, medians over repeats: the data-wait share of the step,
+the compute p50 (it grows when preprocessing threads take cores from the
+step), the step time and samples/s, and the serial reference C * (1 + k'),
+k' the delivered multiple: the step if the batch were preprocessed on one
+thread and then trained, with no overlap at all.
+"""
+
+import argparse
+import json
+import os
+import random
+import tempfile
+import time
+
+from benchmarks import common
+
+NAME = "data_wait"
+DEFAULT_REPEATS = 3
+COST_MULTIPLES = (0.0, 0.5, 1.0, 2.0)
+MODES = {
+    "off": ["--prefetch=0"],
+    "autotune": ["--prefetch=autotune"],
+    "to_device": ["--prefetch=autotune", "--prefetch_to_device"],
+}
+PREFETCH_ON = ("autotune", "to_device")
+TARGET_MAX_DATA_WAIT_FRAC = 0.02
+TARGET_MAX_COST_MULTIPLE = 1.0  # the target holds while cost <= compute
+CALIBRATION_RUNS = 3
+# The short calibration run, differenced against the long ones, cancels the
+# start-up's CPU time (imports, tracing) so what is left is per-step CPU.
+SHORT_CALIBRATION_STEPS = 30
+
+
+def parse_args():
+  parser = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  common.add_common_args(parser, repeats=DEFAULT_REPEATS)
+  parser.add_argument("--model", default="small_cnn")
+  parser.add_argument("--image_size", type=int, default=16)
+  parser.add_argument("--batch_size", type=int, default=64)
+  parser.add_argument("--strategy", default="default")
+  parser.add_argument("--num_devices", type=int, default=1)
+  parser.add_argument("--train_steps", type=int, default=150,
+                      help="Steps per run (the ledger leaves out the first "
+                      "tenth, at most 10).")
+  return parser.parse_args()
+
+
+def base_flags(args) -> list:
+  # Synthetic data: its decode is a few random numbers per pixel, so at
+  # k = 0 the pipeline costs next to nothing and the added cost is the input
+  # work being studied.
+  return [f"--model={args.model}", "--dataset=synthetic",
+          f"--image_size={args.image_size}", f"--batch_size={args.batch_size}",
+          f"--strategy={args.strategy}", f"--num_devices={args.num_devices}"]
+
+
+def calibrate(args, steps: int, scratch: str) -> dict:
+  """C, its CPU time, and the runs they come from."""
+  flags = base_flags(args) + ["--synthetic_on_device"]
+  runs = []
+  for index in range(CALIBRATION_RUNS):
+    result = common.run_trainer(flags + [f"--train_steps={steps}"],
+                                os.path.join(scratch, f"calibrate-{index}"))
+    common.log(f"calibration {index + 1}/{CALIBRATION_RUNS}: compute p50 "
+               f"{result['compute']['p50_ms']:.2f} ms")
+    runs.append(result)
+  short_steps = min(SHORT_CALIBRATION_STEPS, steps // 2)
+  short = common.run_trainer(flags + [f"--train_steps={short_steps}"],
+                             os.path.join(scratch, "calibrate-short"))
+  compute_ms = common.median([r["compute"]["p50_ms"] for r in runs])
+  long_cpu_s = common.median([r["process_cpu_s"] for r in runs])
+  step_cpu_ms = 1e3 * (long_cpu_s - short["process_cpu_s"]) / (
+      steps - short_steps)
+  step_mean_ms = common.median([r["step"]["mean_ms"] for r in runs])
+  return {
+      "compute_ms": compute_ms,
+      "step_mean_ms": step_mean_ms,
+      "step_cpu_ms": step_cpu_ms,
+      # CPU time per step over wall time per step.
+      "cores_busy_in_compute": step_cpu_ms / step_mean_ms,
+      "samples_per_second": common.median(
+          [r["samples_per_second"] for r in runs]),
+      "short_steps": short_steps,
+      "runs": runs,
+      "short_run": short,
+  }
+
+
+def probe_delivered_cost(costs_ms: list, scratch: str, num_probes: int,
+                         batches: int) -> dict:
+  """benchmarks.cost_probe in fresh processes: what the requested costs
+  deliver on one thread, per requested cost (each trainer calibrates
+  separately, so the spread between probes is the spread between runs)."""
+  probes = []
+  for index in range(num_probes):
+    path = os.path.join(scratch, f"cost_probe-{index}.json")
+    common.run_process(["-m", "benchmarks.cost_probe",
+                        "--costs=" + ",".join(f"{c:.6f}" for c in costs_ms),
+                        f"--batches={batches}", f"--result_json={path}"])
+    with open(path, encoding="utf-8") as f:
+      probes.append(json.load(f))
+  by_cost = {}
+  for row_index, row in enumerate(probes[0]["costs"]):
+    if not row["requested_ms"]:
+      continue
+    ratios = [p["costs"][row_index]["delivered_over_requested"]
+              for p in probes]
+    by_cost[f"{row['requested_ms']:.6f}"] = {
+        "delivered_over_requested": common.median(ratios),
+        "delivered_over_requested_all": ratios,
+    }
+  return {"by_requested_ms": by_cost,
+          "calibration_over_single_thread_all": [
+              p["calibration_over_single_thread"] for p in probes],
+          "probes": probes}
+
+
+def summarize(runs: list, calibration: dict, delivered: dict) -> list:
+  compute_ms = calibration["compute_ms"]
+  cells = []
+  for k in COST_MULTIPLES:
+    for mode in MODES:
+      results = [r["result"] for r in runs if r["k"] == k and r["mode"] == mode]
+      data_wait = common.median([r["data_wait"]["fraction"] for r in results])
+      step_ms = common.median([r["step"]["mean_ms"] for r in results])
+      cost_ms = results[0]["preprocess_cost_ms"]
+      factor = (delivered["by_requested_ms"][f"{cost_ms:.6f}"]
+                ["delivered_over_requested"] if cost_ms else 1.0)
+      cell = {
+          "k": k,
+          # The cost multiple one thread really ran (benchmarks.cost_probe).
+          "k_delivered": k * factor,
+          "mode": mode,
+          "preprocess_cost_ms": cost_ms,
+          "data_wait_fraction": data_wait,
+          "data_wait_fraction_all": [r["data_wait"]["fraction"]
+                                     for r in results],
+          "data_wait_p50_ms": common.median(
+              [r["data_wait"]["p50_ms"] for r in results]),
+          "compute_p50_ms": common.median(
+              [r["compute"]["p50_ms"] for r in results]),
+          "step_mean_ms": step_ms,
+          "samples_per_second": common.median(
+              [r["samples_per_second"] for r in results]),
+          "samples_per_second_all": [r["samples_per_second"]
+                                     for r in results],
+          # The step if preprocessing ran on one thread, then the compute.
+          "serial_sum_ms": compute_ms * (1 + k * factor),
+          "step_over_compute": step_ms / compute_ms,
+      }
+      if mode in PREFETCH_ON and k <= TARGET_MAX_COST_MULTIPLE:
+        cell["target_max_data_wait_fraction"] = TARGET_MAX_DATA_WAIT_FRAC
+        cell["target_met"] = data_wait <= TARGET_MAX_DATA_WAIT_FRAC
+      cells.append(cell)
+  return cells
+
+
+def format_cells(cells: list) -> str:
+  headers = ["k", "k delivered", "cost ms/sample", "prefetch", "data_wait %",
+             "data_wait p50 ms", "compute p50 ms", "step ms", "samples/s",
+             "serial ms", "target"]
+  rows = []
+  for c in cells:
+    target = ("-" if "target_met" not in c else
+              "met" if c["target_met"] else "MISSED")
+    rows.append([c["k"], c["k_delivered"], c["preprocess_cost_ms"], c["mode"],
+                 100 * c["data_wait_fraction"], c["data_wait_p50_ms"],
+                 c["compute_p50_ms"], c["step_mean_ms"],
+                 c["samples_per_second"], c["serial_sum_ms"], target])
+  return common.format_table(headers, rows)
+
+
+def main():
+  args = parse_args()
+  repeats = common.resolve_repeats(args, DEFAULT_REPEATS)
+  steps = 40 if args.quick else args.train_steps
+  machine = common.describe_machine()
+  cores = os.cpu_count() or 1
+  start = time.perf_counter()
+  runs = []
+  with tempfile.TemporaryDirectory(prefix="tfo-bench-") as scratch:
+    calibration = calibrate(args, steps, scratch)
+    compute_ms = calibration["compute_ms"]
+    common.log(f"C = {compute_ms:.2f} ms compute per step, "
+               f"{calibration['cores_busy_in_compute']:.2f} cores busy")
+    costs_ms = [round(k * compute_ms / args.batch_size, 6)
+                for k in COST_MULTIPLES]
+    delivered = probe_delivered_cost(costs_ms, scratch,
+                                     num_probes=1 if args.quick else 3,
+                                     batches=4 if args.quick else 12)
+    common.log("delivered / requested cost: " + ", ".join(
+        f"{c}: {v['delivered_over_requested']:.2f}"
+        for c, v in delivered["by_requested_ms"].items()))
+    cells = [(k, mode) for k in COST_MULTIPLES for mode in MODES]
+    for repeat in range(repeats):
+      order = list(cells)
+      random.Random(repeat).shuffle(order)
+      for k, mode in order:
+        cost_ms = round(k * compute_ms / args.batch_size, 6)
+        flags = base_flags(args) + MODES[mode] + [
+            f"--preprocess_cost_ms={cost_ms:.6f}", f"--train_steps={steps}"]
+        result = common.run_trainer(
+            flags, os.path.join(scratch, f"k{k}-{mode}-{repeat}"))
+        result["preprocess_cost_ms"] = cost_ms
+        common.log(f"repeat {repeat + 1}/{repeats} k={k} {mode}: data_wait "
+                   f"{100 * result['data_wait']['fraction']:.1f}%, "
+                   f"{result['samples_per_second']:.0f} samples/s")
+        runs.append({"k": k, "mode": mode, "repeat": repeat,
+                     "flags": flags, "result": result})
+  summary = summarize(runs, calibration, delivered)
+  payload = {
+      "benchmark": NAME,
+      "command": common.command_line(),
+      "quick": args.quick,
+      "repeats": repeats,
+      "train_steps": steps,
+      "machine": machine,
+      "setting": base_flags(args),
+      "calibration": calibration,
+      "delivered_cost": delivered,
+      "summary": summary,
+      "runs": runs,
+      "total_wall_s": time.perf_counter() - start,
+  }
+  path = common.result_path(NAME, args)
+  common.write_results(path, payload)
+  print(f"C = {compute_ms:.2f} ms compute per step (resident batches), "
+        f"{calibration['step_cpu_ms']:.1f} ms CPU per step = "
+        f"{calibration['cores_busy_in_compute']:.2f} of {cores} cores busy")
+  print(format_cells(summary))
+  print(f"\n{len(runs) + CALIBRATION_RUNS + 1} runs in "
+        f"{payload['total_wall_s']:.0f} s; results: "
+        f"{os.path.relpath(path, common.REPO_ROOT)}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,248 @@
+"""How much slower tfoverlap's trainer is than plain Keras `model.fit`.
+
+  python -m benchmarks.trainer_overhead            # full run, CPU presets
+  python -m benchmarks.trainer_overhead --quick    # smoke run
+  python -m benchmarks.trainer_overhead --model=resnet50 \
+      --precision=mixed_float16 --dataset=synthetic --synthetic_on_device \
+      --image_size=224 --batch_size=256 --strategy=default --train_steps=300
+
+Three sides train the same model on the same pipeline under the same
+strategy, each in its own process:
+
+  plain_fit      benchmarks.plain_keras_fit: model.compile + model.fit, no
+                 callbacks; steady-state throughput from the difference of
+                 two timed fits (see that module for why)
+  tfoverlap_ctl  python -m tfoverlap.train --loop=ctl: run.json
+                 samples_per_second, the steady-state steps only
+  tfoverlap_fit  python -m tfoverlap.train --loop=fit (same measure)
+
+Each repeat runs every side once, the starting side rotating from repeat to
+repeat so no side always follows the same neighbour. Reported: the median
+throughput per side, the overhead as the ratio of medians (plain / side - 1:
+the extra time per step), and the median of the per-repeat ratios.
+
+With --model (and the other model/data flags) one custom configuration runs
+instead of the presets; any further --flag=value is passed to both the
+trainer and the baseline.
+"""
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+from benchmarks import common
+
+NAME = "trainer_overhead"
+TARGET_MAX_OVERHEAD_FRAC = 0.02
+DEFAULT_REPEATS = 5
+SIDES = ("plain_fit", "tfoverlap_ctl", "tfoverlap_fit")
+
+# Steps are chosen so each run's steady state lasts about ten seconds here
+# (small_cnn ~35 ms/step mirrored, resnet18 ~170 ms/step): long enough that
+# timer and scheduling noise are small against it, short enough that five
+# interleaved repeats of three sides fit the time budget.
+PRESETS = {
+    "small_cnn_digits_mirrored": {
+        "flags": ["--model=small_cnn", "--dataset=digits", "--image_size=16",
+                  "--batch_size=64", "--strategy=mirrored",
+                  "--num_devices=2"],
+        "train_steps": 300, "quick_train_steps": 60,
+    },
+    "resnet18_synthetic_default": {
+        "flags": ["--model=resnet18", "--dataset=synthetic",
+                  "--image_size=32", "--batch_size=32", "--strategy=default"],
+        "train_steps": 80, "quick_train_steps": 20,
+    },
+}
+
+
+def parse_args():
+  parser = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  common.add_common_args(parser, repeats=DEFAULT_REPEATS)
+  parser.add_argument("--configs", default=",".join(PRESETS),
+                      help="Comma-separated presets: " + ", ".join(PRESETS))
+  parser.add_argument("--sides", default=",".join(SIDES),
+                      help="Comma-separated sides to run: " + ", ".join(SIDES))
+  custom = parser.add_argument_group(
+      "custom configuration (replaces the presets when --model is given)")
+  custom.add_argument("--model")
+  custom.add_argument("--precision", default="float32")
+  custom.add_argument("--dataset", default="synthetic")
+  custom.add_argument("--synthetic_on_device", action="store_true")
+  custom.add_argument("--image_size", type=int, default=224)
+  custom.add_argument("--batch_size", type=int, default=256)
+  custom.add_argument("--strategy", default="default")
+  custom.add_argument("--num_devices", type=int, default=1)
+  custom.add_argument("--train_steps", type=int, default=300)
+  args, passthrough = parser.parse_known_args()
+  bad = [a for a in passthrough if not a.startswith("--")]
+  if bad:
+    parser.error(f"unexpected arguments {bad}; trainer flags take the form "
+                 "--name=value")
+  return args, passthrough
+
+
+def build_configs(args, passthrough) -> dict:
+  """{name: {"flags": [...], "train_steps": n, "sides": [...]}}."""
+  sides = [s for s in args.sides.split(",") if s]
+  unknown = sorted(set(sides) - set(SIDES))
+  if unknown:
+    raise SystemExit(f"--sides: unknown {unknown}; allowed: {list(SIDES)}")
+  if args.model:
+    flags = [f"--model={args.model}", f"--precision={args.precision}",
+             f"--dataset={args.dataset}", f"--image_size={args.image_size}",
+             f"--batch_size={args.batch_size}", f"--strategy={args.strategy}",
+             f"--num_devices={args.num_devices}"]
+    if args.synthetic_on_device:
+      flags.append("--synthetic_on_device")
+    config_sides = list(sides)
+    if args.synthetic_on_device and "tfoverlap_fit" in config_sides:
+      # The trainer refuses resident batches with model.fit.
+      config_sides.remove("tfoverlap_fit")
+    steps = 20 if args.quick else args.train_steps
+    name = f"{args.model}_{args.precision}_{args.dataset}_{args.strategy}"
+    return {name: {"flags": flags + passthrough, "train_steps": steps,
+                   "sides": config_sides}}
+  configs = {}
+  for name in [c for c in args.configs.split(",") if c]:
+    if name not in PRESETS:
+      raise SystemExit(f"--configs: unknown {name!r}; allowed: "
+                       f"{', '.join(PRESETS)}")
+    preset = PRESETS[name]
+    configs[name] = {
+        "flags": preset["flags"] + passthrough,
+        "train_steps": (preset["quick_train_steps"] if args.quick
+                        else preset["train_steps"]),
+        "sides": list(sides),
+    }
+  return configs
+
+
+def run_side(side: str, flags: list, train_steps: int, scratch: str) -> dict:
+  steps_flag = f"--train_steps={train_steps}"
+  if side == "plain_fit":
+    result_json = os.path.join(scratch, "plain.json")
+    process = common.run_process(
+        ["-m", "benchmarks.plain_keras_fit", *flags, steps_flag,
+         f"--result_json={result_json}"])
+    with open(result_json, encoding="utf-8") as f:
+      result = json.load(f)
+    result.update(common.process_stats(process))
+    return result
+  loop = {"tfoverlap_ctl": "ctl", "tfoverlap_fit": "fit"}[side]
+  return common.run_trainer([*flags, steps_flag, f"--loop={loop}"],
+                            os.path.join(scratch, "model_dir"))
+
+
+def summarize(runs: list, sides: list) -> dict:
+  by_side = {s: [r for r in runs if r["side"] == s] for s in sides}
+  summary = {"sides": {}}
+  for side, side_runs in by_side.items():
+    sps = [r["result"]["samples_per_second"] for r in side_runs]
+    entry = {"samples_per_second_median": common.median(sps),
+             "samples_per_second_all": sps}
+    if side == "plain_fit":
+      entry["whole_fit_samples_per_second_median"] = common.median(
+          [r["result"]["whole_fit_samples_per_second"] for r in side_runs])
+    else:
+      entry["step_p50_ms_median"] = common.median(
+          [r["result"]["step"]["p50_ms"] for r in side_runs])
+    summary["sides"][side] = entry
+  if "plain_fit" not in by_side:
+    return summary
+  plain_by_repeat = {r["repeat"]: r["result"]["samples_per_second"]
+                     for r in by_side["plain_fit"]}
+  plain_median = summary["sides"]["plain_fit"]["samples_per_second_median"]
+  for side in sides:
+    if side == "plain_fit":
+      continue
+    per_repeat = [plain_by_repeat[r["repeat"]] /
+                  r["result"]["samples_per_second"]
+                  for r in by_side[side] if r["repeat"] in plain_by_repeat]
+    ratio_of_medians = (plain_median /
+                        summary["sides"][side]["samples_per_second_median"])
+    summary["sides"][side].update({
+        # > 1: the side takes longer per step than plain Keras.
+        "time_ratio_vs_plain": ratio_of_medians,
+        "overhead_frac": ratio_of_medians - 1.0,
+        "per_repeat_time_ratios": per_repeat,
+        "per_repeat_time_ratio_median": common.median(per_repeat),
+        "per_repeat_time_ratio_min": min(per_repeat),
+        "per_repeat_time_ratio_max": max(per_repeat),
+        "target_max_overhead_frac": TARGET_MAX_OVERHEAD_FRAC,
+        "target_met": ratio_of_medians - 1.0 <= TARGET_MAX_OVERHEAD_FRAC,
+    })
+  return summary
+
+
+def format_summary(configs: dict, summaries: dict) -> str:
+  headers = ["config", "side", "samples/s (median)", "time ratio vs plain",
+             "per-repeat ratio median [min, max]", "target <= 1.02"]
+  rows = []
+  for name in configs:
+    for side, entry in summaries[name]["sides"].items():
+      if "time_ratio_vs_plain" in entry:
+        ratio = entry["time_ratio_vs_plain"]
+        spread = (f"{entry['per_repeat_time_ratio_median']:.3f} "
+                  f"[{entry['per_repeat_time_ratio_min']:.3f}, "
+                  f"{entry['per_repeat_time_ratio_max']:.3f}]")
+        met = "met" if entry["target_met"] else "MISSED"
+      else:
+        ratio, spread, met = 1.0, "-", "-"
+      rows.append([name, side, entry["samples_per_second_median"], ratio,
+                   spread, met])
+  return common.format_table(headers, rows)
+
+
+def main():
+  args, passthrough = parse_args()
+  repeats = common.resolve_repeats(args, DEFAULT_REPEATS)
+  configs = build_configs(args, passthrough)
+  name = NAME if not args.model else f"{NAME}_{args.model}"
+  machine = common.describe_machine()
+  start = time.perf_counter()
+  runs = []
+  with tempfile.TemporaryDirectory(prefix="tfo-bench-") as scratch_root:
+    for config_name, config in configs.items():
+      sides = config["sides"]
+      for repeat in range(repeats):
+        rotation = repeat % len(sides)
+        for side in sides[rotation:] + sides[:rotation]:
+          scratch = os.path.join(scratch_root,
+                                 f"{config_name}-{side}-{repeat}")
+          os.makedirs(scratch)
+          result = run_side(side, config["flags"], config["train_steps"],
+                            scratch)
+          common.log(f"{config_name} repeat {repeat + 1}/{repeats} {side}: "
+                     f"{result['samples_per_second']:.1f} samples/s")
+          runs.append({"config": config_name, "side": side, "repeat": repeat,
+                       "result": result})
+  summaries = {
+      config_name: summarize([r for r in runs if r["config"] == config_name],
+                             config["sides"])
+      for config_name, config in configs.items()
+  }
+  payload = {
+      "benchmark": NAME,
+      "command": common.command_line(),
+      "quick": args.quick,
+      "repeats": repeats,
+      "machine": machine,
+      "configs": configs,
+      "quiet_trainer_flags": list(common.QUIET_TRAINER_FLAGS),
+      "summary": summaries,
+      "runs": runs,
+      "total_wall_s": time.perf_counter() - start,
+  }
+  path = common.result_path(name, args)
+  common.write_results(path, payload)
+  print(format_summary(configs, summaries))
+  print(f"\n{len(runs)} runs in {payload['total_wall_s']:.0f} s; results: "
+        f"{os.path.relpath(path, common.REPO_ROOT)}")
+
+
+if __name__ == "__main__":
+  main()
