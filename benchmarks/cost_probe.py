@@ -1,6 +1,6 @@
 """What `--preprocess_cost_ms` delivers, measured in a fresh process.
 
-  python -m benchmarks.cost_probe --costs=0,0.5,1,2 --result_json=/tmp/c.json
+  python -m benchmarks.cost_probe --costs=0,0.5,1,2 --result_json=cost.json
 
 Every trainer process calibrates the cost loop once (well under a second)
 and keeps that calibration for the whole run, so this probe does the same:

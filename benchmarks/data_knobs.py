@@ -192,8 +192,9 @@ def time_pipeline(cfg, *, warmup_batches: int, num_batches: int,
       "ms_per_batch": 1e3 * elapsed_s / num_batches,
       "ms_per_sample": 1e3 * elapsed_s / (num_batches * cfg.batch_size),
       "samples_per_second": num_batches * cfg.batch_size / elapsed_s,
-      # CPU of every thread of this process over wall time: how many cores
-      # the pipeline kept busy.
+      # CPU of every thread of this process over wall time. TensorFlow's
+      # pools spin while they wait, so this counts spinning too: it says how
+      # busy the cores looked, not how much work was done.
       "cores_busy": (time.process_time() - cpu_start) / elapsed_s,
       "first_batch": first_batch,
   }

@@ -1,4 +1,4 @@
-"""Data wait with input prefetch off, on, and to the device, as input cost grows.
+"""Data wait with prefetch off, on, and to the device, as input cost grows.
 
   python -m benchmarks.data_wait            # full run
   python -m benchmarks.data_wait --quick    # smoke run
@@ -25,9 +25,10 @@
 
 Reported per cell, medians over repeats: the data-wait share of the step,
 the compute p50 (it grows when preprocessing threads take cores from the
-step), the step time and samples/s, and the serial reference C * (1 + k'),
-k' the delivered multiple: the step if the batch were preprocessed on one
-thread and then trained, with no overlap at all.
+step), the step time and samples/s, and two references with no overlap at
+all, k' being the delivered multiple: C * (1 + k'), the batch preprocessed on
+one thread and then trained, and C * (1 + k' / cores), preprocessed on every
+core and then trained.
 """
 
 import argparse
@@ -65,6 +66,10 @@ def parse_args():
   parser.add_argument("--batch_size", type=int, default=64)
   parser.add_argument("--strategy", default="default")
   parser.add_argument("--num_devices", type=int, default=1)
+  parser.add_argument("--resummarize", metavar="RESULT_JSON",
+                      help="Recompute the summary of an existing result file "
+                      "from its runs, rewrite it and print the table; runs "
+                      "nothing.")
   parser.add_argument("--train_steps", type=int, default=150,
                       help="Steps per run (the ledger leaves out the first "
                       "tenth, at most 10).")
@@ -141,7 +146,8 @@ def probe_delivered_cost(costs_ms: list, scratch: str, num_probes: int,
           "probes": probes}
 
 
-def summarize(runs: list, calibration: dict, delivered: dict) -> list:
+def summarize(runs: list, calibration: dict, delivered: dict,
+              cores: int) -> list:
   compute_ms = calibration["compute_ms"]
   cells = []
   for k in COST_MULTIPLES:
@@ -172,6 +178,9 @@ def summarize(runs: list, calibration: dict, delivered: dict) -> list:
                                      for r in results],
           # The step if preprocessing ran on one thread, then the compute.
           "serial_sum_ms": compute_ms * (1 + k * factor),
+          # ... or on every core (the map's own parallelism), then the
+          # compute: what no overlap at all would cost with these cores.
+          "serial_all_cores_ms": compute_ms * (1 + k * factor / cores),
           "step_over_compute": step_ms / compute_ms,
       }
       if mode in PREFETCH_ON and k <= TARGET_MAX_COST_MULTIPLE:
@@ -184,7 +193,7 @@ def summarize(runs: list, calibration: dict, delivered: dict) -> list:
 def format_cells(cells: list) -> str:
   headers = ["k", "k delivered", "cost ms/sample", "prefetch", "data_wait %",
              "data_wait p50 ms", "compute p50 ms", "step ms", "samples/s",
-             "serial ms", "target"]
+             "serial 1 thread ms", "serial all cores ms", "target"]
   rows = []
   for c in cells:
     target = ("-" if "target_met" not in c else
@@ -192,12 +201,26 @@ def format_cells(cells: list) -> str:
     rows.append([c["k"], c["k_delivered"], c["preprocess_cost_ms"], c["mode"],
                  100 * c["data_wait_fraction"], c["data_wait_p50_ms"],
                  c["compute_p50_ms"], c["step_mean_ms"],
-                 c["samples_per_second"], c["serial_sum_ms"], target])
+                 c["samples_per_second"], c["serial_sum_ms"],
+                 c["serial_all_cores_ms"], target])
   return common.format_table(headers, rows)
+
+
+def resummarize(path: str) -> None:
+  with open(path, encoding="utf-8") as f:
+    payload = json.load(f)
+  payload["summary"] = summarize(payload["runs"], payload["calibration"],
+                                 payload["delivered_cost"],
+                                 payload["machine"]["cpu_count"])
+  common.write_results(path, payload)
+  print(format_cells(payload["summary"]))
 
 
 def main():
   args = parse_args()
+  if args.resummarize:
+    resummarize(args.resummarize)
+    return
   repeats = common.resolve_repeats(args, DEFAULT_REPEATS)
   steps = 40 if args.quick else args.train_steps
   machine = common.describe_machine()
@@ -233,7 +256,7 @@ def main():
                    f"{result['samples_per_second']:.0f} samples/s")
         runs.append({"k": k, "mode": mode, "repeat": repeat,
                      "flags": flags, "result": result})
-  summary = summarize(runs, calibration, delivered)
+  summary = summarize(runs, calibration, delivered, cores)
   payload = {
       "benchmark": NAME,
       "command": common.command_line(),

@@ -1,7 +1,7 @@
-"""Plain Keras `model.fit`: the baseline tfoverlap's trainer is measured against.
+"""Plain Keras `model.fit`: the baseline the trainer is measured against.
 
   python -m benchmarks.plain_keras_fit --model=small_cnn --dataset=digits \
-      --train_steps=300 --result_json=/tmp/plain.json
+      --train_steps=300 --result_json=plain.json
 
 It takes the trainer's own model, data and strategy flags, parsed by the same
 flag surface, so the configuration is identical by construction; it then

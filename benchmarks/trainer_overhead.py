@@ -2,16 +2,13 @@
 
   python -m benchmarks.trainer_overhead            # full run, CPU presets
   python -m benchmarks.trainer_overhead --quick    # smoke run
-  python -m benchmarks.trainer_overhead --model=resnet50 \
-      --precision=mixed_float16 --dataset=synthetic --synthetic_on_device \
-      --image_size=224 --batch_size=256 --strategy=default --train_steps=300
 
 Three sides train the same model on the same pipeline under the same
 strategy, each in its own process:
 
   plain_fit      benchmarks.plain_keras_fit: model.compile + model.fit, no
                  callbacks; steady-state throughput from the difference of
-                 two timed fits (see that module for why)
+                 a long and a short timed fit (see that module for why)
   tfoverlap_ctl  python -m tfoverlap.train --loop=ctl: run.json
                  samples_per_second, the steady-state steps only
   tfoverlap_fit  python -m tfoverlap.train --loop=fit (same measure)
@@ -19,11 +16,25 @@ strategy, each in its own process:
 Each repeat runs every side once, the starting side rotating from repeat to
 repeat so no side always follows the same neighbour. Reported: the median
 throughput per side, the overhead as the ratio of medians (plain / side - 1:
-the extra time per step), and the median of the per-repeat ratios.
+the extra time per step), the median and range of the per-repeat ratios,
+and the ratio of each side's best repeat (interference only slows runs, so
+the fastest repeat is the least disturbed). The 2% target is judged only
+when the per-repeat ratios agree to within 8%; otherwise the verdict says
+the noise left it unresolved.
 
 With --model (and the other model/data flags) one custom configuration runs
 instead of the presets; any further --flag=value is passed to both the
-trainer and the baseline.
+trainer and the baseline. The GPU comparison (ResNet-50, mixed precision,
+resident synthetic batches; model.fit cannot read resident batches, so the
+trainer side is the custom loop only):
+
+  python -m benchmarks.trainer_overhead --model=resnet50 \
+      --precision=mixed_float16 --dataset=synthetic --synthetic_on_device \
+      --image_size=224 --batch_size=256 --strategy=default \
+      --train_steps=300 --plain_jit_compile=false
+
+(--plain_jit_compile=auto lets plain Keras use XLA there, as its users get
+by default; the trainer never does, so that ratio includes XLA's effect.)
 """
 
 import argparse
@@ -37,6 +48,8 @@ from benchmarks import common
 NAME = "trainer_overhead"
 TARGET_MAX_OVERHEAD_FRAC = 0.02
 DEFAULT_REPEATS = 5
+# Per-repeat time ratios spreading wider than this make a 2% verdict noise.
+MAX_SPREAD_TO_JUDGE = 4 * TARGET_MAX_OVERHEAD_FRAC
 SIDES = ("plain_fit", "tfoverlap_ctl", "tfoverlap_fit")
 
 # Steps are chosen so each run's steady state lasts about ten seconds here
@@ -64,6 +77,16 @@ def parse_args():
   common.add_common_args(parser, repeats=DEFAULT_REPEATS)
   parser.add_argument("--configs", default=",".join(PRESETS),
                       help="Comma-separated presets: " + ", ".join(PRESETS))
+  parser.add_argument("--plain_jit_compile", default="auto",
+                      choices=["auto", "true", "false"],
+                      help="The baseline's model.compile(jit_compile=...). "
+                      "auto is what a plain Keras user gets (XLA on a GPU "
+                      "with the default strategy; never on CPU); false "
+                      "compiles as the trainer does.")
+  parser.add_argument("--resummarize", metavar="RESULT_JSON",
+                      help="Recompute the summary of an existing result file "
+                      "from its runs, rewrite it and print the table; runs "
+                      "nothing.")
   parser.add_argument("--sides", default=",".join(SIDES),
                       help="Comma-separated sides to run: " + ", ".join(SIDES))
   custom = parser.add_argument_group(
@@ -121,12 +144,14 @@ def build_configs(args, passthrough) -> dict:
   return configs
 
 
-def run_side(side: str, flags: list, train_steps: int, scratch: str) -> dict:
+def run_side(side: str, flags: list, train_steps: int, scratch: str,
+             plain_jit_compile: str) -> dict:
   steps_flag = f"--train_steps={train_steps}"
   if side == "plain_fit":
     result_json = os.path.join(scratch, "plain.json")
     process = common.run_process(
         ["-m", "benchmarks.plain_keras_fit", *flags, steps_flag,
+         f"--jit_compile={plain_jit_compile}",
          f"--result_json={result_json}"])
     with open(result_json, encoding="utf-8") as f:
       result = json.load(f)
@@ -137,13 +162,34 @@ def run_side(side: str, flags: list, train_steps: int, scratch: str) -> dict:
                             os.path.join(scratch, "model_dir"))
 
 
+def verdict(ratio_of_medians: float, per_repeat: list) -> str:
+  """met / missed, or unresolved when repeats disagree far beyond the target.
+
+  A 2% target cannot be judged from repeats whose ratios spread over tens
+  of percent: the ratio of medians then moves by more than 2% with any one
+  repeat.
+  """
+  if len(per_repeat) < 3:
+    return f"unresolved: {len(per_repeat)} repeat(s), at least 3 needed"
+  spread = max(per_repeat) - min(per_repeat)
+  if spread > MAX_SPREAD_TO_JUDGE:
+    return (f"unresolved: per-repeat ratios span {min(per_repeat):.2f}.."
+            f"{max(per_repeat):.2f}")
+  return ("met" if ratio_of_medians - 1.0 <= TARGET_MAX_OVERHEAD_FRAC
+          else "missed")
+
+
 def summarize(runs: list, sides: list) -> dict:
   by_side = {s: [r for r in runs if r["side"] == s] for s in sides}
   summary = {"sides": {}}
   for side, side_runs in by_side.items():
     sps = [r["result"]["samples_per_second"] for r in side_runs]
     entry = {"samples_per_second_median": common.median(sps),
-             "samples_per_second_all": sps}
+             "samples_per_second_best": max(sps),
+             "samples_per_second_all": sps,
+             "steal_s_all": [r["result"].get("steal_s") for r in side_runs],
+             "foreign_cpu_s_all": [r["result"].get("foreign_cpu_s")
+                                   for r in side_runs]}
     if side == "plain_fit":
       entry["whole_fit_samples_per_second_median"] = common.median(
           [r["result"]["whole_fit_samples_per_second"] for r in side_runs])
@@ -164,23 +210,31 @@ def summarize(runs: list, sides: list) -> dict:
                   for r in by_side[side] if r["repeat"] in plain_by_repeat]
     ratio_of_medians = (plain_median /
                         summary["sides"][side]["samples_per_second_median"])
+    # Interference on a shared host only ever slows a run down, so the
+    # fastest repeat of each side is the least disturbed one: a second,
+    # noise-robust estimate beside the medians.
+    ratio_of_best = (summary["sides"]["plain_fit"]["samples_per_second_best"]
+                     / summary["sides"][side]["samples_per_second_best"])
     summary["sides"][side].update({
         # > 1: the side takes longer per step than plain Keras.
         "time_ratio_vs_plain": ratio_of_medians,
         "overhead_frac": ratio_of_medians - 1.0,
+        "time_ratio_vs_plain_best_of_repeats": ratio_of_best,
         "per_repeat_time_ratios": per_repeat,
         "per_repeat_time_ratio_median": common.median(per_repeat),
         "per_repeat_time_ratio_min": min(per_repeat),
         "per_repeat_time_ratio_max": max(per_repeat),
         "target_max_overhead_frac": TARGET_MAX_OVERHEAD_FRAC,
         "target_met": ratio_of_medians - 1.0 <= TARGET_MAX_OVERHEAD_FRAC,
+        "target_verdict": verdict(ratio_of_medians, per_repeat),
     })
   return summary
 
 
 def format_summary(configs: dict, summaries: dict) -> str:
   headers = ["config", "side", "samples/s (median)", "time ratio vs plain",
-             "per-repeat ratio median [min, max]", "target <= 1.02"]
+             "per-repeat ratio median [min, max]", "best-of-repeats ratio",
+             "target <= 1.02"]
   rows = []
   for name in configs:
     for side, entry in summaries[name]["sides"].items():
@@ -189,16 +243,33 @@ def format_summary(configs: dict, summaries: dict) -> str:
         spread = (f"{entry['per_repeat_time_ratio_median']:.3f} "
                   f"[{entry['per_repeat_time_ratio_min']:.3f}, "
                   f"{entry['per_repeat_time_ratio_max']:.3f}]")
-        met = "met" if entry["target_met"] else "MISSED"
+        best = entry["time_ratio_vs_plain_best_of_repeats"]
+        met = entry["target_verdict"]
       else:
-        ratio, spread, met = 1.0, "-", "-"
+        ratio, spread, best, met = 1.0, "-", 1.0, "-"
       rows.append([name, side, entry["samples_per_second_median"], ratio,
-                   spread, met])
+                   spread, best, met])
   return common.format_table(headers, rows)
+
+
+def resummarize(path: str) -> None:
+  with open(path, encoding="utf-8") as f:
+    payload = json.load(f)
+  configs = payload["configs"]
+  payload["summary"] = {
+      name: summarize([r for r in payload["runs"] if r["config"] == name],
+                      config["sides"])
+      for name, config in configs.items()
+  }
+  common.write_results(path, payload)
+  print(format_summary(configs, payload["summary"]))
 
 
 def main():
   args, passthrough = parse_args()
+  if args.resummarize:
+    resummarize(args.resummarize)
+    return
   repeats = common.resolve_repeats(args, DEFAULT_REPEATS)
   configs = build_configs(args, passthrough)
   name = NAME if not args.model else f"{NAME}_{args.model}"
@@ -215,7 +286,7 @@ def main():
                                  f"{config_name}-{side}-{repeat}")
           os.makedirs(scratch)
           result = run_side(side, config["flags"], config["train_steps"],
-                            scratch)
+                            scratch, args.plain_jit_compile)
           common.log(f"{config_name} repeat {repeat + 1}/{repeats} {side}: "
                      f"{result['samples_per_second']:.1f} samples/s")
           runs.append({"config": config_name, "side": side, "repeat": repeat,
@@ -232,6 +303,7 @@ def main():
       "repeats": repeats,
       "machine": machine,
       "configs": configs,
+      "plain_jit_compile": args.plain_jit_compile,
       "quiet_trainer_flags": list(common.QUIET_TRAINER_FLAGS),
       "summary": summaries,
       "runs": runs,
