@@ -293,9 +293,13 @@ def test_knobs_keep_batches_correct(prefetch, map_parallelism, cache,
   assert batch_sizes == [100, 100, 100, 60]  # the partial batch is kept
   np.testing.assert_array_equal(one_pass(evaluation)[1],
                                 digits_reference("eval")[1])
-  # "0 = off" also keeps tf.data from injecting a prefetch of its own.
-  injected = train.options().experimental_optimization.inject_prefetch
-  assert (injected is False) == (prefetch == 0)
+  # "Off" also keeps tf.data's default rewrites from adding the overlap
+  # back: no injected prefetch, no map+batch fusion (which computes batches
+  # ahead) and no parallelized plain map.
+  optimization = train.options().experimental_optimization
+  assert (optimization.inject_prefetch is False) == (prefetch == 0)
+  assert (optimization.map_and_batch_fusion is False) == (prefetch == 0)
+  assert (optimization.map_parallelization is False) == (map_parallelism == 1)
 
 
 def test_preprocess_cost_iterations_scale_with_cost():

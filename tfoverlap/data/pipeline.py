@@ -144,9 +144,18 @@ def _parallel_calls(map_parallelism: int) -> Optional[int]:
 
 
 def _options(cfg: DataConfig) -> tf.data.Options:
+  """Turns off the default rewrites that would overrule a knob set to off.
+
+  tf.data's default graph optimizations add overlap on their own: they
+  parallelize a plain map (map_parallelization), fuse map and batch into an
+  op that computes batches ahead (map_and_batch_fusion) and append an
+  autotuned prefetch (inject_prefetch). Each is disabled exactly when the
+  knob it would contradict says "off".
+  """
   options = tf.data.Options()
+  if cfg.map_parallelism == 1:
+    options.experimental_optimization.map_parallelization = False
   if cfg.prefetch == 0:
-    # Otherwise tf.data injects an autotuned prefetch after the last parallel
-    # map by itself, and "no prefetch" would still overlap.
     options.experimental_optimization.inject_prefetch = False
+    options.experimental_optimization.map_and_batch_fusion = False
   return options

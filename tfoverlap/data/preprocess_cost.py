@@ -106,8 +106,14 @@ def make_cost_fn(cost_ms: float) -> Callable:
 
 
 def _calibrate() -> float:
+  # Without this, tf.data's map_parallelization runs the probe on several
+  # threads and the calibration overstates one thread's speed.
+  sequential = tf.data.Options()
+  sequential.experimental_optimization.map_parallelization = False
+  sequential.experimental_optimization.inject_prefetch = False
   probe = tf.data.Dataset.range(1 << 30).map(
-      lambda i: burn(tf.cast(i % 7, tf.float32), _PROBE_ITERATIONS)[1])
+      lambda i: burn(tf.cast(i % 7, tf.float32), _PROBE_ITERATIONS)[1]
+  ).with_options(sequential)
   samples = iter(probe)
   next(samples)  # the first element pays for building the function
   num_samples = 0
