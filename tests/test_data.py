@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfoverlap import data
+from tfoverlap import data, distribute
 from tfoverlap.core.config import AUTOTUNE, ConfigError, DataConfig
 from tfoverlap.data import device, pipeline, preprocess_cost, sources
 
@@ -396,7 +396,7 @@ def test_mirrored_replicas_get_half_batches(two_cpu_devices,
 
 def test_default_strategy_prefetches_to_device():
   strategy = tf.distribute.get_strategy()
-  assert device.is_default_strategy(strategy)
+  assert distribute.is_default_strategy(strategy)
   cfg = make_cfg(prefetch_to_device=True, prefetch=3)
   input_fn = data.make_input_fn(cfg, split="train", task="classification",
                                 seed=0)

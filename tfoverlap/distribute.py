@@ -128,7 +128,7 @@ def build_strategy(cfg: DistributeConfig) -> tf.distribute.Strategy:
   if cfg.strategy == "default":
     return tf.distribute.get_strategy()
   if cfg.strategy == "one_device":
-    return tf.distribute.OneDeviceStrategy("/gpu:0" if _gpus() else "/cpu:0")
+    return tf.distribute.OneDeviceStrategy(default_device())
   if cfg.strategy == "mirrored":
     devices = mirrored_devices(cfg.num_devices)
     cross_device_ops = (tf.distribute.NcclAllReduce()
@@ -152,18 +152,38 @@ def build_strategy(cfg: DistributeConfig) -> tf.distribute.Strategy:
                     "allowed: default, one_device, mirrored, multi_worker")
 
 
+def is_default_strategy(strategy) -> bool:
+  """True for the default (no-op) strategy that exists outside any scope."""
+  if strategy is None:
+    return True
+  if tf.distribute.has_strategy():
+    # Inside some strategy's scope the default one cannot be fetched; a
+    # scope is only ever entered for a real strategy.
+    return False
+  return strategy is tf.distribute.get_strategy()
+
+
+def default_device() -> str:
+  """Where the default strategy computes: the first GPU, else the CPU."""
+  gpus = tf.config.list_logical_devices("GPU")
+  return gpus[0].name if gpus else "/cpu:0"
+
+
+def replica_devices(strategy: tf.distribute.Strategy) -> list:
+  """The local devices the strategy's replicas run on, in replica order."""
+  if is_default_strategy(strategy):
+    return [default_device()]
+  return list(strategy.extended.worker_devices)
+
+
 def describe_strategy(strategy: tf.distribute.Strategy,
                       cfg: DistributeConfig) -> dict:
   """What run.json records about the strategy actually built."""
-  if strategy is not tf.distribute.get_strategy():
-    devices = list(strategy.extended.worker_devices)
-  else:  # the default strategy runs on TensorFlow's default device
-    devices = [tf.config.list_logical_devices()[0].name]
   return {
       "name": cfg.strategy,
       "class": type(strategy).__name__,
       "num_replicas": strategy.num_replicas_in_sync,
-      "devices": devices,
+      "devices": replica_devices(strategy),
       "all_reduce": cfg.all_reduce,
       "all_reduce_pack_mb": cfg.all_reduce_pack_mb,
   }

@@ -9,10 +9,10 @@ what any input overlap can achieve.
 """
 
 import dataclasses
-from typing import List
 
 import tensorflow as tf
 
+from tfoverlap import distribute
 from tfoverlap.core.config import AUTOTUNE, ConfigError, DataConfig
 from tfoverlap.data import pipeline
 
@@ -45,12 +45,12 @@ def distribute_input(strategy: tf.distribute.Strategy,
     default strategy.
   """
   buffer_size = device_buffer_size(cfg.prefetch)
-  if is_default_strategy(strategy):
+  if distribute.is_default_strategy(strategy):
     ds = input_fn(None)
     if cfg.prefetch_to_device:
       # Must be the last transformation: nothing may run after the copy.
       ds = ds.apply(tf.data.experimental.prefetch_to_device(
-          default_device(), buffer_size))
+          distribute.default_device(), buffer_size))
     return ds
   options = tf.distribute.InputOptions(
       experimental_fetch_to_device=cfg.prefetch_to_device,
@@ -63,23 +63,6 @@ def device_buffer_size(prefetch: int) -> int:
   if prefetch == AUTOTUNE:
     return AUTOTUNE_DEVICE_BUFFER
   return max(1, prefetch)
-
-
-def is_default_strategy(strategy) -> bool:
-  """True for the default (no-op) strategy that exists outside any scope."""
-  if strategy is None:
-    return True
-  if tf.distribute.has_strategy():
-    # Inside some strategy's scope the default one cannot be fetched; a
-    # scope is only ever entered for a real strategy.
-    return False
-  return strategy is tf.distribute.get_strategy()
-
-
-def default_device() -> str:
-  """Where the default strategy computes: the first GPU, else the CPU."""
-  gpus = tf.config.list_logical_devices("GPU")
-  return gpus[0].name if gpus else "/cpu:0"
 
 
 class ResidentIterator:
@@ -140,7 +123,7 @@ def make_resident_iterator(strategy: tf.distribute.Strategy, cfg: DataConfig,
                                        input_pipeline_id=0,
                                        num_replicas_in_sync=num_replicas)
   batch = next(iter(input_fn(context)))
-  devices = _local_replica_devices(strategy)
+  devices = distribute.replica_devices(strategy)
 
   def place_on_replica(value_context):
     # The strategy calls this once per local replica but not under that
@@ -151,9 +134,3 @@ def make_resident_iterator(strategy: tf.distribute.Strategy, cfg: DataConfig,
 
   return ResidentIterator(
       strategy.experimental_distribute_values_from_function(place_on_replica))
-
-
-def _local_replica_devices(strategy: tf.distribute.Strategy) -> List[str]:
-  if is_default_strategy(strategy):
-    return [default_device()]
-  return list(strategy.extended.worker_devices)
