@@ -1,6 +1,8 @@
 """Names of the model zoo and what each model trains on, framework-neutral.
 
 Both framework sides build exactly these names; the flag surface offers them.
+`validate_model_args` is the one check of a build request, so both sides'
+`build_model` refuse the same requests with the same messages.
 """
 
 import dataclasses
@@ -27,3 +29,40 @@ MODELS = {
 }
 
 MODEL_NAMES = tuple(MODELS)
+
+
+def validate_model_args(name: str, *, image_size: int, num_classes: int,
+                        channels: int) -> ModelSpec:
+  """Checks a request to build zoo model `name`, before any framework work.
+
+  Args:
+    name: the model name.
+    image_size: the input side for a classifier; the high-resolution output
+      side for a super-resolution model.
+    num_classes: number of logits; unchecked for super-resolution models.
+    channels: image channels.
+
+  Returns:
+    The model's `ModelSpec`.
+
+  Raises:
+    ValueError: naming the argument, the value received and what is allowed,
+      for an unknown name, an image_size below the model's minimum or not a
+      multiple of its upscale factor, or a non-positive num_classes or
+      channels.
+  """
+  if name not in MODELS:
+    raise ValueError(f"name={name!r}: unknown model; allowed: "
+                     f"{', '.join(MODEL_NAMES)}")
+  spec = MODELS[name]
+  if image_size < spec.min_image_size:
+    raise ValueError(f"image_size={image_size}: model {name!r} needs at "
+                     f"least {spec.min_image_size}")
+  if image_size % spec.upscale:
+    raise ValueError(f"image_size={image_size}: model {name!r} needs a "
+                     f"multiple of {spec.upscale} (its upscale factor)")
+  if spec.task == "classification" and num_classes < 1:
+    raise ValueError(f"num_classes={num_classes}: allowed: at least 1")
+  if channels < 1:
+    raise ValueError(f"channels={channels}: allowed: at least 1")
+  return spec

@@ -63,20 +63,8 @@ def build_model(name: str, *, image_size: int, num_classes: int,
       multiple of its upscale factor, or a non-positive num_classes or
       channels.
   """
-  if name not in _BUILDERS:
-    raise ValueError(f"name={name!r}: unknown model; allowed: "
-                     f"{', '.join(_BUILDERS)}")
-  spec = zoo.MODELS[name]
-  if image_size < spec.min_image_size:
-    raise ValueError(f"image_size={image_size}: model {name!r} needs at "
-                     f"least {spec.min_image_size}")
-  if image_size % spec.upscale:
-    raise ValueError(f"image_size={image_size}: model {name!r} needs a "
-                     f"multiple of {spec.upscale} (its upscale factor)")
-  if spec.task == "classification" and num_classes < 1:
-    raise ValueError(f"num_classes={num_classes}: allowed: at least 1")
-  if channels < 1:
-    raise ValueError(f"channels={channels}: allowed: at least 1")
+  zoo.validate_model_args(name, image_size=image_size,
+                          num_classes=num_classes, channels=channels)
   return _BUILDERS[name](image_size=image_size, num_classes=num_classes,
                          channels=channels)
 
