@@ -163,7 +163,7 @@ def test_core_imports_no_framework():
           "import tfoverlap.core.ledger, tfoverlap.core.run_record\n"
           "import tfoverlap.core.trace, tfoverlap.core.report\n"
           "import tfoverlap.core.progress, tfoverlap.core.config\n"
-          "import tfoverlap.core.zoo, flags\n"
+          "import tfoverlap.core.zoo, tfoverlap.core.datasets, flags\n"
           "bad = {'tensorflow', 'torch', 'keras'} & set(sys.modules)\n"
           "assert not bad, bad\n")
   subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT)

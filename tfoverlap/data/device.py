@@ -13,12 +13,12 @@ import dataclasses
 import tensorflow as tf
 
 from tfoverlap import distribute
-from tfoverlap.core.config import AUTOTUNE, ConfigError, DataConfig
+from tfoverlap.core import datasets
+from tfoverlap.core.config import DataConfig
+# Shared with the PyTorch device prefetcher, so --prefetch sets one depth.
+from tfoverlap.core.datasets import (  # pylint: disable=unused-import
+    AUTOTUNE_DEVICE_BUFFER, device_buffer_size)
 from tfoverlap.data import pipeline
-
-# Device buffer depth when --prefetch=autotune: device-side buffers cannot be
-# autotuned, and two batches is what hides one step's copy behind the next.
-AUTOTUNE_DEVICE_BUFFER = 2
 
 
 def distribute_input(strategy: tf.distribute.Strategy,
@@ -56,13 +56,6 @@ def distribute_input(strategy: tf.distribute.Strategy,
       experimental_fetch_to_device=cfg.prefetch_to_device,
       experimental_per_replica_buffer_size=buffer_size)
   return strategy.distribute_datasets_from_function(input_fn, options=options)
-
-
-def device_buffer_size(prefetch: int) -> int:
-  """Batches buffered per device: the prefetch depth, at least 1."""
-  if prefetch == AUTOTUNE:
-    return AUTOTUNE_DEVICE_BUFFER
-  return max(1, prefetch)
 
 
 class ResidentIterator:
@@ -112,9 +105,7 @@ def make_resident_iterator(strategy: tf.distribute.Strategy, cfg: DataConfig,
       source cannot be read (see `make_input_fn`).
   """
   num_replicas = strategy.num_replicas_in_sync
-  if cfg.batch_size % num_replicas:
-    raise ConfigError("batch_size", cfg.batch_size,
-                      f"must divide evenly over {num_replicas} replicas")
+  datasets.per_replica_batch_size(cfg.batch_size, num_replicas)
   bare = dataclasses.replace(cfg, preprocess_cost_ms=0.0, data_service="",
                              cache=False, prefetch=0, prefetch_to_device=False)
   input_fn = pipeline.make_input_fn(bare, split="train", task=task, seed=seed,

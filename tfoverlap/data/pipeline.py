@@ -28,11 +28,11 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from tfoverlap.core import datasets
 from tfoverlap.core.config import AUTOTUNE, ConfigError, DataConfig
+from tfoverlap.core.datasets import SPLITS, TASKS  # pylint: disable=unused-import
 from tfoverlap.data import preprocess_cost, service, sources
 
-SPLITS = ("train", "eval")
-TASKS = ("classification", "super_resolution")
 LOW_RES_METHOD = "area"  # averages whole pixels: stays in [0, 1], no ringing
 
 InputFn = Callable[[Optional[tf.distribute.InputContext]], tf.data.Dataset]
@@ -68,23 +68,14 @@ def make_input_fn(cfg: DataConfig, *, split: str, task: str, seed: int,
       upscale.
     ValueError: unknown split or task, or data_service still "local".
   """
-  if split not in SPLITS:
-    raise ValueError(f"split={split!r}: allowed: {', '.join(SPLITS)}")
-  if task not in TASKS:
-    raise ValueError(f"task={task!r}: allowed: {', '.join(TASKS)}")
-  if upscale < 1 or cfg.image_size % upscale:
-    raise ConfigError("image_size", cfg.image_size,
-                      f"must be a multiple of the upscale factor {upscale}")
+  datasets.check_input_request(split=split, task=task,
+                               image_size=cfg.image_size, upscale=upscale)
   if cfg.data_service == "local":
     raise ValueError("data_service='local': start_data_service() first and "
                      "pass its address in cfg.data_service")
   source = sources.load_source(cfg)
   if split == "eval" and not source.num_examples["eval"]:
-    raise ConfigError("evaluate", True,
-                      f"{source.name} has no "
-                      f"{' or '.join(sources.EVAL_SPLIT_NAMES)} split to "
-                      "evaluate on; allowed: --evaluate=false or a dataset "
-                      "with one")
+    raise datasets.no_eval_split_error(source.name)
   training = split == "train"
   cost_fn = (preprocess_cost.make_cost_fn(cfg.preprocess_cost_ms)
              if training and cfg.preprocess_cost_ms > 0 else None)

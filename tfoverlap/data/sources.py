@@ -10,34 +10,18 @@ where they were prepared beforehand.
 """
 
 import dataclasses
-import functools
-import math
 import os
 from typing import Callable, Dict
 
-import numpy as np
 import tensorflow as tf
 
 from tfoverlap.core.config import ConfigError, DataConfig
+# The split, sizes and DatasetInfo are shared with the PyTorch pipeline.
+from tfoverlap.core.datasets import (POOL_SEED, SYNTHETIC_EVAL_EXAMPLES,
+                                     SYNTHETIC_TRAIN_EXAMPLES, DatasetInfo,
+                                     eval_split_name, load_digits_splits)
 
-SYNTHETIC_TRAIN_EXAMPLES = 1024
-SYNTHETIC_EVAL_EXAMPLES = 256
-# Fixed, independent of the run seed: the data set is the same in every run,
-# only the order the run seed shuffles it in changes.
-POOL_SEED = 0
-DIGITS_EVAL_FRACTION = 0.2
-EVAL_SPLIT_NAMES = ("test", "validation")  # first one present is used
 _NEVER_DOWNLOADS = "tfoverlap never downloads"
-
-
-@dataclasses.dataclass(frozen=True)
-class DatasetInfo:
-  """What the model and the step ledger need to know about a data set."""
-  num_classes: int
-  num_train_examples: int
-  num_eval_examples: int  # 0 when the source has no evaluation split
-  image_size: int
-  channels: int  # always 3: grayscale sources are expanded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,25 +120,6 @@ def to_rgb_float(image: tf.Tensor, image_size: int) -> tf.Tensor:
     image = tf.image.resize(image, [image_size, image_size],
                             method="bilinear")
   return tf.ensure_shape(image, [image_size, image_size, 3])
-
-
-@functools.lru_cache(maxsize=1)
-def load_digits_splits() -> Dict[str, tuple]:
-  """scikit-learn's digits, split identically in every process and run.
-
-  Returns:
-    {"train": (images, labels), "eval": (images, labels)}: images float32
-    [n, 8, 8, 1] in [0, 1], labels int32 [n]; 1437 and 360 examples.
-  """
-  from sklearn import datasets  # pylint: disable=g-import-not-at-top
-  digits = datasets.load_digits()
-  images = (digits.images / 16.0).astype(np.float32)[..., np.newaxis]
-  labels = digits.target.astype(np.int32)
-  order = np.random.default_rng(POOL_SEED).permutation(len(labels))
-  num_eval = math.ceil(DIGITS_EVAL_FRACTION * len(labels))
-  eval_idx, train_idx = order[:num_eval], order[num_eval:]
-  return {"train": (images[train_idx], labels[train_idx]),
-          "eval": (images[eval_idx], labels[eval_idx])}
 
 
 def _digits_source(cfg: DataConfig) -> Source:
@@ -258,9 +223,7 @@ def _builder_source(cfg: DataConfig, builder, name: str, flag: str,
   if "train" not in splits:
     raise ConfigError(flag, value,
                       f"needs a 'train' split; found {sorted(splits.keys())}")
-  split_names = {"train": "train",
-                 "eval": next((s for s in EVAL_SPLIT_NAMES if s in splits),
-                              None)}
+  split_names = {"train": "train", "eval": eval_split_name(splits.keys())}
   num_classes = getattr(features["label"], "num_classes", None)
   if not num_classes:
     raise ConfigError(flag, value,

@@ -1,0 +1,119 @@
+"""What both input pipelines agree on about data sets, framework-neutral.
+
+The TensorFlow pipeline (`tfoverlap.data`) and the PyTorch one
+(`torch_parity.data`) must serve the same examples, split the same way, with
+the same sizes and the same refusals. Everything that decides that without
+touching a tensor lives here, once: the `DatasetInfo` both `describe()`s
+return, the digits train/eval split, the synthetic pool's sizes, which TFDS
+split counts as the evaluation split, the checks on a pipeline request, and
+how deep the device buffer is. Nothing here imports TensorFlow or PyTorch.
+"""
+
+import dataclasses
+import functools
+import math
+from typing import Dict, Iterable, Optional
+
+import numpy as np
+
+from tfoverlap.core.config import AUTOTUNE, ConfigError
+
+SPLITS = ("train", "eval")
+TASKS = ("classification", "super_resolution")
+
+SYNTHETIC_TRAIN_EXAMPLES = 1024
+SYNTHETIC_EVAL_EXAMPLES = 256
+# Fixed, independent of the run seed: the data set is the same in every run,
+# only the order the run seed shuffles it in changes.
+POOL_SEED = 0
+DIGITS_EVAL_FRACTION = 0.2
+EVAL_SPLIT_NAMES = ("test", "validation")  # first one present is used
+
+# Device buffer depth when --prefetch=autotune: device-side buffers cannot be
+# autotuned, and two batches is what hides one step's copy behind the next.
+AUTOTUNE_DEVICE_BUFFER = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+  """What the model and the step ledger need to know about a data set."""
+  num_classes: int
+  num_train_examples: int
+  num_eval_examples: int  # 0 when the source has no evaluation split
+  image_size: int
+  channels: int  # always 3: grayscale sources are expanded
+
+
+def check_input_request(*, split: str, task: str, image_size: int,
+                        upscale: int) -> None:
+  """Refuses a pipeline request that no source could serve.
+
+  Args:
+    split: "train" or "eval".
+    task: "classification" or "super_resolution".
+    image_size: side of the (high-resolution) images.
+    upscale: super-resolution factor; must divide image_size.
+
+  Raises:
+    ValueError: unknown split or task (a programming error, not a flag).
+    ConfigError: image_size is not a multiple of upscale.
+  """
+  if split not in SPLITS:
+    raise ValueError(f"split={split!r}: allowed: {', '.join(SPLITS)}")
+  if task not in TASKS:
+    raise ValueError(f"task={task!r}: allowed: {', '.join(TASKS)}")
+  if upscale < 1 or image_size % upscale:
+    raise ConfigError("image_size", image_size,
+                      f"must be a multiple of the upscale factor {upscale}")
+
+
+def no_eval_split_error(source_name: str) -> ConfigError:
+  """The refusal to evaluate on a source without an evaluation split."""
+  return ConfigError("evaluate", True,
+                     f"{source_name} has no {' or '.join(EVAL_SPLIT_NAMES)} "
+                     "split to evaluate on; allowed: --evaluate=false or a "
+                     "dataset with one")
+
+
+def eval_split_name(split_names: Iterable[str]) -> Optional[str]:
+  """The split of a stored data set that `split="eval"` reads, or None."""
+  available = set(split_names)
+  return next((name for name in EVAL_SPLIT_NAMES if name in available), None)
+
+
+def per_replica_batch_size(batch_size: int, num_replicas: int) -> int:
+  """The global batch divided over the replicas that share it.
+
+  Raises:
+    ConfigError: batch_size does not divide evenly.
+  """
+  if batch_size % num_replicas:
+    raise ConfigError("batch_size", batch_size,
+                      f"must divide evenly over {num_replicas} replicas")
+  return batch_size // num_replicas
+
+
+def device_buffer_size(prefetch: int) -> int:
+  """Batches buffered per device: the prefetch depth, at least 1."""
+  if prefetch == AUTOTUNE:
+    return AUTOTUNE_DEVICE_BUFFER
+  return max(1, prefetch)
+
+
+@functools.lru_cache(maxsize=1)
+def load_digits_splits() -> Dict[str, tuple]:
+  """scikit-learn's digits, split identically in every process and run.
+
+  Returns:
+    {"train": (images, labels), "eval": (images, labels)}: images float32
+    [n, 8, 8, 1] in [0, 1], labels int32 [n]; 1437 and 360 examples.
+  """
+  from sklearn import datasets  # pylint: disable=g-import-not-at-top
+  digits = datasets.load_digits()
+  images = (digits.images / 16.0).astype(np.float32)[..., np.newaxis]
+  labels = digits.target.astype(np.int32)
+  order = np.random.default_rng(POOL_SEED).permutation(len(labels))
+  num_eval = math.ceil(DIGITS_EVAL_FRACTION * len(labels))
+  eval_idx, train_idx = order[:num_eval], order[num_eval:]
+  return {"train": (images[train_idx], labels[train_idx]),
+          "eval": (images[eval_idx], labels[eval_idx])}
