@@ -35,7 +35,8 @@ setuptools.setup(
     ],
     extras_require={
         # Pinned: 2.13.0 is the CPU wheel; a looser range pulls a CUDA build.
-        "torch": ["torch==2.13.0"],
+        # Pillow decodes TFDS and image-folder images in DataLoader workers.
+        "torch": ["torch==2.13.0", "Pillow>=9"],
         "test": ["pytest>=8"],
     },
     entry_points={

@@ -1,0 +1,622 @@
+"""Tests of torch_parity.data: real PyTorch DataLoaders on the CPU.
+
+Sources are real: scikit-learn's digits, a TFDS dataset this file writes with
+TFDS's own writer, and PNG files it writes for an image folder. Where both
+frameworks serve the same examples, the tf.data pipeline of tfoverlap.data is
+the reference, compared pixel for pixel (NHWC there, NCHW here). Worker
+processes are real DataLoader workers.
+"""
+
+import collections
+import dataclasses
+import os
+import resource
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import torch
+from PIL import Image
+
+from tfoverlap import data as tf_data
+from tfoverlap.core import datasets
+from tfoverlap.core.config import AUTOTUNE, ConfigError, DataConfig
+from torch_parity import data
+from torch_parity.data import device, pipeline, preprocess_cost
+
+DIGITS_TRAIN, DIGITS_EVAL = 1437, 360
+
+
+def make_cfg(**overrides) -> DataConfig:
+  # Inline loading unless a test asks for workers: forking workers is the
+  # slow part of a DataLoader, and most tests are about values, not overlap.
+  base = DataConfig(dataset="digits", data_dir=None, tfds_name="mnist",
+                    image_size=8, num_classes=10, batch_size=16,
+                    synthetic_on_device=False, prefetch=0,
+                    prefetch_to_device=False, map_parallelism=1,
+                    cache=False, shuffle_buffer=256, preprocess_cost_ms=0.0,
+                    data_service="")
+  return dataclasses.replace(base, **overrides)
+
+
+def loader(cfg, split="train", task="classification", seed=0, **kwargs):
+  return data.make_loader(cfg, split=split, task=task, seed=seed, **kwargs)
+
+
+def take(batches, count):
+  """The first `count` batches, as tuples of NumPy arrays."""
+  out = []
+  for batch in batches:
+    out.append(tuple(t.numpy() for t in batch))
+    if len(out) == count:
+      break
+  return out
+
+
+def one_pass(batches):
+  """All (inputs, targets) of a finite loader or dataset, concatenated."""
+  parts = [tuple(np.asarray(t) for t in batch) for batch in batches]
+  return tuple(np.concatenate(column) for column in zip(*parts))
+
+
+def tf_reference(cfg, split, task="classification", upscale=1, count=None):
+  """What tfoverlap.data serves for the same configuration (NHWC)."""
+  ds = tf_data.make_input_fn(cfg, split=split, task=task, seed=0,
+                             upscale=upscale)(None)
+  if count is not None:
+    ds = ds.take(count)
+  return one_pass(ds)
+
+
+def nhwc(images):
+  return np.transpose(images, (0, 2, 3, 1))
+
+
+def image_counter(images, levels=None):
+  """Multiset of images, comparable across orders (and, with `levels`,
+  across float renderings of the same k/levels values)."""
+  if levels:
+    images = np.round(np.asarray(images) * levels).astype(np.int64)
+  return collections.Counter(image.tobytes() for image in images)
+
+
+def digits_reference(split):
+  """The neutral split, NCHW with 3 channels, as decode makes it."""
+  images, labels = datasets.load_digits_splits()[split]
+  return np.repeat(np.transpose(images, (0, 3, 1, 2)), 3, axis=1), labels
+
+
+def write_png(path, pixels):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  Image.fromarray(np.asarray(pixels, np.uint8)).save(path)
+
+
+# --- sources -----------------------------------------------------------------
+
+
+def test_digits_describe_and_batches():
+  cfg = make_cfg(prefetch=AUTOTUNE, map_parallelism=AUTOTUNE)
+  assert data.describe(cfg) == data.DatasetInfo(
+      num_classes=10, num_train_examples=DIGITS_TRAIN,
+      num_eval_examples=DIGITS_EVAL, image_size=8, channels=3)
+  train = loader(cfg)
+  assert train.num_workers == pipeline.available_cores()
+  batches = take(train, 20)
+  images, labels = (np.concatenate(parts) for parts in zip(*batches))
+  assert batches[0][0].shape == (16, 3, 8, 8)
+  assert batches[0][0].dtype == np.float32 and labels.dtype == np.int64
+  assert images.min() >= 0.0 and images.max() <= 1.0 and images.max() > 0.9
+  assert set(labels) == set(range(10))
+
+
+@pytest.mark.parametrize("image_size", [8, 16])
+def test_digits_pixels_equal_tensorflow(image_size):
+  # 16 upsamples the 8x8 digits: the bilinear resize must match TF's too.
+  cfg = make_cfg(image_size=image_size, shuffle_buffer=0, batch_size=100)
+  tf_images, tf_labels = tf_reference(cfg, "eval")
+  images, labels = one_pass(loader(cfg, split="eval"))
+  assert images.shape == (DIGITS_EVAL, 3, image_size, image_size)
+  np.testing.assert_array_equal(labels, tf_labels)
+  np.testing.assert_allclose(nhwc(images), tf_images, atol=1e-6)
+  # Unshuffled training reads the same order as TensorFlow does, and, as
+  # its repeat-then-batch, batch 14 holds the end of epoch 1 and the start
+  # of epoch 2.
+  tf_images, tf_labels = tf_reference(cfg, "train", count=16)
+  images, labels = one_pass(take(loader(cfg), 16))
+  np.testing.assert_array_equal(labels, tf_labels)
+  np.testing.assert_allclose(nhwc(images), tf_images, atol=1e-6)
+
+
+def test_digits_order_follows_the_seed_and_every_epoch_is_reshuffled():
+  cfg = make_cfg(batch_size=DIGITS_TRAIN)
+  reference_images, _ = digits_reference("train")
+  epochs = {seed: take(loader(cfg, seed=seed), 2) for seed in (1, 2)}
+  for images, _ in epochs[1] + epochs[2]:
+    assert image_counter(images, 16) == image_counter(reference_images, 16)
+  first, second = epochs[1]
+  assert not np.array_equal(first[1], second[1])  # reshuffled per epoch
+  assert not np.array_equal(epochs[1][0][1], epochs[2][0][1])
+  again = take(loader(cfg, seed=1), 1)[0]
+  np.testing.assert_array_equal(again[1], first[1])
+
+
+def test_synthetic_pool_is_fixed_and_the_seed_only_orders_it():
+  cfg = make_cfg(dataset="synthetic", num_classes=5, image_size=6,
+                 batch_size=1024)
+  info = data.describe(cfg)
+  assert (info.num_classes, info.num_train_examples,
+          info.num_eval_examples) == (5, 1024, 256)
+  epochs = {seed: take(loader(cfg, seed=seed), 1)[0] for seed in (1, 2)}
+  images, labels = epochs[1]
+  assert images.shape == (1024, 3, 6, 6) and labels.dtype == np.int64
+  assert 0.0 <= images.min() and images.max() <= 1.0
+  assert set(labels) == set(range(5))
+  assert image_counter(epochs[1][0]) == image_counter(epochs[2][0])
+  assert not np.array_equal(epochs[1][1], epochs[2][1])
+  eval_images, _ = one_pass(loader(cfg, split="eval"))
+  assert eval_images.shape == (256, 3, 6, 6)
+  assert not image_counter(eval_images) & image_counter(images)
+
+
+@pytest.fixture(scope="module")
+def tfds_dir(tmp_path_factory):
+  """A real TFDS dataset (train 20, test 8 grayscale 12x12) written here."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp("tfds")
+  rng = np.random.default_rng(11)
+  splits = {}
+  for split, count in (("train", 20), ("test", 8)):
+    splits[split] = (rng.integers(0, 256, (count, 12, 12, 1), dtype=np.uint8),
+                     rng.integers(0, 3, count))
+  features = tfds.features.FeaturesDict({
+      "image": tfds.features.Image(shape=(12, 12, 1)),
+      "label": tfds.features.ClassLabel(num_classes=3)})
+  tfds.dataset_builders.store_as_tfds_dataset(
+      name="tiny_gray_torch", version="1.0.0", features=features,
+      split_datasets={
+          split: tf.data.Dataset.from_tensor_slices(
+              {"image": images, "label": labels})
+          for split, (images, labels) in splits.items()},
+      data_dir=str(root))
+  return str(root), splits
+
+
+def test_tfds_reads_a_locally_prepared_dataset_as_tensorflow_does(tfds_dir):
+  root, written = tfds_dir
+  cfg = make_cfg(dataset="tfds", data_dir=root, tfds_name="tiny_gray_torch",
+                 image_size=12, batch_size=4, shuffle_buffer=0)
+  assert data.describe(cfg) == data.DatasetInfo(3, 20, 8, 12, 3)
+  images, labels = one_pass(loader(cfg, split="eval"))
+  expected = np.repeat(written["test"][0] / 255.0, 3, axis=-1)
+  assert (image_counter(nhwc(images), levels=255) ==
+          image_counter(expected, levels=255))
+  tf_images, tf_labels = tf_reference(cfg, "eval")
+  np.testing.assert_array_equal(labels, tf_labels)
+  np.testing.assert_array_equal(nhwc(images), tf_images)  # same float32 bits
+  # Downscaled to 8, with workers: still TensorFlow's pixels.
+  small = dataclasses.replace(cfg, image_size=8, prefetch=2,
+                              map_parallelism=2)
+  tf_images, tf_labels = tf_reference(small, "train", count=3)
+  images, labels = one_pass(take(loader(small), 3))
+  assert images.shape == (12, 3, 8, 8)
+  np.testing.assert_array_equal(labels, tf_labels)
+  np.testing.assert_allclose(nhwc(images), tf_images, atol=1e-6)
+
+
+def write_color_folder(root, counts, height=10, width=6):
+  colors = {"cat": (255, 0, 0), "dog": (0, 0, 255)}
+  for split, count in counts:
+    for label, color in colors.items():
+      for i in range(count):
+        write_png(str(root / split / label / f"{i}.png"),
+                  np.tile(np.array(color, np.uint8), (height, width, 1)))
+  return colors
+
+
+def test_image_folder_reads_pngs(tmp_path):
+  colors = write_color_folder(tmp_path, (("train", 5), ("validation", 2)))
+  cfg = make_cfg(dataset="image_folder", data_dir=str(tmp_path),
+                 batch_size=4)
+  assert data.describe(cfg) == data.DatasetInfo(2, 10, 4, 8, 3)
+  images, labels = one_pass(loader(cfg, split="eval"))
+  assert images.shape == (4, 3, 8, 8)
+  assert sorted(labels) == [0, 0, 1, 1]
+  for image, label in zip(images, labels):  # labels sort: cat 0, dog 1
+    expected = np.array(colors[["cat", "dog"][label]]) / 255.0
+    np.testing.assert_allclose(image, np.broadcast_to(expected[:, None, None],
+                                                      image.shape), atol=1e-6)
+  tf_images, tf_labels = tf_reference(cfg, "eval")
+  np.testing.assert_array_equal(labels, tf_labels)  # TFDS's own file order
+  np.testing.assert_allclose(nhwc(images), tf_images, atol=1e-6)
+
+
+@pytest.mark.parametrize("prefetch,map_parallelism", [(0, 1), (2, 2)])
+def test_cache_keeps_decoded_samples_after_the_files_are_gone(
+    tmp_path, prefetch, map_parallelism):
+  write_color_folder(tmp_path, (("train", 3),))
+  files = sorted(tmp_path.glob("train/*/*.png"))
+  contents = {path: path.read_bytes() for path in files}
+  for cache in (True, False):
+    for path, content in contents.items():
+      path.write_bytes(content)
+    # One epoch per batch. With workers, batches 1 and 2 (two whole epochs)
+    # are prepared before the files go, so every later one is served from
+    # the cache, or fails without it.
+    cfg = make_cfg(dataset="image_folder", data_dir=str(tmp_path),
+                   batch_size=6, shuffle_buffer=0, prefetch=prefetch,
+                   map_parallelism=map_parallelism, cache=cache)
+    batches = iter(loader(cfg))
+    first_labels = next(batches)[1]
+    next(batches)
+    for path in files:
+      path.unlink()
+    if cache:
+      for _ in range(6):
+        np.testing.assert_array_equal(next(batches)[1], first_labels)
+    else:
+      with pytest.raises(FileNotFoundError):
+        for _ in range(6):
+          next(batches)
+    del batches
+
+
+def test_ranks_read_disjoint_shards_like_tensorflow():
+  cfg = make_cfg(batch_size=16)
+  reference_images, _ = digits_reference("eval")
+  shards = []
+  for rank in range(2):
+    batches = loader(cfg, split="eval", rank=rank, world_size=2)
+    images, labels = one_pass(batches)
+    assert len(labels) == DIGITS_EVAL // 2
+    assert max(len(y) for _, y in batches) == 8  # the global 16 over 2 ranks
+    shards.append(image_counter(images, 16))
+    # The same elements as TensorFlow's shard of the same pipeline.
+    context = tf.distribute.InputContext(num_input_pipelines=2,
+                                         input_pipeline_id=rank,
+                                         num_replicas_in_sync=2)
+    tf_images, _ = one_pass(tf_data.make_input_fn(
+        cfg, split="eval", task="classification", seed=0)(context))
+    assert shards[-1] == image_counter(np.transpose(tf_images, (0, 3, 1, 2)),
+                                       16)
+  assert not shards[0] & shards[1]
+  assert shards[0] + shards[1] == image_counter(reference_images, 16)
+  first_epochs = [take(loader(dataclasses.replace(cfg, batch_size=1436),
+                              rank=rank, world_size=2), 1)[0][0]
+                  for rank in range(2)]
+  assert not image_counter(first_epochs[0], 16) & image_counter(
+      first_epochs[1], 16)
+  with pytest.raises(ConfigError, match="divide evenly") as error:
+    loader(make_cfg(batch_size=15), rank=0, world_size=2)
+  assert error.value.flag == "batch_size"
+
+
+# --- task shapes -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("upscale", [2, 4])
+def test_super_resolution_pairs_are_tensorflows_area_downscales(upscale):
+  cfg = make_cfg(image_size=16, shuffle_buffer=0)
+  low, high = take(loader(cfg, task="super_resolution", upscale=upscale),
+                   1)[0]
+  side = 16 // upscale
+  assert low.shape == (16, 3, side, side) and high.shape == (16, 3, 16, 16)
+  block_means = high.reshape(16, 3, side, upscale, side, upscale).mean(
+      axis=(3, 5))
+  np.testing.assert_allclose(low, block_means, atol=1e-6)
+  tf_low = tf.image.resize(nhwc(high), [side, side], method="area").numpy()
+  np.testing.assert_allclose(nhwc(low), tf_low, atol=1e-6)
+  with pytest.raises(ConfigError, match="image_size"):
+    loader(cfg, task="super_resolution", upscale=3)
+
+
+# --- knobs -------------------------------------------------------------------
+
+
+def test_knob_mapping():
+  cores = pipeline.available_cores()
+  expected = {
+      (0, 1): (0, None, 1),  # inline, sequential
+      (0, 3): (0, None, 3),  # inline, 3 sample threads
+      (0, AUTOTUNE): (0, None, cores),
+      (4, 1): (1, 4, 1),  # one worker, 4 batches ahead
+      (4, 2): (2, 2, 1),
+      (3, 2): (2, 2, 1),  # 4 in flight: the next multiple of 2
+      (1, 4): (4, 1, 1),  # at least one batch per worker
+      (AUTOTUNE, 3): (3, 2, 1),
+      (AUTOTUNE, AUTOTUNE): (cores, 2, 1),
+  }
+  for (prefetch, parallelism), settings in expected.items():
+    got = pipeline.loader_settings(make_cfg(prefetch=prefetch,
+                                            map_parallelism=parallelism))
+    assert (got.num_workers, got.prefetch_factor,
+            got.sample_threads) == settings, (prefetch, parallelism)
+  six_ahead = pipeline.loader_settings(make_cfg(prefetch=6,
+                                                map_parallelism=3))
+  assert six_ahead.batches_ahead == 6
+  for flag, value in (("map_parallelism", 0), ("prefetch", -2)):
+    with pytest.raises(ConfigError) as error:
+      pipeline.loader_settings(make_cfg(**{flag: value}))
+    assert error.value.flag == flag
+
+
+@pytest.mark.parametrize("prefetch,map_parallelism,cache,shuffle_buffer", [
+    (0, 1, False, 0),
+    (0, 2, True, 256),
+    (3, 2, True, 0),
+    (AUTOTUNE, 1, False, 256),
+])
+def test_knobs_keep_batches_correct(prefetch, map_parallelism, cache,
+                                    shuffle_buffer):
+  cfg = make_cfg(prefetch=prefetch, map_parallelism=map_parallelism,
+                 cache=cache, shuffle_buffer=shuffle_buffer,
+                 batch_size=DIGITS_TRAIN)
+  train = loader(cfg, seed=3)
+  settings = pipeline.loader_settings(cfg)
+  assert train.num_workers == settings.num_workers
+  if settings.num_workers:
+    assert train.prefetch_factor == settings.prefetch_factor
+  reference_images, reference_labels = digits_reference("train")
+  epochs = take(train, 2)  # with cache, the second epoch comes from memory
+  for images, labels in epochs:
+    assert image_counter(images, 16) == image_counter(reference_images, 16)
+    if shuffle_buffer:
+      assert not np.array_equal(labels, reference_labels)
+    else:
+      np.testing.assert_array_equal(labels, reference_labels)
+      np.testing.assert_allclose(images, reference_images, atol=1e-6)
+  if shuffle_buffer:
+    assert not np.array_equal(epochs[0][1], epochs[1][1])
+  evaluation = loader(dataclasses.replace(cfg, batch_size=100), split="eval")
+  batch_sizes = [len(labels) for _, labels in evaluation]
+  assert batch_sizes == [100, 100, 100, 60]  # the partial batch is kept
+  np.testing.assert_array_equal(one_pass(evaluation)[1],
+                                digits_reference("eval")[1])
+
+
+def test_skip_batches_yields_the_tail_of_an_uninterrupted_stream():
+  # 1437 / 100: epoch 1 ends inside batch 14, so the resumed stream crosses
+  # an epoch boundary in a batch that mixes two epochs.
+  cfg = make_cfg(batch_size=100, shuffle_buffer=256, prefetch=2,
+                 map_parallelism=2, preprocess_cost_ms=0.02)
+  uninterrupted = take(loader(cfg, seed=5), 17)
+  resumed = take(loader(cfg, seed=5, skip_batches=13), 4)
+  for (x1, y1), (x2, y2) in zip(uninterrupted[13:], resumed):
+    np.testing.assert_array_equal(y1, y2)
+    np.testing.assert_array_equal(x1, x2)
+  # Also per rank, and for evaluation (which resumes inside its one pass).
+  ranked = take(loader(cfg, seed=5, rank=1, world_size=2), 9)
+  np.testing.assert_array_equal(
+      take(loader(cfg, seed=5, rank=1, world_size=2, skip_batches=7), 1)[0][1],
+      ranked[7][1])
+  eval_cfg = dataclasses.replace(cfg, prefetch=0)
+  eval_labels = [y for _, y in take(loader(eval_cfg, split="eval"), 4)]
+  resumed_eval = take(loader(eval_cfg, split="eval", skip_batches=2), 9)
+  assert len(resumed_eval) == 2
+  np.testing.assert_array_equal(resumed_eval[0][1], eval_labels[2])
+
+
+def test_skip_batches_prepares_none_of_the_skipped(monkeypatch):
+  prepared = []
+  cost = preprocess_cost.apply_cost
+
+  def counting_cost(image, iterations):
+    prepared.append(iterations)
+    return cost(image, iterations)
+
+  monkeypatch.setattr(preprocess_cost, "apply_cost", counting_cost)
+  cfg = make_cfg(preprocess_cost_ms=0.05)
+  batches = iter(loader(cfg, skip_batches=500))  # 5.6 epochs of 1437
+  images, _ = next(batches)
+  assert len(prepared) == 16  # this batch's samples, none of the skipped
+  assert all(iterations > 0 for iterations in prepared)
+  assert images.shape == (16, 3, 8, 8)
+
+
+def test_inline_map_parallelism_prepares_samples_on_threads(monkeypatch):
+  threads = collections.Counter()
+  cost = preprocess_cost.apply_cost
+
+  def recording_cost(image, iterations):
+    threads[threading.current_thread().name.split("_")[0]] += 1
+    return cost(image, iterations)
+
+  monkeypatch.setattr(preprocess_cost, "apply_cost", recording_cost)
+  sequential = take(loader(make_cfg(map_parallelism=1)), 2)
+  assert threads == {"MainThread": 32}
+  threads.clear()
+  parallel = take(loader(make_cfg(map_parallelism=2)), 2)
+  assert threads == {"sample": 32}  # none on the training thread
+  for (x1, y1), (x2, y2) in zip(sequential, parallel):  # same order
+    np.testing.assert_array_equal(y1, y2)
+    np.testing.assert_array_equal(x1, x2)
+
+
+def test_preprocess_cost_iterations_scale_with_cost():
+  per_ms = preprocess_cost.iterations_per_ms()
+  assert per_ms > 0
+  assert preprocess_cost.iterations_per_ms() == per_ms  # calibrated once
+  assert preprocess_cost.iterations_for_cost(0.0) == 0
+  two_ms = preprocess_cost.iterations_for_cost(2.0)
+  eight_ms = preprocess_cost.iterations_for_cost(8.0)
+  assert two_ms >= 1
+  assert abs(eight_ms - 4 * two_ms) <= 4  # rounding only
+  with pytest.raises(ValueError):
+    preprocess_cost.iterations_for_cost(-1.0)
+  rounds, checksum = preprocess_cost.burn(0.3, 7)
+  assert rounds == 7 and np.isfinite(checksum)
+
+
+def test_preprocess_cost_burns_cpu_where_samples_are_prepared():
+  cost_ms, num_samples = 5.0, 32
+  nominal_s = cost_ms * num_samples / 1e3
+  preprocess_cost.iterations_per_ms()  # calibrate outside the measurement
+  plain = take(loader(make_cfg(shuffle_buffer=0)), 2)
+  # Inline: the training process itself burns the CPU.
+  start = time.process_time()
+  costly = take(loader(make_cfg(shuffle_buffer=0,
+                                preprocess_cost_ms=cost_ms)), 2)
+  assert time.process_time() - start > 0.5 * nominal_s
+  for (x1, y1), (x2, y2) in zip(plain, costly):  # values untouched
+    np.testing.assert_array_equal(x1, x2)
+    np.testing.assert_array_equal(y1, y2)
+  # With workers: they burn it; their CPU time is counted once they exit.
+  before = resource.getrusage(resource.RUSAGE_CHILDREN)
+  batches = iter(loader(make_cfg(preprocess_cost_ms=cost_ms, prefetch=2,
+                                 map_parallelism=2)))
+  for _ in range(2):
+    next(batches)
+  del batches  # shuts the workers down and reaps them
+  after = resource.getrusage(resource.RUSAGE_CHILDREN)
+  workers_cpu_s = ((after.ru_utime + after.ru_stime) -
+                   (before.ru_utime + before.ru_stime))
+  assert workers_cpu_s > 0.5 * nominal_s
+
+
+# --- devices -----------------------------------------------------------------
+
+
+def test_cpu_prefetcher_yields_the_same_batches_in_order():
+  cfg = make_cfg(batch_size=64, prefetch=2, map_parallelism=2)
+  direct = take(loader(cfg, split="eval"), 100)
+  staged = device.make_device_prefetcher(loader(cfg, split="eval"), "cpu",
+                                         depth=2)
+  assert isinstance(staged, device.ThreadPrefetcher)
+  prefetched = take(staged, 100)
+  assert len(prefetched) == len(direct) == 6  # one pass, then StopIteration
+  for (x1, y1), (x2, y2) in zip(direct, prefetched):
+    np.testing.assert_array_equal(x1, x2)
+    np.testing.assert_array_equal(y1, y2)
+  with pytest.raises(StopIteration):
+    next(staged)
+  train = device.make_device_prefetcher(loader(cfg, seed=4), "cpu", depth=3)
+  for (x1, y1), (x2, y2) in zip(take(loader(cfg, seed=4), 5), take(train, 5)):
+    np.testing.assert_array_equal(y1, y2)
+    np.testing.assert_array_equal(x1, x2)
+  train.close()
+  with pytest.raises(StopIteration):
+    next(train)
+  with pytest.raises(ValueError, match="depth"):
+    device.make_device_prefetcher([], "cpu", depth=0)
+
+
+def test_cpu_prefetcher_raises_the_sources_error_on_the_callers_thread():
+
+  def failing():
+    yield (torch.zeros(2),)
+    raise OSError("disk gone")
+
+  staged = device.make_device_prefetcher(failing(), "cpu", depth=2)
+  np.testing.assert_array_equal(next(staged)[0].numpy(), [0.0, 0.0])
+  with pytest.raises(OSError, match="disk gone"):
+    next(staged)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_prefetcher_yields_the_same_batches_in_order():
+  cfg = make_cfg(batch_size=64, prefetch_to_device=True, prefetch=2,
+                 map_parallelism=2)
+  direct = take(loader(cfg, split="eval"), 100)
+  staged = device.make_device_prefetcher(loader(cfg, split="eval"), "cuda",
+                                         depth=2)
+  assert isinstance(staged, device.CudaPrefetcher)
+  prefetched = []
+  for images, labels in staged:
+    assert images.is_cuda and labels.is_cuda
+    prefetched.append(((images * 1).cpu().numpy(), labels.cpu().numpy()))
+  assert len(prefetched) == len(direct)
+  for (x1, y1), (x2, y2) in zip(direct, prefetched):
+    np.testing.assert_array_equal(x1, x2)
+    np.testing.assert_array_equal(y1, y2)
+
+
+def test_resident_batches_are_the_same_tensors_every_step():
+  cfg = make_cfg(dataset="synthetic", synthetic_on_device=True, batch_size=8)
+  batches = device.make_resident_iterator(cfg, task="classification", seed=0,
+                                          upscale=1, device="cpu")
+  first, second = next(batches), next(batches)
+  assert first is second  # no pipeline: the very same tensors every step
+  assert first[0].shape == (8, 3, 8, 8) and first[0].device.type == "cpu"
+  expected = take(loader(cfg), 1)
+  np.testing.assert_array_equal(first[0].numpy(), expected[0][0])
+  per_rank = [data.make_resident_iterator(
+      cfg, task="classification", seed=0, upscale=1, device="cpu", rank=rank,
+      world_size=2) for rank in range(2)]
+  halves = [next(batches)[0].numpy() for batches in per_rank]
+  assert halves[0].shape == (4, 3, 8, 8)
+  assert not image_counter(halves[0]) & image_counter(halves[1])
+  sr = next(data.make_resident_iterator(cfg, task="super_resolution", seed=0,
+                                        upscale=2, device="cpu"))
+  assert sr[0].shape == (8, 3, 4, 4) and sr[1].shape == (8, 3, 8, 8)
+
+
+# --- errors ------------------------------------------------------------------
+
+
+def test_data_service_is_refused():
+  cfg = make_cfg(data_service="grpc://localhost:5050")
+  calls = (lambda: data.describe(cfg),
+           lambda: loader(cfg),
+           lambda: data.make_resident_iterator(
+               cfg, task="classification", seed=0, upscale=1, device="cpu"))
+  for call in calls:
+    with pytest.raises(ConfigError, match="no PyTorch counterpart") as error:
+      call()
+    assert error.value.flag == "data_service"
+    assert str(error.value).startswith("--data_service=grpc://localhost:5050:")
+
+
+def test_missing_tfds_dataset_names_the_flag(tfds_dir, tmp_path):
+  root, _ = tfds_dir
+  for name, data_dir in (("no_such_dataset", root), ("mnist", str(tmp_path))):
+    cfg = make_cfg(dataset="tfds", data_dir=data_dir, tfds_name=name)
+    with pytest.raises(ConfigError, match="never downloads") as error:
+      data.describe(cfg)
+    assert error.value.flag == "tfds_name"
+    assert str(error.value).startswith(f"--tfds_name={name}:")
+  with pytest.raises(ConfigError) as error:
+    loader(make_cfg(dataset="tfds", data_dir=None))
+  assert error.value.flag == "data_dir"
+
+
+def test_tfds_without_eval_split_refuses_evaluation(tmp_path):
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  tfds.dataset_builders.store_as_tfds_dataset(
+      name="train_only_torch", version="1.0.0",
+      features=tfds.features.FeaturesDict({
+          "image": tfds.features.Image(shape=(4, 4, 3)),
+          "label": tfds.features.ClassLabel(num_classes=2)}),
+      split_datasets={"train": tf.data.Dataset.from_tensor_slices({
+          "image": np.zeros((3, 4, 4, 3), np.uint8),
+          "label": np.array([0, 1, 0])})},
+      data_dir=str(tmp_path))
+  cfg = make_cfg(dataset="tfds", data_dir=str(tmp_path),
+                 tfds_name="train_only_torch", batch_size=2)
+  assert data.describe(cfg).num_eval_examples == 0
+  with pytest.raises(ConfigError, match="--evaluate"):
+    loader(cfg, split="eval")
+  images, labels = take(loader(cfg), 2)[1]  # training still works
+  assert images.shape == (2, 3, 8, 8) and set(labels) <= {0, 1}
+
+
+def test_bad_image_folders_name_data_dir(tmp_path):
+  (tmp_path / "empty").mkdir()
+  for path in (str(tmp_path / "does_not_exist"), str(tmp_path / "empty")):
+    with pytest.raises(ConfigError) as error:
+      data.describe(make_cfg(dataset="image_folder", data_dir=path))
+    assert error.value.flag == "data_dir"
+    assert str(error.value).startswith("--data_dir=")
+
+
+def test_bad_arguments_are_refused():
+  with pytest.raises(ValueError, match="split"):
+    loader(make_cfg(), split="validation")
+  with pytest.raises(ValueError, match="task"):
+    loader(make_cfg(), task="detection")
+  with pytest.raises(ValueError, match="rank"):
+    loader(make_cfg(), rank=2, world_size=2)
+  with pytest.raises(ValueError, match="skip_batches"):
+    loader(make_cfg(), skip_batches=-1)
+  with pytest.raises(ConfigError, match="allowed: digits"):
+    data.describe(make_cfg(dataset="imagenet"))

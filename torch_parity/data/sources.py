@@ -1,0 +1,268 @@
+"""Where samples come from, for PyTorch: the four sources behind `--dataset`.
+
+The twin of `tfoverlap.data.sources`, serving the same examples in the same
+order. Each source reads a split into raw elements (held by the loader) and
+has a decode step that turns one raw element into a float32 [3, S, S] image
+in [0, 1]. Decoding is kept apart from reading for the same reasons as in
+TensorFlow: `--cache` keeps decoded samples, and `--map_parallelism` spreads
+decoding over the loader's workers, so `decode` must be picklable (a
+module-level function, bound with `functools.partial`).
+
+- digits: the neutral split of `tfoverlap.core.datasets`, as TF reads it.
+- synthetic: the same pool sizes and label range; pixel values come from
+  NumPy's generator keyed by the same (pool seed, index), so they are fixed
+  across runs and processes but are not TensorFlow's stateless draws.
+- tfds / image_folder: opened and checked by the TensorFlow side's own
+  `load_source` (TensorFlow is imported only here), so a missing or
+  unreadable data set is refused with the same message. TFDS records are
+  read once through TensorFlow when the loader is built (they offer no
+  random access) and their encoded images decoded by Pillow in the workers;
+  an image folder keeps file paths and reads each file when it decodes it.
+  PNG pixels equal TensorFlow's; JPEG pixels can differ by a few levels
+  (Pillow's DCT is not TensorFlow's INTEGER_FAST one).
+
+Nothing here downloads.
+"""
+
+import dataclasses
+import functools
+import io
+from typing import Any, Callable, Dict, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from tfoverlap.core import datasets
+from tfoverlap.core.config import ConfigError, DataConfig
+from tfoverlap.core.datasets import DatasetInfo
+
+# Pillow modes whose pixels are one grey channel as TensorFlow decodes them;
+# every other mode is converted to RGB(A) first.
+_GREY_MODES = ("L", "I", "I;16", "I;16B", "I;16L")
+_NO_SERVICE = ("the tf.data service has no PyTorch counterpart; allowed: "
+               "empty with torch_parity (--map_parallelism and --prefetch "
+               "move preprocessing off the training thread instead)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """One data set, ready to be read per split.
+
+  Attributes:
+    name: for messages, e.g. "digits" or "tfds:mnist".
+    num_classes: labels lie in [0, num_classes).
+    num_examples: {"train": n, "eval": n}; eval is 0 when there is none.
+    read: split ("train" or "eval") -> (raw elements, labels int64 [n]), in
+      the order TensorFlow reads them. Runs in the training process only.
+    decode: raw element -> float32 [3, image_size, image_size] in [0, 1].
+      Picklable: it runs in the loader's worker processes.
+  """
+  name: str
+  num_classes: int
+  num_examples: Dict[str, int]
+  read: Callable[[str], Tuple[Sequence, np.ndarray]]
+  decode: Callable[[Any], torch.Tensor]
+
+
+def describe(cfg: DataConfig) -> DatasetInfo:
+  """Sizes and shapes of the data set that `cfg` selects.
+
+  Raises:
+    ConfigError: the data set is missing or unreadable, or `cfg` sets a
+      knob PyTorch refuses (see `load_source`).
+  """
+  source = load_source(cfg)
+  return DatasetInfo(num_classes=source.num_classes,
+                     num_train_examples=source.num_examples["train"],
+                     num_eval_examples=source.num_examples["eval"],
+                     image_size=cfg.image_size,
+                     channels=3)
+
+
+def load_source(cfg: DataConfig) -> Source:
+  """Opens the source that `cfg.dataset` names.
+
+  Raises:
+    ConfigError: naming `dataset`, `data_dir` or `tfds_name` when the data
+      set is unknown, missing, has no train split or no images, or cannot be
+      decoded, the same refusals as the TensorFlow side; naming
+      `data_service` when it is set (see `check_supported`).
+  """
+  check_supported(cfg)
+  loaders = {
+      "digits": _digits_source,
+      "synthetic": _synthetic_source,
+      "tfds": _tfds_source,
+      "image_folder": _image_folder_source,
+  }
+  if cfg.dataset not in loaders:
+    raise ConfigError("dataset", cfg.dataset,
+                      f"allowed: {', '.join(loaders)}")
+  return loaders[cfg.dataset](cfg)
+
+
+def check_supported(cfg: DataConfig) -> None:
+  """Refuses the data knobs that have no meaning in PyTorch.
+
+  Raises:
+    ConfigError: `data_service` is set.
+  """
+  if cfg.data_service:
+    raise ConfigError("data_service", cfg.data_service, _NO_SERVICE)
+
+
+def to_rgb_float(image, image_size: int) -> torch.Tensor:
+  """The per-sample conversion that ends every decode, as TensorFlow's.
+
+  Integer images are scaled to [0, 1] the way `tf.image.convert_image_dtype`
+  does it (times 1/max in float32); float images are taken as already in
+  [0, 1]. Grayscale becomes 3 equal channels, an alpha channel is dropped,
+  and the image is resized bilinearly with half-pixel centers and no
+  antialiasing, which is what `tf.image.resize(method="bilinear")` does.
+
+  Args:
+    image: array [H, W] or [H, W, C] with C in 1, 3, 4, integer or float.
+    image_size: side of the square output.
+
+  Returns:
+    float32 [3, image_size, image_size] in [0, 1].
+  """
+  array = np.asarray(image)
+  if np.issubdtype(array.dtype, np.integer):
+    scale = np.float32(1.0 / np.iinfo(array.dtype).max)
+    array = array.astype(np.float32) * scale
+  else:
+    array = array.astype(np.float32, copy=False)
+  if array.ndim == 2:
+    array = array[..., np.newaxis]
+  if array.shape[-1] == 1:
+    array = np.repeat(array, 3, axis=-1)
+  elif array.shape[-1] != 3:
+    array = array[..., :3]
+  tensor = torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1)
+  if tuple(tensor.shape[1:]) != (image_size, image_size):
+    tensor = F.interpolate(tensor[None], size=(image_size, image_size),
+                           mode="bilinear", align_corners=False,
+                           antialias=False)[0]
+  return tensor.contiguous()
+
+
+def decode_image_bytes(data: bytes) -> np.ndarray:
+  """PNG, JPEG, GIF or BMP bytes -> pixels, as `tf.image.decode_image`.
+
+  Returns:
+    uint8 (or uint16 for 16-bit PNG) [H, W] for grey images, [H, W, 3|4]
+    otherwise.
+  """
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  with Image.open(io.BytesIO(data)) as image:
+    if image.mode == "1":
+      image = image.convert("L")  # TensorFlow reads 1-bit as 0 or 255
+    elif image.mode == "LA":
+      image = image.convert("L")
+    elif image.mode not in _GREY_MODES + ("RGB", "RGBA"):
+      image = image.convert("RGBA" if "A" in image.mode else "RGB")
+    return np.asarray(image)
+
+
+def _digits_source(cfg: DataConfig) -> Source:
+  arrays = datasets.load_digits_splits()
+  return Source(
+      name="digits", num_classes=10,
+      num_examples={split: len(labels) for split, (_, labels) in
+                    arrays.items()},
+      read=functools.partial(_read_arrays, arrays),
+      decode=functools.partial(to_rgb_float, image_size=cfg.image_size))
+
+
+def _read_arrays(arrays, split):
+  images, labels = arrays[split]
+  return images, labels.astype(np.int64)
+
+
+def _synthetic_source(cfg: DataConfig) -> Source:
+  """Random images drawn per index: a fixed pool that is never stored.
+
+  Indices are laid out as on the TensorFlow side (train first, then eval),
+  so the two splits never share an image.
+  """
+  counts = {"train": datasets.SYNTHETIC_TRAIN_EXAMPLES,
+            "eval": datasets.SYNTHETIC_EVAL_EXAMPLES}
+  return Source(
+      name="synthetic", num_classes=cfg.num_classes, num_examples=counts,
+      read=functools.partial(_read_synthetic, cfg.num_classes),
+      decode=functools.partial(_synthetic_image, image_size=cfg.image_size))
+
+
+def _read_synthetic(num_classes: int, split: str):
+  start = 0 if split == "train" else datasets.SYNTHETIC_TRAIN_EXAMPLES
+  count = (datasets.SYNTHETIC_TRAIN_EXAMPLES if split == "train"
+           else datasets.SYNTHETIC_EVAL_EXAMPLES)
+  indices = np.arange(start, start + count)
+  labels = np.array([
+      np.random.default_rng([datasets.POOL_SEED + 1, i]).integers(num_classes)
+      for i in indices], np.int64)
+  return indices, labels
+
+
+def _synthetic_image(index, image_size: int) -> torch.Tensor:
+  rng = np.random.default_rng([datasets.POOL_SEED, int(index)])
+  pixels = rng.random((3, image_size, image_size), dtype=np.float32)
+  return torch.from_numpy(pixels)
+
+
+def _tfds_source(cfg: DataConfig) -> Source:
+  # pylint: disable-next=g-import-not-at-top
+  from tfoverlap.data import sources as tf_sources  # imports TensorFlow
+  tf_source = tf_sources.load_source(cfg)
+  return Source(
+      name=tf_source.name, num_classes=tf_source.num_classes,
+      num_examples=dict(tf_source.num_examples),
+      read=functools.partial(_read_tf_source, tf_source),
+      decode=functools.partial(_decode_stored, image_size=cfg.image_size))
+
+
+def _read_tf_source(tf_source, split: str):
+  images, labels = [], []
+  for image, label in tf_source.read(split).as_numpy_iterator():
+    images.append(image)
+    labels.append(label)
+  return images, np.asarray(labels, np.int64)
+
+
+def _decode_stored(raw, image_size: int) -> torch.Tensor:
+  """An encoded image (bytes) or a stored pixel array -> [3, S, S]."""
+  if isinstance(raw, bytes):
+    raw = decode_image_bytes(raw)
+  return to_rgb_float(raw, image_size)
+
+
+def _image_folder_source(cfg: DataConfig) -> Source:
+  # pylint: disable-next=g-import-not-at-top
+  from tfoverlap.data import sources as tf_sources  # imports TensorFlow
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  tf_source = tf_sources.load_source(cfg)
+  builder = tfds.ImageFolder(cfg.data_dir)
+  split_names = {"train": "train",
+                 "eval": datasets.eval_split_name(builder.info.splits.keys())}
+  label_feature = builder.info.features["label"]
+
+  def read(split):
+    # TFDS keeps its listing (and its fixed per-split order, which the
+    # TensorFlow side reads in) only here; tensorflow-datasets is pinned.
+    # pylint: disable-next=protected-access
+    examples = builder._split_examples[split_names[split]]
+    return ([example.image_path for example in examples],
+            np.array([label_feature.str2int(example.label)
+                      for example in examples], np.int64))
+
+  return Source(
+      name=tf_source.name, num_classes=tf_source.num_classes,
+      num_examples=dict(tf_source.num_examples), read=read,
+      decode=functools.partial(_decode_file, image_size=cfg.image_size))
+
+
+def _decode_file(path: str, image_size: int) -> torch.Tensor:
+  with open(path, "rb") as f:
+    return to_rgb_float(decode_image_bytes(f.read()), image_size)
