@@ -37,7 +37,11 @@ setuptools.setup(
         # Pinned: 2.13.0 is the CPU wheel; a looser range pulls a CUDA build.
         # Pillow decodes TFDS and image-folder images in DataLoader workers.
         "torch": ["torch==2.13.0", "Pillow>=9"],
-        "test": ["pytest>=8"],
+        # setuptools: tests/test_packaging.py builds the sdist and wheel
+        # offline, with this environment's setuptools.
+        # safetensors: tests read checkpoints with the official reader, as a
+        # user without tfoverlap would.
+        "test": ["pytest>=8", "setuptools>=70.1", "safetensors>=0.4"],
     },
     entry_points={
         "console_scripts": [

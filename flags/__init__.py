@@ -26,7 +26,8 @@ from absl import flags as absl_flags
 
 from flags import checkpoint, data, distribute, model, run
 from tfoverlap.core import zoo
-from tfoverlap.core.config import (AUTOTUNE, CheckpointConfig, ConfigError,
+from tfoverlap.core.config import (AUTOTUNE, CHECKPOINT_AUTO,
+                                   CheckpointConfig, ConfigError,
                                    DataConfig, DistributeConfig, ModelConfig,
                                    RunConfig, TrainConfig)
 
@@ -81,6 +82,41 @@ def parse_or_exit(argv, validate: bool = True):
   return remaining
 
 
+def parse_launcher_argv(argv, *, build_worker_args, check=None):
+  """A launcher's flags before `--`; the trainer's after it, validated now.
+
+  Args:
+    argv: the launcher's command line, program name first.
+    build_worker_args: (trainer_args, num_workers) -> the flags every
+      process runs with.
+    check: optional (TrainConfig) -> None raising ConfigError, for what only
+      the launched trainer refuses; it runs here so that nothing starts.
+
+  Returns:
+    [program, *worker_args], already checked as the trainer will check
+    them: a bad flag exits 2 before any process starts.
+  """
+  if "--" in argv:
+    split = argv.index("--")
+    own, trainer_args = argv[:split], argv[split + 1:]
+  else:
+    own, trainer_args = argv, []
+  parse_or_exit(own, validate=False)
+  num_workers = FLAGS.num_workers
+  if num_workers < 2:
+    exit_with_usage_error(
+        f"--num_workers={num_workers}: the launcher starts 2 or more workers")
+  worker_args = build_worker_args(trainer_args, num_workers)
+  FLAGS.unparse_flags()
+  parse_or_exit(argv[:1] + worker_args)  # exits 2 on a bad flag
+  if check is not None:
+    try:
+      check(to_config(FLAGS))
+    except ConfigError as e:
+      exit_with_usage_error(str(e))
+  return argv[:1] + worker_args
+
+
 def exit_with_usage_error(message: str):
   program = os.path.basename(sys.argv[0]) if sys.argv else "tfoverlap"
   print(f"{program}: error: {' '.join(message.split())}", file=sys.stderr)
@@ -97,6 +133,27 @@ def _parse_depth(name: str, text: str, minimum: int) -> int:
   if value is None or value < minimum:
     raise ConfigError(name, text,
                       f"allowed: autotune or an integer >= {minimum}")
+  return value
+
+
+def _parse_every(text: str) -> int:
+  """--checkpoint_every: a positive step count, or auto (CHECKPOINT_AUTO)."""
+  if text.strip().lower() == "auto":
+    return CHECKPOINT_AUTO
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise ConfigError("checkpoint_every", text,
+                      "allowed: auto or an integer >= 1")
+  return value
+
+
+def _parse_fraction(name: str, value: float) -> float:
+  if not 0 < value < 1:
+    raise ConfigError(name, value, "allowed: a fraction between 0 and 1, "
+                      "e.g. 0.03 for 3%")
   return value
 
 
@@ -203,8 +260,12 @@ def to_config(values=FLAGS) -> TrainConfig:
           all_reduce_pack_mb=values.all_reduce_pack_mb),
       checkpoint=CheckpointConfig(
           mode=values.checkpoint,
-          every_steps=values.checkpoint_every,
-          keep=values.checkpoint_keep))
+          every_steps=_parse_every(values.checkpoint_every),
+          keep=values.checkpoint_keep,
+          max_overhead_frac=_parse_fraction("checkpoint_max_overhead",
+                                            values.checkpoint_max_overhead),
+          on_error=values.checkpoint_on_error,
+          if_busy=values.checkpoint_if_busy))
 
 
 def flag_names(flag_values=FLAGS) -> dict:

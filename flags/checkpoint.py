@@ -1,15 +1,32 @@
-"""Checkpoint flags: the mode and cadence of checkpoints during training."""
+"""Checkpoint flags: mode, cadence, retention and failure policy."""
 
 from absl import flags
 
 
 def define_flags():
   flags.DEFINE_enum(
-      "checkpoint", "none", ["none", "sync", "tf_async"],
+      "checkpoint", "none", ["none", "sync", "tf_async", "async"],
       "none: no checkpoints. sync: a blocking save. tf_async: TensorFlow's "
       "CheckpointOptions(enable_async=True) (copy on the step, write in the "
-      "background).")
-  flags.DEFINE_integer("checkpoint_every", 100, "Steps between checkpoints.",
-                       lower_bound=1)
+      "background; the next save waits for the last write). async: "
+      "two-phase, a snapshot between steps and a background persist with "
+      "checksums (the PyTorch trainer has the same).")
+  flags.DEFINE_string(
+      "checkpoint_every", "100",
+      "Steps between checkpoints, or 'auto': measure step, snapshot and "
+      "persist costs and checkpoint as often as "
+      "--checkpoint_max_overhead allows.")
+  flags.DEFINE_float(
+      "checkpoint_max_overhead", 0.03,
+      "With --checkpoint_every=auto: the largest fraction of training time "
+      "checkpoints may cost (0.03 = 3%).")
   flags.DEFINE_integer("checkpoint_keep", 3, "Newest checkpoints kept.",
                        lower_bound=1)
+  flags.DEFINE_enum(
+      "checkpoint_on_error", "raise", ["raise", "warn"],
+      "When a save fails (an unwritable directory, a full disk): raise "
+      "ends the run with the error; warn logs it and trains on.")
+  flags.DEFINE_enum(
+      "checkpoint_if_busy", "wait", ["wait", "skip"],
+      "When a background persist is still running at the next checkpoint: "
+      "wait for it (counted as stall), or skip this checkpoint.")

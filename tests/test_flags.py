@@ -27,7 +27,9 @@ FROZEN_SURFACE = {
              "synthetic_on_device", "tfds_name"],
     "distribute": ["all_reduce", "all_reduce_pack_mb", "num_devices",
                    "num_workers", "strategy"],
-    "checkpoint": ["checkpoint", "checkpoint_every", "checkpoint_keep"],
+    "checkpoint": ["checkpoint", "checkpoint_every", "checkpoint_if_busy",
+                   "checkpoint_keep", "checkpoint_max_overhead",
+                   "checkpoint_on_error"],
 }
 
 

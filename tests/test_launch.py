@@ -109,11 +109,42 @@ def test_every_worker_resumes_from_the_chiefs_checkpoint(tmp_path):
                      "--train_steps=10", timeout=300)
   assert first.returncode == 0, first.stderr[-3000:]
   assert (tmp_path / "checkpoints" / "ckpt-10.index").exists()
-  assert not (tmp_path / "worker-1" / "checkpoint-scratch").exists()
+  assert not (tmp_path / "checkpoints" / "scratch-worker-1").exists()
   second = run_module("tfoverlap.launch", "--num_workers=2", "--", *args,
                       "--train_steps=15", timeout=300)
   assert second.returncode == 0, second.stderr[-3000:]
   chief = run_record.load_run_record(str(tmp_path))
   other = run_record.load_run_record(str(tmp_path / "worker-1"))
   assert chief["steps"] == other["steps"] == 5  # both resumed at step 10
+  assert chief["weights_digest"] == other["weights_digest"]
+
+
+def test_async_checkpoints_have_one_writer_one_cadence_one_resume_step(
+    tmp_path):
+  args = [*TINY_RUN, "--deterministic", "--checkpoint=async",
+          "--checkpoint_every=auto", f"--model_dir={tmp_path}"]
+  first = run_module("tfoverlap.launch", "--num_workers=2", "--", *args,
+                     "--train_steps=40", timeout=300)
+  assert first.returncode == 0, first.stderr[-3000:]
+  chief = run_record.load_run_record(str(tmp_path))
+  other = run_record.load_run_record(str(tmp_path / "worker-1"))
+  assert chief["checkpoint"]["writer"] and not other["checkpoint"]["writer"]
+  assert chief["checkpoint"]["num_persisted"] >= 2
+  # The cadence was agreed: the same decisions at the same steps.
+  assert chief["checkpoint"]["decisions"]
+  assert ([d["every_steps"] for d in chief["checkpoint"]["decisions"]]
+          == [d["every_steps"] for d in other["checkpoint"]["decisions"]])
+  written = sorted(os.listdir(tmp_path / "checkpoints"))
+  assert written and all(n.startswith("ckpt-") for n in written)
+  assert not (tmp_path / "worker-1" / "checkpoints").exists()
+  last = chief["checkpoint"]["last_persisted_step"]
+
+  second = run_module("tfoverlap.launch", "--num_workers=2", "--", *args,
+                      "--train_steps=50", timeout=300)
+  assert second.returncode == 0, second.stderr[-3000:]
+  chief = run_record.load_run_record(str(tmp_path))
+  other = run_record.load_run_record(str(tmp_path / "worker-1"))
+  assert chief["checkpoint"]["restore"]["step"] == last
+  assert other["checkpoint"]["restore"]["step"] == last
+  assert chief["steps"] == other["steps"] == 50 - last
   assert chief["weights_digest"] == other["weights_digest"]

@@ -187,3 +187,28 @@ def describe_strategy(strategy: tf.distribute.Strategy,
       "all_reduce": cfg.all_reduce,
       "all_reduce_pack_mb": cfg.all_reduce_pack_mb,
   }
+
+
+def make_agree(strategy: tf.distribute.Strategy):
+  """An all-reduce maximum over workers, for decisions all must share.
+
+  Returns None when there is one worker: nothing to agree with. Every
+  worker must call the returned function at the same point (a collective).
+  """
+  # Only MultiWorkerMirroredStrategy's extended object counts workers.
+  if getattr(strategy.extended, "_num_workers", 1) <= 1:
+    return None
+
+  def replica_max(vector):
+    return tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.MAX, vector)
+
+  @tf.function
+  def reduce_max(vector):
+    return strategy.run(replica_max, args=(vector,))
+
+  def agree(values):
+    reduced = reduce_max(tf.constant(values, tf.float64))
+    return strategy.experimental_local_results(reduced)[0].numpy().tolist()
+
+  return agree

@@ -11,6 +11,7 @@ from absl import app
 from absl import logging
 
 import flags as tfo_flags
+from tfoverlap.core.checkpoint_files import CheckpointError
 from tfoverlap.core.config import ConfigError
 
 tfo_flags.define_flags()
@@ -33,9 +34,10 @@ def main(argv):
     record = trainer.train(config)
   except ConfigError as e:
     tfo_flags.exit_with_usage_error(str(e))
-  except (tf.errors.OpError, OSError) as e:
-    # A lost peer, an exhausted device or a full disk: one line for the
-    # user; the traceback stays available with --verbosity=1.
+  except (tf.errors.OpError, OSError, CheckpointError) as e:
+    # A lost peer, an exhausted device, a full disk or a checkpoint that
+    # cannot be saved or restored: one line for the user; the traceback
+    # stays available with --verbosity=1.
     logging.debug("training failed", exc_info=True)
     exit_with_runtime_error(e)
   if record["worker"]["index"] == 0:

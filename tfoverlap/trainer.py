@@ -5,6 +5,7 @@ device, the strategy exists before any variable, and the model and optimizer
 are built inside its scope so their variables are replicated.
 """
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -45,14 +46,16 @@ def weights_digest(model) -> str:
       (w.path, w.numpy()) for w in model.weights)
 
 
-def _build_train_input(strategy, config: TrainConfig, spec):
+def _build_train_input(strategy, config: TrainConfig, spec,
+                       start_batch: int):
   """The distributed training data, or resident batches with no pipeline."""
   if config.data.synthetic_on_device:
     return data.make_resident_iterator(strategy, config.data, task=spec.task,
                                        seed=config.run.seed,
                                        upscale=spec.upscale)
   input_fn = data.make_input_fn(config.data, split="train", task=spec.task,
-                                seed=config.run.seed, upscale=spec.upscale)
+                                seed=config.run.seed, upscale=spec.upscale,
+                                start_batch=start_batch)
   return data.distribute_input(strategy, input_fn, config.data)
 
 
@@ -80,7 +83,9 @@ def _build_model_and_optimizer(strategy, config: TrainConfig, num_classes,
 def _run_loop(ctx: loops.LoopContext, strategy, config: TrainConfig, spec,
               model, optimizer) -> float:
   """Runs the configured loop over the remaining steps; the last loss."""
-  train_input = _build_train_input(strategy, config, spec)
+  # One global batch per step: the steps done are the batches consumed.
+  train_input = _build_train_input(strategy, config, spec,
+                                   start_batch=ctx.first_step - 1)
   if ctx.first_step > ctx.last_step:
     return float("nan")
   if config.run.loop == "fit":
@@ -134,8 +139,11 @@ def train(config: TrainConfig) -> dict:
     checkpointer = checkpoint.build_checkpointer(
         config.checkpoint, config.run.model_dir, model=model,
         optimizer=optimizer, is_chief=worker_index == 0,
-        worker_index=worker_index)
-    restored_step = checkpointer.restore_latest() if checkpointer else 0
+        worker_index=worker_index,
+        describe_state=_state_describer(config, info),
+        agree=distribute.make_agree(strategy))
+    resume = checkpointer.restore_latest() if checkpointer else None
+    restored_step = resume.step if resume else 0
 
     ledger = ledger_lib.StepLedger()
     ctx = loops.LoopContext(
@@ -153,10 +161,18 @@ def train(config: TrainConfig) -> dict:
         first_step=restored_step + 1,
         last_step=config.run.train_steps,
         global_batch_size=config.data.batch_size)
-    final = {"train_loss": _run_loop(ctx, strategy, config, spec, model,
-                                     optimizer)}
+    try:
+      final = {"train_loss": _run_loop(ctx, strategy, config, spec, model,
+                                       optimizer)}
+    except BaseException:
+      if checkpointer:
+        # The running persist completes or is dropped whole, never half;
+        # the training error is the one to report.
+        with contextlib.suppress(Exception):
+          checkpointer.close()
+      raise
     if checkpointer:
-      checkpointer.close()
+      checkpointer.finish(ctx.last_step)
     if config.run.evaluate and info.num_eval_examples:
       final.update(_evaluate(strategy, config, spec, model))
   finally:
@@ -169,15 +185,37 @@ def train(config: TrainConfig) -> dict:
                  "data wait is part of compute")
   if restored_step:
     notes.append(f"resumed from the checkpoint of step {restored_step}")
+    if config.data.data_service:
+      notes.append("the tf.data service hands batches to consumers in "
+                   "arrival order: the resumed data order is not exact")
   return _write_outputs(
       config, out_dir, ledger, strategy=strategy, model=model, final=final,
       worker_index=worker_index, num_workers=num_workers, notes=notes,
+      checkpoint_stats=checkpointer.stats() if checkpointer else None,
       wall_s=time.perf_counter() - start)
+
+
+def _state_describer(config: TrainConfig, info):
+  """step -> what a checkpoint stores beside the tensors: where the data is."""
+  examples_per_epoch = info.num_train_examples or None
+
+  def describe(step: int) -> dict:
+    examples = step * config.data.batch_size
+    return {
+        "epoch": examples // examples_per_epoch if examples_per_epoch else 0,
+        "data_position": {"batches_consumed": step,
+                          "examples_consumed": examples,
+                          "global_batch_size": config.data.batch_size,
+                          "dataset": config.data.dataset,
+                          "seed": config.run.seed},
+    }
+
+  return describe
 
 
 def _write_outputs(config: TrainConfig, out_dir: str, ledger, *, strategy,
                    model, final, worker_index, num_workers, notes,
-                   wall_s) -> dict:
+                   checkpoint_stats, wall_s) -> dict:
   """Writes the trace and run.json of this worker; returns the record."""
   outputs = {}
   if config.run.trace:
@@ -206,6 +244,7 @@ def _write_outputs(config: TrainConfig, out_dir: str, ledger, *, strategy,
       num_workers=num_workers,
       phases_measured=phases_measured,
       outputs=outputs,
+      checkpoint=checkpoint_stats,
       notes=notes)
   run_record.write_run_record(out_dir, record)
   return record

@@ -9,6 +9,7 @@ import dataclasses
 from typing import Optional
 
 AUTOTUNE = -1  # the sentinel stored for "autotune" in prefetch / parallelism
+CHECKPOINT_AUTO = 0  # the `every_steps` of --checkpoint_every=auto
 
 
 class ConfigError(ValueError):
@@ -78,9 +79,12 @@ class DistributeConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
-  mode: str  # none | sync | tf_async
-  every_steps: int
+  mode: str  # none | sync | tf_async | async
+  every_steps: int  # CHECKPOINT_AUTO = the adaptive cadence chooses
   keep: int
+  max_overhead_frac: float = 0.03  # the bound of the adaptive cadence
+  on_error: str = "raise"  # raise | warn
+  if_busy: str = "wait"  # wait | skip: a persist still runs when due
 
 
 @dataclasses.dataclass(frozen=True)

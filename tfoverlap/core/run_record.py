@@ -19,7 +19,7 @@ import numpy as np
 
 from tfoverlap import __version__
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the checkpoint section
 RUN_RECORD_NAME = "run.json"
 TRACE_NAME = "trace.json"
 
@@ -28,6 +28,13 @@ def default_model_dir(framework: str, model_name: str) -> str:
   """runs/<framework>-<model>-<timestamp>, relative to the working directory."""
   stamp = time.strftime("%Y%m%d-%H%M%S")
   return os.path.join("runs", f"{framework}-{model_name}-{stamp}")
+
+
+def worker_dir(model_dir: str, worker_index: int) -> str:
+  """Where a worker writes: the chief at the top, the others beneath."""
+  if worker_index == 0:
+    return model_dir
+  return os.path.join(model_dir, f"worker-{worker_index}")
 
 
 def write_json_atomically(path: str, payload) -> None:
@@ -86,8 +93,12 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
                      ledger_summary: dict, num_steps: int, wall_s: float,
                      final: dict, weights_digest: str, worker_index: int,
                      num_workers: int, phases_measured: Iterable[str],
-                     outputs: dict, notes: Optional[list] = None) -> dict:
-  """Assembles the run.json payload; see README "run.json" for each field."""
+                     outputs: dict, checkpoint: Optional[dict] = None,
+                     notes: Optional[list] = None) -> dict:
+  """Assembles the run.json payload; see README "run.json" for each field.
+
+  `checkpoint` is `CheckpointEngine.stats()`, or None without checkpoints.
+  """
   return {
       "schema_version": SCHEMA_VERSION,
       "framework": framework,
@@ -105,6 +116,7 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
       "phases_measured": list(phases_measured),
       "final": final,
       "weights_digest": weights_digest,
+      "checkpoint": checkpoint,
       "outputs": outputs,
       "notes": list(notes or []),
   }

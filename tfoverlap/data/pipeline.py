@@ -3,7 +3,7 @@
 Order of the transformations, and why:
 
   read -> [shard] -> decode map -> [cache] -> [shuffle] -> [repeat]
-       -> [preprocess-cost map] -> batch -> [low-res pairs]
+       -> [skip, on resume] -> [preprocess-cost map] -> batch -> [low-res pairs]
        -> [data service] -> [prefetch]
 
 - shard first, so each input pipeline reads and decodes only its share.
@@ -12,6 +12,9 @@ Order of the transformations, and why:
   epoch, as random augmentation would.
 - shuffle before repeat, so every epoch is a full permutation and epoch
   boundaries stay visible; shuffle after cache, so each epoch is reshuffled.
+- a resumed run skips the samples already trained on after repeat and
+  before the cost map, so the order is the uninterrupted run's and the
+  skipped samples cost no preprocessing.
 - the cost map after repeat (per sample, train only): it is the work whose
   parallelism `--map_parallelism` is about.
 - batch, then the super-resolution pairs, on whole batches (one resize op
@@ -39,7 +42,7 @@ InputFn = Callable[[Optional[tf.distribute.InputContext]], tf.data.Dataset]
 
 
 def make_input_fn(cfg: DataConfig, *, split: str, task: str, seed: int,
-                  upscale: int = 1) -> InputFn:
+                  upscale: int = 1, start_batch: int = 0) -> InputFn:
   """Builds the input function a strategy calls once per input pipeline.
 
   The source is opened, and the preprocessing cost calibrated, now: errors
@@ -56,6 +59,8 @@ def make_input_fn(cfg: DataConfig, *, split: str, task: str, seed: int,
       high_res [B, S, S, 3]), low_res being the area resize of high_res.
     seed: shuffle seed of this run.
     upscale: super-resolution factor u; must divide cfg.image_size.
+    start_batch: global batches a resumed run has already trained on; the
+      first batch yielded is the one an uninterrupted run would yield next.
 
   Returns:
     `input_fn(ctx)` -> a dataset of per-replica batches:
@@ -105,6 +110,11 @@ def make_input_fn(cfg: DataConfig, *, split: str, task: str, seed: int,
         ds = ds.shuffle(cfg.shuffle_buffer, seed=seed,
                         reshuffle_each_iteration=True)
       ds = ds.repeat()
+      if start_batch:
+        # Skipped before the cost map: resuming replays only reading,
+        # decoding and shuffling, which are what fix the order.
+        pipelines = ctx.num_input_pipelines if ctx is not None else 1
+        ds = ds.skip(start_batch * (cfg.batch_size // pipelines))
       if cost_fn is not None:
         ds = ds.map(cost_fn, num_parallel_calls=parallel_calls)
     ds = ds.batch(batch_size, drop_remainder=training)

@@ -1,0 +1,315 @@
+"""The framework-neutral checkpoint core: file format, commits, cadence."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import ml_dtypes
+import numpy as np
+import pytest
+import safetensors.numpy
+
+from tfoverlap.core import cadence, checkpoint_files, checkpointing
+from tfoverlap.core import tensor_file
+from tfoverlap.core.checkpoint_files import (CheckpointError,
+                                             CorruptCheckpointError)
+
+from tests.helpers import REPO_ROOT, subprocess_env
+
+
+def _arrays(step: int) -> dict:
+  return {"layer/kernel": np.full((64, 32), step, np.float32),
+          "layer/bias": np.arange(32, dtype=np.float64) + step,
+          "counts": np.array([step, 2 * step], np.int64)}
+
+
+# --- tensor_file -----------------------------------------------------------
+
+
+def test_tensor_file_round_trips_and_the_official_reader_agrees(tmp_path):
+  arrays = {"a": np.random.default_rng(0).normal(size=(3, 5)).astype(
+      np.float32), "b": np.arange(7, dtype=np.int64),
+            "c": np.array([1.5, -2.0], dtype=ml_dtypes.bfloat16),
+            "d": np.array(True), "e": np.zeros((0, 4), np.float16)}
+  path = str(tmp_path / "t.safetensors")
+  digest, size = tensor_file.write_tensor_file(path, arrays,
+                                               metadata={"group": "x"})
+  assert size == os.path.getsize(path)
+  import hashlib  # pylint: disable=g-import-not-at-top
+  assert digest == hashlib.sha256(open(path, "rb").read()).hexdigest()
+  ours, metadata = tensor_file.read_tensor_file(path)
+  official = safetensors.numpy.load_file(path)
+  assert metadata == {"group": "x"}
+  for name, array in arrays.items():
+    assert ours[name].dtype == array.dtype and ours[name].shape == array.shape
+    np.testing.assert_array_equal(ours[name], array)
+    np.testing.assert_array_equal(official[name], array)
+  assert list(ours) == list(arrays)  # write order is kept
+
+
+def test_truncated_tensor_file_is_refused(tmp_path):
+  path = str(tmp_path / "t.safetensors")
+  tensor_file.write_tensor_file(path, _arrays(1))
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) - 10)
+  with pytest.raises(tensor_file.TensorFileError, match="past the end"):
+    tensor_file.read_tensor_file(path)
+
+
+# --- checkpoint_files ------------------------------------------------------
+
+
+def _write(directory, step):
+  return checkpoint_files.write_checkpoint(
+      str(directory), step, {"model": _arrays(step), "optimizer": {}},
+      {"step": step, "epoch": 0})
+
+
+def test_commit_load_and_keep_newest(tmp_path):
+  for step in (10, 20, 30, 40):
+    _write(tmp_path, step)
+    checkpoint_files.prune(str(tmp_path), keep=2)
+  assert checkpoint_files.list_checkpoints(str(tmp_path)) == [30, 40]
+  loaded = checkpoint_files.load_latest(str(tmp_path))
+  assert loaded.step == 40 and loaded.state["step"] == 40
+  np.testing.assert_array_equal(loaded.groups["model"]["layer/kernel"],
+                                _arrays(40)["layer/kernel"])
+  assert sorted(os.listdir(tmp_path)) == ["ckpt-0000000030",
+                                          "ckpt-0000000040"]
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete_state"])
+def test_a_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path,
+                                                               damage):
+  _write(tmp_path, 10)
+  newest = _write(tmp_path, 20)
+  victim = os.path.join(newest, "model.safetensors")
+  if damage == "flip":
+    with open(victim, "r+b") as f:
+      f.seek(200)
+      byte = f.read(1)
+      f.seek(200)
+      f.write(bytes([byte[0] ^ 0xFF]))
+  elif damage == "truncate":
+    with open(victim, "r+b") as f:
+      f.truncate(100)
+  else:
+    os.unlink(os.path.join(newest, checkpoint_files.STATE_NAME))
+  warnings = []
+  loaded = checkpoint_files.load_latest(str(tmp_path), warn=warnings.append)
+  assert loaded.step == 10
+  assert len(warnings) == 1 and "ckpt-0000000020" in warnings[0]
+
+
+def test_no_good_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
+  newest = _write(tmp_path, 10)
+  with open(os.path.join(newest, "model.safetensors"), "r+b") as f:
+    f.truncate(50)
+  with pytest.raises(CheckpointError, match="no checkpoint .* verifies"):
+    checkpoint_files.load_latest(str(tmp_path), warn=lambda m: None)
+  with pytest.raises(CorruptCheckpointError):
+    checkpoint_files.load_checkpoint(newest)
+
+
+def test_unwritable_directory_is_named(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("not a directory")
+  with pytest.raises(CheckpointError, match="cannot write checkpoints to"):
+    checkpoint_files.check_writable(str(blocker / "checkpoints"))
+
+
+_WRITER = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from tfoverlap.core import checkpoint_files
+    directory, start = sys.argv[1], int(sys.argv[2])
+    step = start
+    while True:
+      step += 1
+      arrays = {"w": np.full((512, 512), step, np.float32),
+                "v": np.full((256, 512), -step, np.float64)}
+      checkpoint_files.write_checkpoint(directory, step, {"model": arrays},
+                                        {"step": step})
+      checkpoint_files.prune(directory, keep=2)
+      print(step, flush=True)
+""")
+
+
+def test_sigkill_at_random_moments_never_leaves_a_bad_checkpoint(tmp_path):
+  # A writer committing ~3 MB checkpoints in a loop is killed 25 times at
+  # random moments (mid-file, mid-rename, mid-prune). After every kill the
+  # newest checkpoint must verify and hold its own step's values, and the
+  # step count must never go backwards.
+  rng = random.Random(1234)
+  directory = str(tmp_path / "ckpts")
+  last_step = 0
+  for _ in range(25):
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, directory, str(last_step)],
+        cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.PIPE,
+        text=True)
+    writer.stdout.readline()  # at least one commit in this life
+    time.sleep(rng.uniform(0.0, 0.25))
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    writer.stdout.close()
+    loaded = checkpoint_files.load_latest(
+        directory, warn=lambda m: pytest.fail(f"corrupt after kill: {m}"))
+    assert loaded.step > last_step
+    assert np.all(loaded.groups["model"]["w"] == loaded.step)
+    assert np.all(loaded.groups["model"]["v"] == -loaded.step)
+    last_step = loaded.step
+    checkpoint_files.remove_stale_temporaries(directory)
+    assert len(checkpoint_files.list_checkpoints(directory)) <= 3
+
+
+# --- cadence -----------------------------------------------------------------
+
+
+def test_plan_interval_known_answers():
+  # stall 30 ms on 100 ms steps at a 3% bound: 0.03 / (0.03 * 0.1) = 10.
+  every, predicted, reason = cadence.plan_interval(
+      cadence.CostEstimate(step_s=0.1, busy_step_s=0.1, stall_s=0.03,
+                           persist_s=0.5), 0.03)
+  assert every == 10 and predicted == pytest.approx(0.03)
+  assert "overhead bound" in reason
+  # A 2.5 s persist needs 25 steps of 100 ms before the next snapshot.
+  every, predicted, reason = cadence.plan_interval(
+      cadence.CostEstimate(0.1, 0.1, 0.001, 2.5), 0.03)
+  assert every == 25 and "persist" in reason
+  # A persist that slows steps from 100 to 125 ms for 1 s costs 200 ms.
+  costs = cadence.CostEstimate(0.1, 0.125, 0.0, 1.0)
+  assert costs.interference_s == pytest.approx(0.2)
+  every, predicted, _ = cadence.plan_interval(costs, 0.05)
+  assert every == 40 and predicted == pytest.approx(0.05)
+
+
+def _drive(policy, steps, step_s, stall_s, persist_s, agree=None):
+  """Simulates training: returns the steps at which checkpoints happened."""
+  due = []
+  for step in steps:
+    policy.observe_step(step_s, persisting=False)
+    if policy.is_due(step, agree=agree):
+      due.append(step)
+      policy.observe_stall(stall_s)
+      policy.observe_persist(persist_s)
+  return due
+
+
+def test_fixed_cadence_is_every_n_absolute_steps():
+  policy = cadence.CadencePolicy(25, first_step=11)
+  assert _drive(policy, range(11, 101), 0.1, 0.01, 0.1) == [25, 50, 75, 100]
+
+
+def test_auto_cadence_probes_plans_and_adapts():
+  logged = []
+  policy = cadence.CadencePolicy(cadence.AUTO, max_overhead_frac=0.03,
+                                 probe_steps=10, log=logged.append)
+  due = _drive(policy, range(1, 201), 0.1, 0.03, 0.2)
+  assert due[0] == 10  # the probe
+  assert policy.every_steps == 10
+  assert all(b - a == 10 for a, b in zip(due[1:], due[2:]))
+  assert "every 10 steps" in logged[0]
+  # The snapshot gets 4x dearer: the interval grows to keep the bound.
+  due = _drive(policy, range(201, 601), 0.1, 0.12, 0.2)
+  assert policy.every_steps == 40
+  assert [d.every_steps for d in policy.decisions] == [10, 40]
+  assert due[-1] - due[-2] == 40
+
+
+def test_workers_with_different_costs_agree_on_one_cadence():
+  # Two workers measure different costs; `agree` is the all-reduce maximum
+  # both would get, so both plan from the same numbers.
+  workers = [cadence.CadencePolicy(cadence.AUTO) for _ in range(2)]
+  costs = [(0.1, 0.03, 0.5), (0.12, 0.0, 0.0)]  # only worker 0 persists
+  due = [[], []]
+  for step in range(1, 301):
+    for worker, (step_s, _, _) in zip(workers, costs):
+      worker.observe_step(step_s, persisting=False)
+    estimates = [w.local_estimate().to_vector() for w in workers]
+    agreed = [max(column) for column in zip(*estimates)]
+    for index, (worker, (_, stall_s, persist_s)) in enumerate(zip(workers,
+                                                                  costs)):
+      if worker.is_due(step, agree=lambda vector: agreed):
+        due[index].append(step)
+        if stall_s:
+          worker.observe_stall(stall_s)
+          worker.observe_persist(persist_s)
+  assert due[0] == due[1] and len(due[0]) > 5
+  assert workers[0].decisions == workers[1].decisions
+
+
+# --- the engine --------------------------------------------------------------
+
+
+def _engine(directory, **kwargs):
+  def snapshot(step):
+    return checkpointing.Snapshot(step=step,
+                                  groups={"model": _arrays(step)},
+                                  state={"step": step})
+  return checkpointing.CheckpointEngine(str(directory), mode="async",
+                                        take_snapshot=snapshot,
+                                        log=lambda m: None, **kwargs)
+
+
+def _slow_to_host(seconds):
+  def to_host(value):
+    time.sleep(seconds)
+    return value
+  return to_host
+
+
+@pytest.mark.parametrize("if_busy", ["wait", "skip"])
+def test_busy_policy_when_a_persist_outlives_the_interval(tmp_path, if_busy):
+  engine = _engine(tmp_path, every_steps=1, if_busy=if_busy,
+                   to_host=_slow_to_host(0.02))
+  for step in range(1, 11):
+    if engine.is_due(step):
+      engine.save(step)
+  engine.close()
+  stats = engine.stats()
+  if if_busy == "wait":
+    assert stats["num_saved"] == stats["num_persisted"] == 10
+    assert stats["num_busy_waits"] >= 8 and stats["busy_wait_s"] > 0.1
+    assert checkpoint_files.list_checkpoints(str(tmp_path)) == [8, 9, 10]
+  else:
+    assert stats["num_skipped_busy"] >= 8
+    assert stats["num_saved"] + stats["num_skipped_busy"] == 10
+    assert stats["num_persisted"] == stats["num_saved"]
+  assert json.dumps(stats)  # run.json can hold it
+
+
+def test_a_failing_persist_raises_on_the_training_thread(tmp_path):
+  def failing_to_host(value):
+    raise OSError(28, "No space left on device")
+  engine = _engine(tmp_path, every_steps=2, to_host=failing_to_host)
+  assert engine.is_due(1) is False
+  assert engine.is_due(2)
+  engine.save(2)
+  with pytest.raises(CheckpointError, match="step 2 failed while persisting"
+                     ".*No space left"):
+    engine.close()
+  assert checkpoint_files.list_checkpoints(str(tmp_path)) == []
+  assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp")]
+
+
+def test_warn_policy_trains_on_and_counts_failures(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("x")
+  logged = []
+  engine = checkpointing.CheckpointEngine(
+      str(blocker / "ckpts"), mode="async", every_steps=1, on_error="warn",
+      take_snapshot=lambda step: checkpointing.Snapshot(step, {"m": {}}, {}),
+      log=logged.append)
+  for step in range(1, 4):
+    if engine.is_due(step):
+      engine.save(step)
+    engine.wait_until_finished()
+  engine.close()
+  assert engine.stats()["num_failed"] == 4  # the directory, then 3 saves
+  assert any("cannot write checkpoints" in m for m in logged)

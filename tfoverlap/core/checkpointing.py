@@ -1,0 +1,316 @@
+"""Checkpoint bookkeeping shared by every mode and both frameworks.
+
+`CheckpointEngine` owns what does not depend on the framework: the cadence
+(`cadence.CadencePolicy`), the background persist of a two-phase checkpoint,
+what happens when a persist is still running at the next checkpoint
+(`if_busy`), what happens when a save fails (`on_error`), and the numbers
+run.json reports. A framework side supplies only how to take a snapshot and
+how to copy one value to host memory (two-phase), or one blocking save call
+(the baselines).
+
+Two-phase, after CheckFreq:
+  1. snapshot  on the training thread, between two updates: a consistent
+               copy of every value (to device memory first when there is
+               room, else straight to host memory). The training loop is
+               blocked only for this; it is the checkpoint stall.
+  2. persist   on one background thread: copy to host, serialize, write
+               atomically with checksums (`checkpoint_files`), prune to the
+               newest K.
+
+Usage:
+  engine = CheckpointEngine(directory, mode="async", every_steps=AUTO,
+                            take_snapshot=snap, to_host=copy_to_host)
+  for step in ...:
+    train_step()
+    if engine.is_due(step):
+      engine.save(step)           # the stall
+  engine.close()                  # waits for the last persist
+"""
+
+import concurrent.futures
+import dataclasses
+import statistics
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+from tfoverlap.core import cadence, checkpoint_files
+from tfoverlap.core.checkpoint_files import CheckpointError
+
+ON_ERROR_POLICIES = ("raise", "warn")
+IF_BUSY_POLICIES = ("wait", "skip")
+_ERRORS_KEPT = 5
+
+
+@dataclasses.dataclass
+class Snapshot:
+  """A consistent copy of the training state, not yet on disk.
+
+  `groups` maps a group ("model", "optimizer") to named values; a
+  value is anything the engine's `to_host` turns into a NumPy array (for
+  example a device tensor that was copied on the device).
+  """
+  step: int
+  groups: Mapping[str, Mapping[str, Any]]
+  state: Mapping
+
+
+def _summary(samples: List[float]) -> Dict[str, float]:
+  if not samples:
+    return {"count": 0}
+  ordered = sorted(samples)
+  return {"count": len(ordered), "mean": statistics.fmean(ordered),
+          "p50": statistics.median(ordered),
+          "p95": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
+          "max": ordered[-1]}
+
+
+class CheckpointEngine:
+  """Cadence, background persist and failure policy of checkpoints.
+
+  Args:
+    directory: where this process writes checkpoints.
+    mode: a name for the record ("sync", "tf_async", "async").
+    every_steps: a fixed interval, or `cadence.AUTO`.
+    max_overhead_frac: the bound of the adaptive cadence.
+    keep: committed checkpoints kept (two-phase mode prunes; a baseline's
+      own manager prunes in the other modes).
+    on_error: "raise" a CheckpointError on the training thread, or "warn"
+      and go on training.
+    if_busy: when the previous persist is still running at the next due
+      step: "wait" for it (the wait is stall) or "skip" this checkpoint.
+    is_writer: False on the workers that only take part in the cadence.
+    take_snapshot: step -> Snapshot, for two-phase checkpoints.
+    to_host: value -> NumPy array, run on the persist thread.
+    save_inline: step -> None, for a baseline that saves in one call.
+    agree: combines the workers' cost estimates (see cadence); None alone.
+    first_step: the first step this process runs.
+    log: where decisions and warnings go.
+  """
+
+  def __init__(self, directory: str, *, mode: str,
+               every_steps: int = cadence.AUTO,
+               max_overhead_frac: float = 0.03, keep: int = 3,
+               on_error: str = "raise", if_busy: str = "wait",
+               is_writer: bool = True,
+               take_snapshot: Optional[Callable[[int], Snapshot]] = None,
+               to_host: Callable[[Any], Any] = lambda value: value,
+               save_inline: Optional[Callable[[int], None]] = None,
+               agree: Optional[cadence.Agree] = None, first_step: int = 1,
+               log: Callable[[str], None] = checkpoint_files.warn_to_stderr):
+    if on_error not in ON_ERROR_POLICIES:
+      raise ValueError(f"on_error={on_error!r}: allowed: "
+                       f"{', '.join(ON_ERROR_POLICIES)}")
+    if if_busy not in IF_BUSY_POLICIES:
+      raise ValueError(f"if_busy={if_busy!r}: allowed: "
+                       f"{', '.join(IF_BUSY_POLICIES)}")
+    if keep < 1:
+      raise ValueError(f"keep={keep}: allowed: an integer >= 1")
+    if (take_snapshot is None) == (save_inline is None):
+      raise ValueError("give exactly one of take_snapshot (two-phase) and "
+                       "save_inline (one blocking call)")
+    self.directory = directory
+    self.mode = mode
+    self.keep = keep
+    self.on_error = on_error
+    self.if_busy = if_busy
+    self.is_writer = is_writer
+    self._take_snapshot = take_snapshot
+    self._to_host = to_host
+    self._save_inline = save_inline
+    self._agree = agree
+    self._log = log
+    self.policy = cadence.CadencePolicy(
+        every_steps, max_overhead_frac=max_overhead_frac,
+        first_step=first_step, log=log)
+    self._executor = (concurrent.futures.ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="checkpoint-persist")
+                      if take_snapshot is not None and is_writer else None)
+    self._future: Optional[concurrent.futures.Future] = None
+    self._future_step = 0
+    self._last_mark: Optional[float] = None
+    self._stall_in_step_s = 0.0
+    self.stall_s: List[float] = []
+    self.persist_s: List[float] = []
+    self.num_saved = 0
+    self.num_persisted = 0
+    self.num_skipped_busy = 0
+    self.num_busy_waits = 0
+    self.busy_wait_s = 0.0
+    self.num_failed = 0
+    self.errors: List[str] = []
+    self.last_saved_step: Optional[int] = None
+    self.last_persisted_step: Optional[int] = None
+    self.restore_info: Dict[str, Any] = {}
+    if is_writer:
+      self._prepare_directory()
+
+  def _prepare_directory(self) -> None:
+    try:
+      checkpoint_files.check_writable(self.directory)
+    except CheckpointError as e:
+      self._fail(e)
+      return
+    removed = checkpoint_files.remove_stale_temporaries(self.directory)
+    if removed:
+      self._log(f"removed {len(removed)} unfinished checkpoint "
+                f"write(s) left in {self.directory}")
+
+  def restart_at(self, first_step: int) -> None:
+    """Tells the cadence the first step this process runs (after a restore)."""
+    self.policy.restart_at(first_step)
+
+  @property
+  def busy(self) -> bool:
+    """Whether a persist is running now."""
+    return self._future is not None and not self._future.done()
+
+  def is_due(self, step: int) -> bool:
+    """Whether to checkpoint after `step`; call once per step, every worker.
+
+    Also measures the step (the time since the previous call, less the
+    checkpoint stall in it) for the adaptive cadence.
+    """
+    now = time.perf_counter()
+    if self._last_mark is not None:
+      self.policy.observe_step(now - self._last_mark - self._stall_in_step_s,
+                               persisting=self.busy)
+    self._last_mark = now
+    self._stall_in_step_s = 0.0
+    self._collect()
+    return self.policy.is_due(step, agree=self._agree)
+
+  def save(self, step: int) -> bool:
+    """Checkpoints `step`; blocks only for the stall. False if skipped."""
+    start = time.perf_counter()
+    try:
+      return self._save(step)
+    finally:
+      stall_s = time.perf_counter() - start
+      self._stall_in_step_s += stall_s
+      if self.is_writer:
+        self.stall_s.append(stall_s)
+        self.policy.observe_stall(stall_s)
+
+  def _save(self, step: int) -> bool:
+    if not self.is_writer:
+      return True
+    if self._save_inline is not None:
+      try:
+        self._save_inline(step)
+      except (OSError, CheckpointError) as e:
+        self._fail(CheckpointError(f"checkpoint of step {step} failed: "
+                                   f"{e}"))
+        return False
+      self.num_saved += 1
+      self.last_saved_step = self.last_persisted_step = step
+      # Nothing runs after the call returns: all its cost is stall.
+      self.policy.observe_persist(0.0)
+      return True
+    if self.busy:
+      if self.if_busy == "skip":
+        self.num_skipped_busy += 1
+        return False
+      wait_start = time.perf_counter()
+      concurrent.futures.wait([self._future])
+      self.num_busy_waits += 1
+      self.busy_wait_s += time.perf_counter() - wait_start
+    self._collect()
+    snapshot = self._take_snapshot(step)
+    self.num_saved += 1
+    self.last_saved_step = step
+    self._future_step = step
+    self._future = self._executor.submit(self._persist, snapshot)
+    return True
+
+  def _persist(self, snapshot: Snapshot) -> float:
+    """Runs on the persist thread; returns how long it took."""
+    start = time.perf_counter()
+    groups = {group: {name: self._to_host(value)
+                      for name, value in values.items()}
+              for group, values in snapshot.groups.items()}
+    checkpoint_files.write_checkpoint(self.directory, snapshot.step, groups,
+                                      snapshot.state)
+    checkpoint_files.prune(self.directory, self.keep)
+    return time.perf_counter() - start
+
+  def _collect(self) -> None:
+    """Books a finished persist on the training thread (the policy's)."""
+    if self._future is None or not self._future.done():
+      return
+    future, self._future = self._future, None
+    error = future.exception()
+    if error is None:
+      persist_s = future.result()
+      self.persist_s.append(persist_s)
+      self.policy.observe_persist(persist_s)
+      self.num_persisted += 1
+      self.last_persisted_step = self._future_step
+      return
+    self._fail(CheckpointError(
+        f"checkpoint of step {self._future_step} failed while persisting: "
+        f"{error}"))
+
+  def _fail(self, error: CheckpointError) -> None:
+    self.num_failed += 1
+    self.errors = (self.errors + [str(error)])[-_ERRORS_KEPT:]
+    if self.on_error == "raise":
+      raise error
+    self._log(f"warning: {error}; training goes on "
+              "(--checkpoint_on_error=warn)")
+
+  def finish(self, last_step: int) -> None:
+    """Saves the final state unless `last_step` was just saved, then closes.
+
+    Runs after the training loop, so its time is not in the ledger; a
+    finished run then always resumes as finished. The busy policy does not
+    apply: the final state is never skipped.
+    """
+    try:
+      if self.last_saved_step != last_step and last_step > 0:
+        self.if_busy, if_busy = "wait", self.if_busy
+        try:
+          self.save(last_step)
+        finally:
+          self.if_busy = if_busy
+    finally:
+      self.close()
+
+  def wait_until_finished(self) -> None:
+    """Blocks until the running persist, if any, is on disk."""
+    if self._future is not None:
+      concurrent.futures.wait([self._future])
+    self._collect()
+
+  def close(self) -> None:
+    """Waits for the last persist and stops the persist thread."""
+    try:
+      self.wait_until_finished()
+    finally:
+      if self._executor is not None:
+        self._executor.shutdown(wait=True)
+
+  def stats(self) -> dict:
+    """What run.json reports about checkpoints."""
+    return {
+        "mode": self.mode,
+        "every_steps": ("auto" if self.policy.is_auto
+                        else self.policy.fixed_every_steps),
+        "final_every_steps": self.policy.every_steps,
+        "max_overhead_frac": self.policy.max_overhead_frac,
+        "keep": self.keep,
+        "on_error": self.on_error,
+        "if_busy": self.if_busy,
+        "writer": self.is_writer,
+        "num_saved": self.num_saved,
+        "num_persisted": self.num_persisted,
+        "num_skipped_busy": self.num_skipped_busy,
+        "num_busy_waits": self.num_busy_waits,
+        "busy_wait_s": self.busy_wait_s,
+        "num_failed": self.num_failed,
+        "errors": list(self.errors),
+        "last_persisted_step": self.last_persisted_step,
+        "stall_s": _summary(self.stall_s),
+        "persist_s": _summary(self.persist_s),
+        "decisions": [d.to_dict() for d in self.policy.decisions],
+        "restore": dict(self.restore_info),
+    }
