@@ -200,8 +200,10 @@ def make_agree(strategy: tf.distribute.Strategy):
     return None
 
   def replica_max(vector):
-    return tf.distribute.get_replica_context().all_reduce(
-        tf.distribute.ReduceOp.MAX, vector)
+    # ReduceOp has no MAX: gather every replica's vector, then take it.
+    gathered = tf.distribute.get_replica_context().all_gather(
+        vector[tf.newaxis], axis=0)
+    return tf.reduce_max(gathered, axis=0)
 
   @tf.function
   def reduce_max(vector):
