@@ -1,8 +1,8 @@
 """ResNets and wide ResNets, as torchvision.models.resnet defines them.
 
 Follows torchvision's `ResNet` (v1.5: in a Bottleneck the stride sits on the
-3x3 convolution, not the first 1x1) layer for layer, so that the PyTorch mirror
-can be torchvision itself:
+3x3 convolution, not the first 1x1) layer for layer, as its PyTorch mirror
+`torch_parity.models.resnet` does:
   stem: conv 7x7/2 pad 3 (no bias), BN, ReLU, max pool 3x3/2 pad 1;
   four stages of 64, 128, 256, 512 planes, strides 1, 2, 2, 2; a block's
   shortcut is conv 1x1/stride (no bias) + BN when its stride is not 1 or its

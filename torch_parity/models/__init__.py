@@ -1,0 +1,89 @@
+"""The PyTorch model zoo: one builder per name of `tfoverlap.core.zoo`.
+
+Each name builds the same architecture as `tfoverlap.models` does, with the
+same trainable parameter count at every image size, so runs of the two
+frameworks can be compared model for model. Models take NCHW float32 input
+and return float32 under `torch.autocast`. Classifiers map
+[B, channels, image_size, image_size] images to logits [B, num_classes] (no
+softmax); "edsr" maps [B, channels, image_size // 2, image_size // 2]
+low-resolution images to [B, channels, image_size, image_size].
+
+Module paths equal the Keras layer names with "." for "_" (the Keras layer
+"layer2_0_downsample_0" is `layer2[0].downsample[0]` here), so weights can be
+matched by name. Weights start from the distributions Keras' defaults use.
+This package imports torch and the framework-neutral `tfoverlap.core`, never
+TensorFlow.
+
+Usage:
+
+  model = build_model("resnet18", image_size=32, num_classes=10)
+  logits = model(images)  # images: [B, 3, 32, 32]
+"""
+
+from torch import nn
+
+from tfoverlap.core import zoo
+from torch_parity.models import edsr
+from torch_parity.models import inception
+from torch_parity.models import mlp
+from torch_parity.models import resnet
+from torch_parity.models import small_cnn
+from torch_parity.models import vgg
+
+_BUILDERS = {
+    "mlp": mlp.build_mlp,
+    "small_cnn": small_cnn.build_small_cnn,
+    "resnet18": resnet.build_resnet18,
+    "resnet50": resnet.build_resnet50,
+    "vgg16": vgg.build_vgg16,
+    "inception_v3": inception.build_inception_v3,
+    "wide_resnet26_2": resnet.build_wide_resnet26_2,
+    "wide_resnet50_2": resnet.build_wide_resnet50_2,
+    "wide_resnet101_2": resnet.build_wide_resnet101_2,
+    "edsr": edsr.build_edsr,
+}
+
+
+def build_model(name: str, *, image_size: int, num_classes: int,
+                channels: int = 3) -> nn.Module:
+  """Builds the zoo model `name`, in training mode, on the CPU.
+
+  Args:
+    name: one of `tfoverlap.core.zoo.MODEL_NAMES`.
+    image_size: the input side in pixels for a classifier; for "edsr" the
+      HIGH-resolution output side (the input side is image_size // 2).
+    num_classes: number of logits; ignored by "edsr".
+    channels: image channels.
+
+  Returns:
+    An `nn.Module` of float32 parameters.
+
+  Raises:
+    ValueError: the same as `tfoverlap.models.build_model` raises, for an
+      unknown name, an image_size below the model's minimum or not a
+      multiple of its upscale factor, or a non-positive num_classes or
+      channels.
+  """
+  zoo.validate_model_args(name, image_size=image_size,
+                          num_classes=num_classes, channels=channels)
+  return _BUILDERS[name](image_size=image_size, num_classes=num_classes,
+                         channels=channels)
+
+
+def num_params(model: nn.Module) -> int:
+  """Counts the trainable parameters, as `tfoverlap.models.num_params` does.
+
+  The Keras side counts `trainable_weights`, which leaves out BatchNorm's
+  moving mean and variance; here those are the `running_mean` and
+  `running_var` buffers (with `num_batches_tracked`), which
+  `parameters()` leaves out too. A parameter with requires_grad=False is
+  left out, as a non-trainable Keras weight is. So both definitions count
+  the same scalars: kernels, biases and BatchNorm scale and shift.
+
+  Args:
+    model: an `nn.Module`.
+
+  Returns:
+    The number of scalars in the parameters that require gradients.
+  """
+  return sum(p.numel() for p in model.parameters() if p.requires_grad)
