@@ -1,0 +1,187 @@
+"""Starting and supervising a job's local processes, framework-neutral.
+
+Both launchers (`tfoverlap.launch`, `torch_parity.launch`) start one process
+per worker or rank on this host and hand them to `run_supervised`, which
+waits for all of them. The first one that fails or is killed ends the job:
+the others are stopped (SIGTERM, then SIGKILL after a grace period) and the
+status is non-zero, with one line naming the process and how it died. A dead
+peer never leaves the job waiting in a collective.
+
+  status = run_supervised(
+      [ProcessSpec(argv=[sys.executable, "-m", "my.trainer"], env=env_0),
+       ProcessSpec(argv=[sys.executable, "-m", "my.trainer"], env=env_1)],
+      program="my.launch", noun="worker")
+"""
+
+import ctypes
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Dict, List
+
+from tfoverlap.core.run_record import default_model_dir
+
+STOP_GRACE_S = 10.0
+POLL_INTERVAL_S = 0.2
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessSpec:
+  """One process of a job: its command line and its whole environment."""
+  argv: List[str]
+  env: Dict[str, str]
+
+
+def free_ports(count: int) -> list:
+  """Ports free on localhost now (held open together so they differ)."""
+  sockets = []
+  try:
+    for _ in range(count):
+      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+      s.bind(("localhost", 0))
+      sockets.append(s)
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()
+
+
+def cpu_share(num_processes: int) -> int:
+  """Cores each of `num_processes` processes gets on this host (at least 1).
+
+  Processes sharing a host oversubscribe its cores with the frameworks'
+  default thread pools, which size themselves to the whole machine.
+  """
+  return max(1, (os.cpu_count() or 1) // num_processes)
+
+
+def die_with_parent():
+  """Children get SIGKILL if the launcher itself is killed (Linux only)."""
+  try:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+  except OSError:
+    pass
+
+
+def describe_exit(code: int) -> str:
+  if code < 0:
+    return f"was killed by {signal.Signals(-code).name}"
+  return f"exited with status {code}"
+
+
+def stop_processes(processes: list, grace_s: float = STOP_GRACE_S) -> None:
+  """SIGTERM the live processes, then SIGKILL what is left after the grace."""
+  live = [p for p in processes if p.poll() is None]
+  for p in live:
+    p.send_signal(signal.SIGTERM)
+  deadline = time.monotonic() + grace_s
+  for p in live:
+    try:
+      p.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      p.kill()
+      p.wait()
+
+
+def _first_cause(failed: dict) -> int:
+  """Of the processes found failed in one poll, the one that caused it.
+
+  A peer of a killed process often fails a moment later with a connection
+  error of its own; when both are seen in the same poll, the one killed by
+  a signal is the cause the user needs to hear about.
+  """
+  killed = sorted(i for i, code in failed.items() if code < 0)
+  return killed[0] if killed else min(failed)
+
+
+def supervise(processes: list, *, program: str, noun: str = "worker") -> int:
+  """Waits for all processes; the first failure stops the rest.
+
+  Args:
+    processes: started `subprocess.Popen`s, in index order.
+    program: the name the failure line starts with.
+    noun: what one process is called in that line ("worker", "rank").
+
+  Returns:
+    0 if every process succeeded, else the failed one's status (1 when it
+    was killed by a signal).
+  """
+  remaining = set(range(len(processes)))
+  while remaining:
+    failed = {}
+    for index in sorted(remaining):
+      code = processes[index].poll()
+      if code is None:
+        continue
+      remaining.discard(index)
+      if code != 0:
+        failed[index] = code
+    if failed:
+      index = _first_cause(failed)
+      code = failed[index]
+      others = [p for p in processes if p.poll() is None]
+      print(f"{program}: {noun} {index} {describe_exit(code)}; "
+            f"stopping the other {len(others)} {noun}(s)",
+            file=sys.stderr, flush=True)
+      stop_processes(processes)
+      return code if code > 0 else 1
+    time.sleep(POLL_INTERVAL_S)
+  return 0
+
+
+def run_supervised(specs: List[ProcessSpec], *, program: str,
+                   noun: str = "worker") -> int:
+  """Starts every process, supervises them, and returns the job's status.
+
+  SIGINT and SIGTERM sent to the launcher stop the processes first, so an
+  interrupted job leaves nothing running behind it.
+  """
+  processes = []
+  previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+  def forward_stop(signum, frame):
+    del frame
+    stop_processes(processes)
+    sys.exit(128 + signum)
+
+  for s in previous:
+    signal.signal(s, forward_stop)
+  try:
+    for spec in specs:
+      processes.append(subprocess.Popen(spec.argv, env=dict(spec.env),
+                                        preexec_fn=die_with_parent))
+    return supervise(processes, program=program, noun=noun)
+  finally:
+    stop_processes(processes)
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+
+
+def has_flag(args: list, name: str) -> bool:
+  """Whether `--name` or `--name=...` is among the command-line `args`."""
+  return any(a == f"--{name}" or a.startswith(f"--{name}=") for a in args)
+
+
+def add_job_defaults(args: list, *, framework: str,
+                     num_processes: int) -> list:
+  """Trainer flags every process of one job must share, unless given.
+
+  One `--model_dir` for the whole job (each process would otherwise stamp
+  its own), and thread pools sized to an equal share of the host's cores.
+  """
+  args = list(args)
+  if not has_flag(args, "model_dir"):
+    model_name = next((a.split("=", 1)[1] for a in args
+                       if a.startswith("--model=")), "small_cnn")
+    args.append(f"--model_dir={default_model_dir(framework, model_name)}")
+  share = str(cpu_share(num_processes))
+  for pool in ("intra_op_threads", "inter_op_threads"):
+    if not has_flag(args, pool):
+      args.append(f"--{pool}={share}")
+  return args
