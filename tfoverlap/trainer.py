@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from tfoverlap import checkpoint, data, distribute, loops, models, steps
 from tfoverlap.core import ledger as ledger_lib
-from tfoverlap.core import run_record, trace, zoo
+from tfoverlap.core import checkpointing, run_record, trace, zoo
 from tfoverlap.core.config import TrainConfig
 from tfoverlap.core.progress import ProgressPrinter
 
@@ -140,7 +140,9 @@ def train(config: TrainConfig) -> dict:
         config.checkpoint, config.run.model_dir, model=model,
         optimizer=optimizer, is_chief=worker_index == 0,
         worker_index=worker_index,
-        describe_state=_state_describer(config, info),
+        describe_state=checkpointing.make_state_describer(
+            config.data, seed=config.run.seed,
+            num_train_examples=info.num_train_examples),
         agree=distribute.make_agree(strategy))
     resume = checkpointer.restore_latest() if checkpointer else None
     restored_step = resume.step if resume else 0
@@ -193,24 +195,6 @@ def train(config: TrainConfig) -> dict:
       worker_index=worker_index, num_workers=num_workers, notes=notes,
       checkpoint_stats=checkpointer.stats() if checkpointer else None,
       wall_s=time.perf_counter() - start)
-
-
-def _state_describer(config: TrainConfig, info):
-  """step -> what a checkpoint stores beside the tensors: where the data is."""
-  examples_per_epoch = info.num_train_examples or None
-
-  def describe(step: int) -> dict:
-    examples = step * config.data.batch_size
-    return {
-        "epoch": examples // examples_per_epoch if examples_per_epoch else 0,
-        "data_position": {"batches_consumed": step,
-                          "examples_consumed": examples,
-                          "global_batch_size": config.data.batch_size,
-                          "dataset": config.data.dataset,
-                          "seed": config.run.seed},
-    }
-
-  return describe
 
 
 def _write_outputs(config: TrainConfig, out_dir: str, ledger, *, strategy,

@@ -24,7 +24,6 @@ are the exception that proves the rule: every worker must take part in a
 scratch directory that `close` removes.
 """
 
-import dataclasses
 import os
 import shutil
 from typing import Callable, Optional
@@ -32,16 +31,9 @@ from typing import Callable, Optional
 from tfoverlap.checkpoint import baseline, snapshot
 from tfoverlap.core import checkpoint_files, checkpointing
 from tfoverlap.core.cadence import Agree
+# Shared with the PyTorch checkpointer, which has the same interface.
+from tfoverlap.core.checkpointing import ResumePoint, checkpoint_dir
 from tfoverlap.core.config import CheckpointConfig
-
-CHECKPOINT_DIR_NAME = "checkpoints"
-
-
-@dataclasses.dataclass(frozen=True)
-class ResumePoint:
-  step: int  # the last step the restored state includes
-  state: dict  # the checkpoint's state.json (async); {"step": ...} otherwise
-  path: str
 
 
 class Checkpointer:
@@ -147,10 +139,6 @@ class Checkpointer:
 
   def stats(self) -> dict:
     return self.engine.stats()
-
-
-def checkpoint_dir(model_dir: str) -> str:
-  return os.path.join(model_dir, CHECKPOINT_DIR_NAME)
 
 
 def build_checkpointer(cfg: CheckpointConfig, model_dir: str,

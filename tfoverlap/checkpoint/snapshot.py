@@ -30,14 +30,13 @@ from typing import Dict, List, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfoverlap.core.checkpoint_files import CheckpointError, LoadedCheckpoint
+# CheckpointMismatchError is framework-neutral (the PyTorch side raises it
+# too); it stays importable from here.
+from tfoverlap.core.checkpoint_files import (CheckpointMismatchError,
+                                             LoadedCheckpoint)
 
 MODEL_GROUP = "model"
 OPTIMIZER_GROUP = "optimizer"
-
-
-class CheckpointMismatchError(CheckpointError):
-  """A checkpoint whose variables do not fit the model being restored."""
 
 
 def _raw(variable):

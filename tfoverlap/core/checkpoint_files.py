@@ -51,6 +51,10 @@ class CorruptCheckpointError(CheckpointError):
   """A checkpoint whose files do not match its manifest."""
 
 
+class CheckpointMismatchError(CheckpointError):
+  """A checkpoint whose variables do not fit the model being restored."""
+
+
 @dataclasses.dataclass(frozen=True)
 class LoadedCheckpoint:
   step: int

@@ -29,15 +29,18 @@ Usage:
 
 import concurrent.futures
 import dataclasses
+import os
 import statistics
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from tfoverlap.core import cadence, checkpoint_files
 from tfoverlap.core.checkpoint_files import CheckpointError
+from tfoverlap.core.config import DataConfig
 
 ON_ERROR_POLICIES = ("raise", "warn")
 IF_BUSY_POLICIES = ("wait", "skip")
+CHECKPOINT_DIR_NAME = "checkpoints"
 _ERRORS_KEPT = 5
 
 
@@ -52,6 +55,59 @@ class Snapshot:
   step: int
   groups: Mapping[str, Mapping[str, Any]]
   state: Mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumePoint:
+  """What a framework's `Checkpointer.restore_latest` restored."""
+  step: int  # the last step the restored state includes
+  state: dict  # the checkpoint's state.json (async); {"step": ...} otherwise
+  path: str
+
+
+def checkpoint_dir(model_dir: str) -> str:
+  """Where a run's checkpoints live, in either framework."""
+  return os.path.join(model_dir, CHECKPOINT_DIR_NAME)
+
+
+def write_snapshot(directory: str, snapshot: Snapshot, *,
+                   to_host: Callable[[Any], Any], keep: int) -> None:
+  """Copies a snapshot to host memory, commits it, prunes to the newest `keep`.
+
+  The persist phase of a two-phase checkpoint; a synchronous checkpoint of
+  the same files calls it on the training thread.
+
+  Raises:
+    OSError: the write failed; nothing of it is left behind.
+  """
+  groups = {group: {name: to_host(value) for name, value in values.items()}
+            for group, values in snapshot.groups.items()}
+  checkpoint_files.write_checkpoint(directory, snapshot.step, groups,
+                                    snapshot.state)
+  checkpoint_files.prune(directory, keep)
+
+
+def make_state_describer(data: DataConfig, *, seed: int,
+                         num_train_examples: int) -> Callable[[int], dict]:
+  """step -> what a checkpoint stores beside the tensors: where the data is.
+
+  One global batch per step, so the steps done are the batches consumed; a
+  resumed input pipeline skips that many.
+  """
+  examples_per_epoch = num_train_examples or None
+
+  def describe(step: int) -> dict:
+    examples = step * data.batch_size
+    return {
+        "epoch": examples // examples_per_epoch if examples_per_epoch else 0,
+        "data_position": {"batches_consumed": step,
+                          "examples_consumed": examples,
+                          "global_batch_size": data.batch_size,
+                          "dataset": data.dataset,
+                          "seed": seed},
+    }
+
+  return describe
 
 
 def _summary(samples: List[float]) -> Dict[str, float]:
@@ -225,12 +281,8 @@ class CheckpointEngine:
   def _persist(self, snapshot: Snapshot) -> float:
     """Runs on the persist thread; returns how long it took."""
     start = time.perf_counter()
-    groups = {group: {name: self._to_host(value)
-                      for name, value in values.items()}
-              for group, values in snapshot.groups.items()}
-    checkpoint_files.write_checkpoint(self.directory, snapshot.step, groups,
-                                      snapshot.state)
-    checkpoint_files.prune(self.directory, self.keep)
+    write_snapshot(self.directory, snapshot, to_host=self._to_host,
+                   keep=self.keep)
     return time.perf_counter() - start
 
   def _collect(self) -> None:
