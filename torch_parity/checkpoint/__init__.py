@@ -1,0 +1,29 @@
+"""Checkpoints for PyTorch training: two-phase async, and its sync baseline.
+
+Modules, one job each:
+  checkpointer  Checkpointer: the one interface the training loop calls
+  snapshot      the copy of model, optimizer and RNG state, and its restore
+
+The files are the TensorFlow side's (safetensors groups, state.json, a
+checksummed manifest, atomic commits, the newest K kept), and so is
+everything framework-neutral: cadence, background persist, failure and busy
+policies, in tfoverlap/core (cadence.py, checkpointing.py,
+checkpoint_files.py, tensor_file.py).
+"""
+
+from tfoverlap.core.checkpoint_files import (CheckpointError,
+                                             CheckpointMismatchError,
+                                             CorruptCheckpointError)
+from tfoverlap.core.checkpointing import ResumePoint, checkpoint_dir
+from torch_parity.checkpoint.checkpointer import (Checkpointer,
+                                                  build_checkpointer)
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointMismatchError",
+    "Checkpointer",
+    "CorruptCheckpointError",
+    "ResumePoint",
+    "build_checkpointer",
+    "checkpoint_dir",
+]
