@@ -3,6 +3,7 @@
 Modules, one job each:
   checkpointer  Checkpointer: the one interface the training loop calls
   snapshot      the copy of model, optimizer and RNG state, and its restore
+  state_layout  tensors as arrays; an optimizer state_dict as names + JSON
 
 The files are the TensorFlow side's (safetensors groups, state.json, a
 checksummed manifest, atomic commits, the newest K kept), and so is

@@ -25,7 +25,8 @@ for them (an event) before it reads. On the CPU the copy is a clone.
 
 Restoring checks everything first, then assigns: a checkpoint that does not
 fit raises `CheckpointMismatchError` naming the first tensor that differs,
-with nothing changed.
+with nothing changed. How tensors become arrays and an optimizer state_dict
+becomes names and a skeleton is `state_layout`.
 """
 
 import dataclasses
@@ -38,6 +39,9 @@ from torch import nn
 from tfoverlap.core.checkpoint_files import (CheckpointError,
                                              CheckpointMismatchError,
                                              LoadedCheckpoint)
+from torch_parity.checkpoint import state_layout
+from torch_parity.checkpoint.state_layout import (from_array, numpy_dtype,
+                                                  unwrap_model)
 
 MODEL_GROUP = "model"
 OPTIMIZER_GROUP = "optimizer"
@@ -45,127 +49,6 @@ RNG_GROUP = "rng"
 OPTIMIZER_STATE_KEY = "optimizer"  # where state.json keeps the skeleton
 CPU_RNG = "cpu"
 CUDA_RNG = "cuda"
-
-# torch dtypes the checkpoint format stores, with their NumPy dtype.
-# bfloat16 has none in NumPy itself; it goes through ml_dtypes.
-_NUMPY_DTYPES = {
-    torch.float64: np.float64, torch.float32: np.float32,
-    torch.float16: np.float16, torch.int64: np.int64, torch.int32: np.int32,
-    torch.int16: np.int16, torch.int8: np.int8, torch.uint8: np.uint8,
-    torch.bool: np.bool_,
-}
-# The skeleton's markers for what JSON has no form of.
-_TENSOR = "__tensor__"
-_TUPLE = "__tuple__"
-_INT_KEYS = "__int_keys__"
-
-
-def _bfloat16():
-  try:
-    import ml_dtypes  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return None
-  return np.dtype(ml_dtypes.bfloat16)
-
-
-def numpy_dtype(dtype: torch.dtype, name: str = "") -> np.dtype:
-  """The NumPy dtype a torch dtype is stored as.
-
-  Raises:
-    CheckpointError: the format has no such dtype (naming the tensor).
-  """
-  if dtype == torch.bfloat16:
-    bfloat16 = _bfloat16()
-    if bfloat16 is None:
-      raise CheckpointError(f"tensor {name!r} is bfloat16, which needs the "
-                            "ml_dtypes package (pip install ml_dtypes)")
-    return bfloat16
-  if dtype not in _NUMPY_DTYPES:
-    raise CheckpointError(f"tensor {name!r} has dtype {dtype}, which "
-                          "checkpoints cannot store; allowed: "
-                          "float64/32/16, bfloat16, int64/32/16/8, uint8, "
-                          "bool")
-  return np.dtype(_NUMPY_DTYPES[dtype])
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-  """The module inside DDP and torch.compile wrappers (their state_dict
-  names carry a "module." or "_orig_mod." prefix)."""
-  while True:
-    if isinstance(model, nn.parallel.DistributedDataParallel):
-      model = model.module
-    elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod,  # pylint: disable=protected-access
-                                                    nn.Module):
-      model = model._orig_mod  # pylint: disable=protected-access
-    else:
-      return model
-
-
-def _parameter_names(model: nn.Module, optimizer) -> Dict[int, str]:
-  """optimizer.state_dict()'s parameter index -> the model's name for it.
-
-  The state_dict numbers parameters in the order of its param_groups; a
-  parameter that is not the model's keeps its number as name.
-  """
-  by_id = {id(p): name for name, p in model.named_parameters()}
-  names, index = {}, 0
-  for group in optimizer.param_groups:
-    for parameter in group["params"]:
-      names[index] = by_id.get(id(parameter), f"param{index}")
-      index += 1
-  return names
-
-
-def encode_state_dict(value, path: Tuple, tensors: Dict[str, torch.Tensor],
-                      parameter_names: Dict[int, str]):
-  """A JSON-able skeleton of an optimizer state_dict; tensors go aside.
-
-  Each tensor is put in `tensors` under a name and replaced by a reference
-  to it; tuples and integer-keyed dicts are marked, so decoding gives back
-  exactly the types that were saved.
-  """
-  if isinstance(value, torch.Tensor):
-    parts = list(path)
-    if len(parts) >= 2 and parts[0] == "state":
-      parts = [parameter_names.get(parts[1], f"param{parts[1]}")] + parts[2:]
-    name = ".".join(str(p) for p in parts)
-    tensors[name] = value
-    return {_TENSOR: name}
-  if isinstance(value, dict):
-    encoded = {str(k): encode_state_dict(v, path + (k,), tensors,
-                                         parameter_names)
-               for k, v in value.items()}
-    if value and all(isinstance(k, int) for k in value):
-      return {_INT_KEYS: encoded}
-    return encoded
-  if isinstance(value, tuple):
-    return {_TUPLE: [encode_state_dict(v, path + (i,), tensors,
-                                       parameter_names)
-                     for i, v in enumerate(value)]}
-  if isinstance(value, list):
-    return [encode_state_dict(v, path + (i,), tensors, parameter_names)
-            for i, v in enumerate(value)]
-  return value
-
-
-def decode_state_dict(skeleton, tensors: Dict[str, torch.Tensor]):
-  """The inverse of `encode_state_dict`.
-
-  Raises:
-    KeyError: the skeleton names a tensor `tensors` lacks.
-  """
-  if isinstance(skeleton, dict):
-    if set(skeleton) == {_TENSOR}:
-      return tensors[skeleton[_TENSOR]]
-    if set(skeleton) == {_TUPLE}:
-      return tuple(decode_state_dict(v, tensors) for v in skeleton[_TUPLE])
-    if set(skeleton) == {_INT_KEYS}:
-      return {int(k): decode_state_dict(v, tensors)
-              for k, v in skeleton[_INT_KEYS].items()}
-    return {k: decode_state_dict(v, tensors) for k, v in skeleton.items()}
-  if isinstance(skeleton, list):
-    return [decode_state_dict(v, tensors) for v in skeleton]
-  return skeleton
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,17 +66,7 @@ def to_host(value: HostCopy) -> np.ndarray:
   """
   if value.ready is not None:
     value.ready.synchronize()
-  tensor = value.tensor
-  if tensor.dtype == torch.bfloat16:
-    return tensor.view(torch.int16).numpy().view(numpy_dtype(tensor.dtype))
-  return tensor.numpy()
-
-
-def from_array(array: np.ndarray) -> torch.Tensor:
-  """A torch tensor (its own memory) holding a loaded array."""
-  if array.dtype == _bfloat16():
-    return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
-  return torch.from_numpy(np.array(array))
+  return state_layout.tensor_to_array(value.tensor)
 
 
 class _HostCopier:
@@ -282,9 +155,9 @@ class SnapshotTaker:
 
   def _optimizer_tensors(self):
     tensors = {}
-    skeleton = encode_state_dict(
+    skeleton = state_layout.encode_state_dict(
         self._optimizer.state_dict(), (), tensors,
-        _parameter_names(self._model, self._optimizer))
+        state_layout.parameter_names(self._model, self._optimizer))
     return tensors, skeleton
 
   def __call__(self) -> Tuple[Dict[str, Dict[str, HostCopy]], dict]:
@@ -357,25 +230,27 @@ def _rebuild_optimizer_state(loaded: LoadedCheckpoint, model: nn.Module,
   arrays = loaded.groups.get(OPTIMIZER_GROUP, {})
   tensors = {name: from_array(array) for name, array in arrays.items()}
   try:
-    state_dict = decode_state_dict(saved["state_dict"], tensors)
+    saved_state = state_layout.decode_state_dict(saved["state_dict"],
+                                                 tensors)
   except KeyError as e:
     raise CheckpointError(f"{loaded.path}: the optimizer state names "
-                          f"tensor {e} that optimizer.safetensors lacks")
-  groups = state_dict["param_groups"]
+                          f"tensor {e} that optimizer.safetensors lacks"
+                          ) from e
+  groups = saved_state["param_groups"]
   current = optimizer.param_groups
   if len(groups) != len(current):
     raise CheckpointMismatchError(
         f"{loaded.path} does not fit: the checkpoint has {len(groups)} "
         f"optimizer param groups, the optimizer {len(current)}")
   parameters = [p for group in current for p in group["params"]]
-  names = _parameter_names(model, optimizer)
+  names = state_layout.parameter_names(model, optimizer)
   for index, (group, now) in enumerate(zip(groups, current)):
     if len(group["params"]) != len(now["params"]):
       raise CheckpointMismatchError(
           f"{loaded.path} does not fit: optimizer param group {index} has "
           f"{len(group['params'])} parameters in the checkpoint, "
           f"{len(now['params'])} in the optimizer")
-  for index, slots in state_dict["state"].items():
+  for index, slots in saved_state["state"].items():
     parameter = parameters[index] if index < len(parameters) else None
     for slot, value in slots.items():
       if not isinstance(value, torch.Tensor) or value.dim() == 0:
@@ -389,7 +264,7 @@ def _rebuild_optimizer_state(loaded: LoadedCheckpoint, model: nn.Module,
             f"{loaded.path} does not fit: the optimizer's parameter "
             f"{index} is {model_side}, the checkpoint's state for it is "
             f"{_describe(name, value.shape, numpy_dtype(value.dtype))}")
-  return state_dict
+  return saved_state
 
 
 def restore(loaded: LoadedCheckpoint, *, model: nn.Module,
