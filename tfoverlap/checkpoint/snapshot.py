@@ -66,8 +66,9 @@ class SnapshotTaker:
     self._copy = tf.function(lambda: [tf.identity(v) for v in flat],
                              autograph=False)
     self.on_device = bool(tf.config.list_logical_devices("GPU"))
-    # Traced now, so the first checkpoint's stall is a copy, not a trace.
-    self._copy.get_concrete_function()
+    # Run once now: the first call traces and optimizes the graph, which
+    # would otherwise land in the first checkpoint's stall.
+    self._copy_somewhere()
 
   def __call__(self) -> Dict[str, Dict[str, tf.Tensor]]:
     tensors = self._copy_somewhere()

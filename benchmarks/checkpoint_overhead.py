@@ -1,0 +1,170 @@
+"""What checkpoints cost training: sync, tf_async and async, at each cadence.
+
+  python -m benchmarks.checkpoint_overhead            # full run
+  python -m benchmarks.checkpoint_overhead --quick    # smoke run
+  python -m benchmarks.checkpoint_overhead --model=resnet50 --image_size=64
+
+Setup: ResNet-18 on 32x32 synthetic images resident on the device (no input
+pipeline, so nothing but checkpoints changes between cells), batch 32,
+momentum SGD (one slot per weight), default strategy, custom loop.
+
+Cells, interleaved inside every repeat: no checkpoints (the baseline), then
+each of --checkpoint=sync, tf_async, async at --checkpoint_every 1, 10, 100
+and auto (bound --checkpoint_max_overhead=0.03).
+
+Per cell, medians over repeats:
+  overhead      mean step time (stall included, and the slowdown of steps
+                that overlap a background write) over the baseline's in the
+                same repeat, minus one: what checkpointing cost in all.
+  stall/ckpt    the median time one checkpoint blocked the training loop.
+  stall ratio   a cell's stall/ckpt over sync's at the same cadence.
+
+Targets (issue: async checkpointing): async at auto stays under its bound
+(3%) and aims at <= 1%; its stall per checkpoint is <= 10% of sync's and
+below tf_async's.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+
+from benchmarks import common
+
+NAME = "checkpoint_overhead"
+DEFAULT_REPEATS = 2
+MODES = ("sync", "tf_async", "async")
+CADENCES = ("1", "10", "100", "auto")
+MAX_OVERHEAD_FRAC = 0.03
+
+
+def parse_args():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  common.add_common_args(parser, repeats=DEFAULT_REPEATS)
+  parser.add_argument("--model", default="resnet18")
+  parser.add_argument("--image_size", type=int, default=32)
+  parser.add_argument("--batch_size", type=int, default=32)
+  parser.add_argument("--train_steps", type=int, default=None,
+                      help="Steps per run (default 150, 30 with --quick).")
+  return parser.parse_args()
+
+
+def cells() -> list:
+  return [("none", None)] + [(mode, every) for mode in MODES
+                             for every in CADENCES]
+
+
+def trainer_flags(args, mode: str, every, steps: int) -> list:
+  flags = [f"--model={args.model}", "--dataset=synthetic",
+           f"--image_size={args.image_size}", "--synthetic_on_device",
+           f"--batch_size={args.batch_size}", "--strategy=default",
+           "--optimizer=momentum", f"--train_steps={steps}",
+           f"--checkpoint={mode}"]
+  if every is not None:
+    flags += [f"--checkpoint_every={every}", "--checkpoint_keep=2",
+              f"--checkpoint_max_overhead={MAX_OVERHEAD_FRAC}"]
+  return flags
+
+
+def run_cell(args, mode, every, steps, scratch) -> dict:
+  model_dir = tempfile.mkdtemp(dir=scratch)
+  args_list = trainer_flags(args, mode, every, steps)
+  process = common.run_process(["-m", "tfoverlap.train",
+                                *common.QUIET_TRAINER_FLAGS, *args_list,
+                                f"--model_dir={model_dir}"])
+  with open(os.path.join(model_dir, "run.json"), encoding="utf-8") as f:
+    record = json.load(f)
+  summary = common.summarize_record(record)
+  summary.update(common.process_stats(process))
+  stats = record.get("checkpoint") or {}
+  summary["checkpoint"] = {
+      key: stats.get(key) for key in (
+          "num_saved", "num_persisted", "num_skipped_busy", "num_busy_waits",
+          "busy_wait_s", "final_every_steps", "stall_s", "persist_s",
+          "decisions")}
+  shutil.rmtree(model_dir, ignore_errors=True)  # checkpoints are big
+  return summary
+
+
+def summarize(runs: list) -> list:
+  """Per cell: medians over repeats of ratios taken inside each repeat."""
+  baseline = {r["repeat"]: r["result"]["step"]["mean_ms"]
+              for r in runs if r["mode"] == "none"}
+  sync_stall = {}
+  rows = []
+  for mode, every in cells():
+    results = [r for r in runs if r["mode"] == mode and r["every"] == every]
+    if not results:
+      continue
+    overheads = [r["result"]["step"]["mean_ms"] / baseline[r["repeat"]] - 1
+                 for r in results]
+    stalls = [((r["result"]["checkpoint"]["stall_s"] or {}).get("p50")
+               or 0.0) * 1e3 for r in results]
+    row = {
+        "mode": mode, "every": every or "-",
+        "step_mean_ms": common.median([r["result"]["step"]["mean_ms"]
+                                       for r in results]),
+        "overhead_frac": common.median(overheads),
+        "overhead_frac_by_repeat": overheads,
+        "stall_p50_ms": common.median(stalls),
+        "checkpoints": common.median([
+            r["result"]["checkpoint"]["num_saved"] or 0 for r in results]),
+        "skipped_or_waited": common.median([
+            (r["result"]["checkpoint"]["num_skipped_busy"] or 0)
+            + (r["result"]["checkpoint"]["num_busy_waits"] or 0)
+            for r in results]),
+        "persist_p50_ms": common.median([
+            ((r["result"]["checkpoint"]["persist_s"] or {}).get("p50")
+             or 0.0) * 1e3 for r in results]),
+        "final_every_steps": results[-1]["result"]["checkpoint"][
+            "final_every_steps"],
+        "decisions": results[-1]["result"]["checkpoint"]["decisions"],
+    }
+    if mode == "sync":
+      sync_stall[every] = row["stall_p50_ms"]
+    rows.append(row)
+  for row in rows:
+    if row["mode"] != "none" and sync_stall.get(row["every"]):
+      row["stall_over_sync"] = row["stall_p50_ms"] / sync_stall[row["every"]]
+  return rows
+
+
+def format_rows(rows: list) -> str:
+  headers = ["mode", "every", "step ms", "overhead", "stall/ckpt ms",
+             "stall/sync", "ckpts", "busy", "persist ms", "auto chose"]
+  table = [[r["mode"], r["every"], r["step_mean_ms"],
+            f"{100 * r['overhead_frac']:+.2f}%", r["stall_p50_ms"],
+            r.get("stall_over_sync", float("nan")), r["checkpoints"],
+            r["skipped_or_waited"], r["persist_p50_ms"],
+            r["final_every_steps"] or "-"] for r in rows]
+  return common.format_table(headers, table)
+
+
+def main():
+  args = parse_args()
+  repeats = common.resolve_repeats(args, DEFAULT_REPEATS)
+  steps = args.train_steps or (30 if args.quick else 150)
+  machine = common.describe_machine()
+  runs = []
+  with tempfile.TemporaryDirectory(prefix="ckpt-bench-") as scratch:
+    for repeat in range(repeats):
+      for mode, every in cells():
+        result = run_cell(args, mode, every, steps, scratch)
+        runs.append({"repeat": repeat, "mode": mode, "every": every,
+                     "result": result})
+        common.log(f"repeat {repeat + 1}/{repeats} {mode} every={every}: "
+                   f"step {result['step']['mean_ms']:.1f} ms")
+  rows = summarize(runs)
+  payload = {"benchmark": NAME, "command": common.command_line(),
+             "machine": machine, "steps_per_run": steps, "repeats": repeats,
+             "model": args.model, "image_size": args.image_size,
+             "batch_size": args.batch_size, "cells": rows, "runs": runs}
+  path = common.result_path(NAME, args)
+  common.write_results(path, payload)
+  print(format_rows(rows))
+  print(f"results: {os.path.relpath(path, common.REPO_ROOT)}")
+
+
+if __name__ == "__main__":
+  main()
