@@ -37,3 +37,11 @@ def format_breakdown(summary: dict, *, title: str = "Per-step breakdown",
                  f"{stats['p50'] * 1e3:>10.3f}{stats['p95'] * 1e3:>10.3f}"
                  f"{stats['fraction'] * 100:>7.1f}%")
   return "\n".join(lines)
+
+
+def format_final(record: dict) -> str:
+  """The last lines of a run: model, final metrics, where run.json is."""
+  final = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in record["final"].items())
+  return (f"{record['model']['name']} ({record['model']['num_params']:,} "
+          f"params): {final}\nrun record: {record['outputs']['run_record']}")

@@ -1,0 +1,376 @@
+"""PyTorch data parallelism by strategy name, and the host set-up it needs.
+
+The flag names mean what they mean on the TensorFlow side, mapped onto what
+PyTorch offers:
+
+  default       one process, one device (the first GPU, else the CPU); no
+                all-reduce
+  one_device    the same single device, named explicitly; no all-reduce
+  mirrored      DistributedDataParallel over --num_devices local processes,
+                one per GPU (or, without GPUs, one per equal share of the
+                CPU cores). PyTorch has no single-process multi-device data
+                parallelism any more (DataParallel is deprecated in favour
+                of DDP), so `python -m torch_parity.train` starts the
+                processes itself, the way one TensorFlow process drives all
+                its MirroredStrategy replicas.
+  multi_worker  DistributedDataParallel over the torchrun world
+                (--num_workers processes: torch_parity.launch or torchrun)
+  horovod       Horovod's DistributedOptimizer over the horovodrun world
+                (--num_workers processes)
+
+All-reduce knobs, for the strategies that have an all-reduce:
+
+  --all_reduce=auto   the backend PyTorch picks: NCCL on GPUs, else gloo
+                      (Horovod: its own choice, gloo on the CPU)
+  --all_reduce=ring   gloo, whose allreduce is a ring (on GPU tensors too,
+                      staged through the host), as TensorFlow's RING is its
+                      non-NCCL ring
+  --all_reduce=nccl   NCCL; needs GPUs
+  --all_reduce_pack_mb  DDP's bucket_cap_mb, or Horovod's fusion threshold
+                      (HOROVOD_FUSION_THRESHOLD); 0 = the framework's
+                      default (DDP 25 MB, Horovod 128 MB)
+"""
+
+import datetime
+import os
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tfoverlap.core.config import ConfigError, DistributeConfig, RunConfig
+
+DDP_STRATEGIES = ("mirrored", "multi_worker")
+# A collective that waits this long for a peer fails instead of hanging the
+# job; a launcher notices a dead rank much sooner, this bounds the rest.
+COLLECTIVE_TIMEOUT_S = 180
+HOROVOD_REFUSAL_NCCL = ("this Horovod was built without NCCL "
+                        "(tools/install_horovod.sh builds gloo); allowed with "
+                        "horovod: auto or ring")
+_MB = 1024 * 1024
+
+
+def configure_host(run: RunConfig) -> None:
+  """Thread pools; call before any parallel torch work (inter-op is fixed
+  once the first inter-op task runs)."""
+  if run.intra_op_threads:
+    torch.set_num_threads(run.intra_op_threads)
+  if run.inter_op_threads:
+    torch.set_num_interop_threads(run.inter_op_threads)
+
+
+def is_launched() -> bool:
+  """True inside a process that torchrun, torch_parity.launch or
+  horovodrun started as one rank of a world."""
+  return "RANK" in os.environ or "HOROVOD_RANK" in os.environ
+
+
+def _env_int(name: str, default: int) -> int:
+  """An integer the launcher put in the environment (torchrun's names)."""
+  raw = os.environ.get(name, str(default))
+  try:
+    return int(raw)
+  except ValueError:
+    raise ConfigError("strategy", raw,
+                      f"the launcher's {name} must be an integer") from None
+
+
+def check_strategy(cfg: DistributeConfig, *, num_gpus: int) -> None:
+  """Refuses what the strategy cannot honour in PyTorch on this host.
+
+  Raises:
+    ConfigError: naming the flag, the value and what is allowed.
+  """
+  if cfg.strategy in ("default", "one_device"):
+    if cfg.all_reduce != "auto":
+      raise ConfigError("all_reduce", cfg.all_reduce,
+                        f"--strategy={cfg.strategy} has no all-reduce; "
+                        "allowed: auto")
+    if cfg.all_reduce_pack_mb:
+      raise ConfigError("all_reduce_pack_mb", cfg.all_reduce_pack_mb,
+                        f"--strategy={cfg.strategy} has no all-reduce; "
+                        "allowed: 0")
+  if cfg.all_reduce == "nccl" and not num_gpus:
+    raise ConfigError("all_reduce", "nccl",
+                      "NCCL needs GPUs and this host has none; allowed: "
+                      "auto or ring")
+  if cfg.strategy == "mirrored" and num_gpus and cfg.num_devices > num_gpus:
+    raise ConfigError("num_devices", cfg.num_devices,
+                      f"this host has {num_gpus} GPU(s)")
+
+
+def horovod_env(cfg: DistributeConfig) -> dict:
+  """Environment Horovod reads at hvd.init(): tensor fusion and timeouts.
+
+  The launcher hands it to horovodrun and the trainer applies it before
+  hvd.init(), so a run under a plain horovodrun gets the same settings.
+  """
+  env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(COLLECTIVE_TIMEOUT_S)}
+  if cfg.all_reduce_pack_mb:
+    env["HOROVOD_FUSION_THRESHOLD"] = str(int(cfg.all_reduce_pack_mb * _MB))
+  if cfg.all_reduce == "ring":
+    # Horovod's CPU collectives through gloo are ring all-reduces.
+    env["HOROVOD_CPU_OPERATIONS"] = "gloo"
+  return env
+
+
+def _check_world(cfg: DistributeConfig, world_size: int,
+                 local_world_size: int) -> None:
+  """The process world must be the one the flags describe."""
+  if cfg.strategy in ("default", "one_device") and world_size != 1:
+    raise ConfigError("strategy", cfg.strategy,
+                      f"runs one process, but this one is part of a world "
+                      f"of {world_size}; allowed with more processes: "
+                      "mirrored, multi_worker or horovod")
+  if cfg.strategy == "mirrored":
+    if world_size != cfg.num_devices:
+      raise ConfigError("num_devices", cfg.num_devices,
+                        f"the launched world has {world_size} process(es)")
+    if local_world_size != world_size:
+      raise ConfigError("strategy", "mirrored",
+                        "replicates over the devices of one host; allowed "
+                        "across hosts: multi_worker")
+  if cfg.strategy in ("multi_worker", "horovod") and (world_size !=
+                                                       cfg.num_workers):
+    raise ConfigError("num_workers", cfg.num_workers,
+                      f"the launched world has {world_size} process(es)")
+
+
+def _device_for(local_rank: int) -> torch.device:
+  """The first GPU for rank 0 of a host, the next for rank 1, ...; else CPU."""
+  if torch.cuda.is_available():
+    if local_rank >= torch.cuda.device_count():
+      raise ConfigError("num_workers", os.environ.get("WORLD_SIZE", ""),
+                        f"local rank {local_rank} has no GPU of its own; "
+                        f"allowed: at most {torch.cuda.device_count()} "
+                        "processes per host, one per GPU")
+    return torch.device("cuda", local_rank)
+  return torch.device("cpu")
+
+
+def _ddp_backend(cfg: DistributeConfig, device: torch.device) -> str:
+  if cfg.all_reduce == "ring":
+    return "gloo"
+  if cfg.all_reduce == "nccl" or device.type == "cuda":
+    return "nccl"
+  return "gloo"
+
+
+class Strategy:
+  """One process's part in a strategy: its device, its world, its wrappers.
+
+  Usage:
+    strategy = build_strategy(cfg)
+    model = strategy.wrap_model(model.to(strategy.device))
+    optimizer = strategy.wrap_optimizer(optimizer, model)
+    ...
+    loss = strategy.mean_over_replicas(loss)
+    strategy.close()
+
+  Attributes:
+    device: where this process computes.
+    rank, world_size, local_rank: this process in the world of processes.
+    worker_index, num_workers: the worker this process reports as, in the
+      TensorFlow sense: a mirrored replica is part of worker 0, a
+      multi_worker or horovod rank is a worker of its own.
+    writes_outputs: whether this process writes run.json and the trace.
+  """
+
+  def __init__(self, cfg: DistributeConfig, *, kind: str, device, rank=0,
+               world_size=1, local_rank=0, backend: Optional[str] = None):
+    self.cfg = cfg
+    self.kind = kind  # "single", "ddp" or "horovod"
+    self.device = device
+    self.rank = rank
+    self.world_size = world_size
+    self.local_rank = local_rank
+    self.backend = backend
+    mirrored = cfg.strategy == "mirrored"
+    self.worker_index = 0 if mirrored else rank
+    self.num_workers = 1 if mirrored else world_size
+    self.writes_outputs = rank == 0 or not mirrored
+
+  @property
+  def is_distributed(self) -> bool:
+    return self.kind != "single"
+
+  def wrap_model(self, model: nn.Module) -> nn.Module:
+    """DDP for mirrored and multi_worker: it all-reduces gradient buckets
+    while backward still runs; the others train the module itself."""
+    if self.kind != "ddp":
+      return model
+    bucket_cap_mb = self.cfg.all_reduce_pack_mb or None  # None: DDP's 25 MB
+    return nn.parallel.DistributedDataParallel(
+        model,
+        device_ids=[self.device.index] if self.device.type == "cuda" else None,
+        bucket_cap_mb=bucket_cap_mb,
+        # Each replica keeps its own BatchNorm statistics and
+        # average_buffers() reads their mean, as TensorFlow's on-read MEAN
+        # variables do (and Horovod, which broadcasts no buffers); DDP's
+        # default would overwrite them with rank 0's before every forward.
+        broadcast_buffers=False)
+
+  def wrap_optimizer(self, optimizer, model: nn.Module):
+    """Horovod's DistributedOptimizer (all-reduce from backward hooks),
+    after every rank starts from rank 0's weights and optimizer state."""
+    if self.kind != "horovod":
+      return optimizer
+    import horovod.torch as hvd  # pylint: disable=g-import-not-at-top
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    if optimizer.state_dict()["state"]:
+      # Only restored state needs sharing: Horovod would fill an empty
+      # state with a zero-gradient step, which counts as Adam's first.
+      hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    return hvd.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters())
+
+  def sum_over_replicas(self, tensor: torch.Tensor) -> torch.Tensor:
+    """The sum of `tensor` over every process (itself when single)."""
+    if self.kind == "ddp":
+      tensor = tensor.clone()
+      dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+      return tensor
+    if self.kind == "horovod":
+      import horovod.torch as hvd  # pylint: disable=g-import-not-at-top
+      return hvd.allreduce(tensor, op=hvd.Sum)
+    return tensor
+
+  def mean_over_replicas(self, tensor: torch.Tensor) -> torch.Tensor:
+    if not self.is_distributed:
+      return tensor
+    return self.sum_over_replicas(tensor) / self.world_size
+
+  def average_buffers(self, model: nn.Module) -> None:
+    """Makes every rank's floating-point buffers (BatchNorm's running
+    statistics) their mean over ranks.
+
+    Each rank updates them from its own shard; TensorFlow keeps them as
+    on-read MEAN variables, so both frameworks end with the same meaning,
+    and every rank with the same weights.
+    """
+    if not self.is_distributed:
+      return
+    with torch.no_grad():
+      for buffer in model.buffers():
+        if buffer.is_floating_point():
+          buffer.copy_(self.mean_over_replicas(buffer))
+
+  def describe(self) -> dict:
+    """What run.json records about the strategy (TensorFlow's keys)."""
+    class_name = {"single": "none", "ddp": "DistributedDataParallel",
+                  "horovod": "horovod.torch.DistributedOptimizer"}[self.kind]
+    local_replicas = self.world_size if self.cfg.strategy == "mirrored" else 1
+    return {
+        "name": self.cfg.strategy,
+        "class": class_name,
+        "num_replicas": self.world_size,
+        "devices": [str(self.device)] * local_replicas,
+        "all_reduce": self.cfg.all_reduce,
+        "all_reduce_pack_mb": self.cfg.all_reduce_pack_mb,
+    }
+
+  def describe_backend(self) -> str:
+    """One line for run.json's notes: what carries the all-reduce."""
+    if self.kind == "ddp":
+      bucket = self.cfg.all_reduce_pack_mb or 25
+      return (f"DistributedDataParallel over {self.backend}, bucket_cap_mb "
+              f"{bucket:g}")
+    if self.kind == "horovod":
+      import horovod.torch as hvd  # pylint: disable=g-import-not-at-top
+      fusion_mb = (self.cfg.all_reduce_pack_mb or 128)
+      return (f"Horovod over {'gloo' if hvd.gloo_enabled() else 'MPI'}, "
+              f"fusion threshold {fusion_mb:g} MB")
+    return f"one process on {self.device}"
+
+  def close(self) -> None:
+    if self.kind == "ddp" and dist.is_initialized():
+      dist.destroy_process_group()
+    if self.kind == "horovod":
+      import horovod.torch as hvd  # pylint: disable=g-import-not-at-top
+      hvd.shutdown()
+
+
+def _build_ddp(cfg: DistributeConfig) -> Strategy:
+  if is_launched():
+    rank = _env_int("RANK", 0)
+    world_size = _env_int("WORLD_SIZE", 1)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
+  elif (cfg.strategy == "mirrored" and cfg.num_devices == 1) or (
+      cfg.strategy == "multi_worker" and cfg.num_workers == 1):
+    rank, world_size, local_rank, local_world_size = 0, 1, 0, 1
+  elif cfg.strategy == "mirrored":
+    raise ConfigError("strategy", "mirrored",
+                      f"--num_devices={cfg.num_devices} needs one process "
+                      "per device; python -m torch_parity.train starts them")
+  else:
+    raise ConfigError(
+        "strategy", "multi_worker",
+        f"--num_workers={cfg.num_workers} needs a torchrun world; start the "
+        f"workers with python -m torch_parity.launch --num_workers="
+        f"{cfg.num_workers} -- <trainer flags> (or torchrun)")
+  _check_world(cfg, world_size, local_world_size)
+  device = _device_for(local_rank)
+  backend = _ddp_backend(cfg, device)
+  if device.type == "cuda":
+    torch.cuda.set_device(device)
+  timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+  if is_launched():
+    dist.init_process_group(backend, init_method="env://", rank=rank,
+                            world_size=world_size, timeout=timeout)
+  else:
+    # A world of one needs no rendezvous: an in-process store will do.
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0,
+                            world_size=1, timeout=timeout)
+  return Strategy(cfg, kind="ddp", device=device, rank=rank,
+                  world_size=world_size, local_rank=local_rank,
+                  backend=backend)
+
+
+def _build_horovod(cfg: DistributeConfig) -> Strategy:
+  try:
+    import horovod.torch as hvd  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ConfigError("strategy", "horovod",
+                      f"Horovod's PyTorch extension is not installed ({e}); "
+                      "install it with tools/install_horovod.sh") from None
+  if cfg.num_workers > 1 and "HOROVOD_RANK" not in os.environ:
+    raise ConfigError(
+        "strategy", "horovod",
+        f"--num_workers={cfg.num_workers} needs a horovodrun world; start "
+        f"it with python -m torch_parity.launch --num_workers="
+        f"{cfg.num_workers} -- --strategy=horovod <trainer flags>")
+  os.environ.update(horovod_env(cfg))
+  hvd.init()
+  _check_world(cfg, hvd.size(), hvd.local_size())
+  if cfg.all_reduce == "nccl" and not hvd.nccl_built():
+    raise ConfigError("all_reduce", "nccl", HOROVOD_REFUSAL_NCCL)
+  device = _device_for(hvd.local_rank())
+  if device.type == "cuda":
+    torch.cuda.set_device(device)
+  return Strategy(cfg, kind="horovod", device=device, rank=hvd.rank(),
+                  world_size=hvd.size(), local_rank=hvd.local_rank())
+
+
+def build_strategy(cfg: DistributeConfig) -> Strategy:
+  """This process's part in the strategy named by `cfg.strategy`.
+
+  Joins the process group (DDP) or Horovod's world, so every process of the
+  job must call it, and `close()` it at the end.
+
+  Raises:
+    ConfigError: for a world that does not match the flags, or a strategy
+      this host cannot run.
+  """
+  check_strategy(cfg, num_gpus=torch.cuda.device_count())
+  if cfg.strategy in DDP_STRATEGIES:
+    return _build_ddp(cfg)
+  if cfg.strategy == "horovod":
+    return _build_horovod(cfg)
+  if cfg.strategy in ("default", "one_device"):
+    _check_world(cfg, _env_int("WORLD_SIZE", 1), 1)
+    return Strategy(cfg, kind="single", device=_device_for(0))
+  raise ConfigError("strategy", cfg.strategy,
+                    "allowed: default, one_device, mirrored, multi_worker, "
+                    "horovod")

@@ -1,0 +1,104 @@
+"""The measured training loop, feeding the same step ledger as TensorFlow's.
+
+`run_custom_loop` times each phase separately, exactly as
+`tfoverlap.loops.run_custom_loop` does: the wait for the next batch, the
+step (forward, backward with the overlapped all-reduce, update), the
+checkpoint. PyTorch has no `model.fit`, so there is one loop.
+"""
+
+import dataclasses
+import sys
+import types
+from typing import Callable, Optional
+
+import torch
+
+from tfoverlap.core import ledger as ledger_lib
+from tfoverlap.core.progress import ProgressPrinter
+
+
+@dataclasses.dataclass
+class LoopContext:
+  """What the loop needs besides the model: bookkeeping and cadence."""
+  ledger: ledger_lib.StepLedger
+  progress: ProgressPrinter
+  checkpointer: Optional[object]  # is_due(step) and save(step), or None
+  write_scalars: Callable[[int, float], None]
+  first_step: int  # the step to run first (1, or one past a restored step)
+  last_step: int
+  global_batch_size: int
+
+
+def _after_step(ctx: LoopContext, step: int, loss: float) -> None:
+  """Checkpoint, close the step in the ledger, report."""
+  if ctx.checkpointer is not None and ctx.checkpointer.is_due(step):
+    with ctx.ledger.phase(ledger_lib.CHECKPOINT_STALL):
+      ctx.checkpointer.save(step)
+  ctx.ledger.end_step(step, ctx.global_batch_size)
+  ctx.progress.maybe_print(ctx.ledger, step, loss)
+  ctx.write_scalars(step, loss)
+
+
+def _wait_for_device(device: torch.device) -> None:
+  if device.type == "cuda":
+    torch.cuda.synchronize(device)
+
+
+def run_custom_loop(ctx: LoopContext, *, train_step, iterator,
+                    device: torch.device) -> float:
+  """Runs steps first_step..last_step; returns the last step's loss."""
+  loss = float("nan")
+  for step in range(ctx.first_step, ctx.last_step + 1):
+    with ctx.ledger.phase(ledger_lib.DATA_WAIT):
+      batch = next(iterator)
+    with ctx.ledger.phase(ledger_lib.COMPUTE):
+      loss_tensor = train_step(batch)
+      # CUDA runs the step asynchronously: waiting here makes the span
+      # cover the device work and not only its launch, as TensorFlow's
+      # loop does by reading the loss.
+      _wait_for_device(device)
+      loss = float(loss_tensor)
+    _after_step(ctx, step, loss)
+  return loss
+
+
+def _summary_writer_class():
+  """torch's SummaryWriter, kept from importing TensorFlow.
+
+  TensorBoard imports TensorFlow, when it is installed, for file I/O unless
+  the module of its own `no_tensorflow` build target exists; pip's
+  TensorBoard lacks that module, so an empty one stands in and TensorBoard
+  writes through its built-in stub (local files, the same event format).
+  """
+  sys.modules.setdefault("tensorboard.compat.notf",
+                         types.ModuleType("tensorboard.compat.notf"))
+  from torch.utils import tensorboard  # pylint: disable=g-import-not-at-top
+  return tensorboard.SummaryWriter
+
+
+def make_scalar_writer(logdir: Optional[str], every_steps: int,
+                       ledger: ledger_lib.StepLedger):
+  """TensorBoard scalars every `every_steps` steps: loss, throughput, shares.
+
+  The same tags as the TensorFlow side writes. Returns a `write(step,
+  loss)` callable with a `close()` attribute; a no-op when `logdir` is None.
+  """
+  if logdir is None:
+    write = lambda step, loss: None
+    write.close = lambda: None
+    return write
+  writer = _summary_writer_class()(log_dir=logdir)
+  last = {"step": 0}
+
+  def write(step: int, loss: float) -> None:
+    if step % every_steps:
+      return
+    scalars = ledger_lib.summarize_window(ledger.window(last["step"]))
+    last["step"] = step
+    writer.add_scalar("loss", loss, step)
+    for name, value in scalars.items():
+      writer.add_scalar(f"steps/{name}", value, step)
+    writer.flush()
+
+  write.close = writer.close
+  return write

@@ -1,0 +1,186 @@
+"""The training and evaluation steps, matching tfoverlap/steps.py.
+
+The gradient all-reduce happens inside `loss.backward()`: DDP all-reduces
+each gradient bucket from autograd hooks as soon as it is ready, and
+Horovod's DistributedOptimizer does the same per tensor (fused up to its
+threshold); `optimizer.step()` waits for what is still in flight. So the
+compute phase the ledger times around `train_step` includes communication,
+as it does in TensorFlow.
+"""
+
+import contextlib
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from tfoverlap.core.config import ModelConfig
+
+CLASSIFICATION = "classification"
+SUPER_RESOLUTION = "super_resolution"
+
+# Keras' defaults, which the TensorFlow side uses, where torch's differ.
+MOMENTUM = 0.9  # --optimizer=momentum, as on the TensorFlow side
+ADAM_EPSILON = 1e-7  # Keras; torch's default is 1e-8
+LOSS_SCALE_INITIAL = 2.0**15  # Keras' LossScaleOptimizer; torch's is 2**16
+LOSS_SCALE_GROWTH_STEPS = 2000  # both frameworks
+
+_AUTOCAST_DTYPES = {
+    "mixed_float16": torch.float16,
+    "mixed_bfloat16": torch.bfloat16,
+}
+
+
+def build_optimizer(cfg: ModelConfig, parameters) -> torch.optim.Optimizer:
+  """sgd, momentum or adam with the TensorFlow side's hyperparameters.
+
+  Keras' SGD with momentum (velocity = m * velocity - lr * g) and torch's
+  (buffer = m * buffer + g; w -= lr * buffer) take identical steps at a
+  constant learning rate. Adam differs in one detail no setting removes:
+  Keras adds epsilon to sqrt(v) before bias correction, torch after, so
+  Keras' 1e-7 is torch's 1e-7 * sqrt(1 - beta_2**t); only steps whose
+  second moment is near zero notice.
+  """
+  if cfg.optimizer == "sgd":
+    return torch.optim.SGD(parameters, lr=cfg.learning_rate)
+  if cfg.optimizer == "momentum":
+    return torch.optim.SGD(parameters, lr=cfg.learning_rate,
+                           momentum=MOMENTUM)
+  if cfg.optimizer == "adam":
+    return torch.optim.Adam(parameters, lr=cfg.learning_rate,
+                            betas=(0.9, 0.999), eps=ADAM_EPSILON)
+  raise ValueError(f"optimizer={cfg.optimizer!r}: allowed: sgd, momentum, "
+                   "adam")
+
+
+def build_grad_scaler(precision: str, device: torch.device):
+  """A loss scaler for mixed_float16, else None.
+
+  float16 gradients underflow without scaling; bfloat16 has float32's
+  exponent range and needs none. As on the TensorFlow side, the scaler is
+  used on every device (torch runs float16 autocast on the CPU too).
+  """
+  if precision != "mixed_float16":
+    return None
+  return torch.amp.GradScaler(device.type, init_scale=LOSS_SCALE_INITIAL,
+                              growth_interval=LOSS_SCALE_GROWTH_STEPS)
+
+
+def autocast(precision: str, device: torch.device):
+  """torch.autocast for mixed_*: float32 weights, low-precision compute."""
+  dtype = _AUTOCAST_DTYPES.get(precision)
+  if dtype is None:
+    return contextlib.nullcontext()
+  return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def per_example_loss(task: str, targets, outputs) -> torch.Tensor:
+  """Cross-entropy on logits, or EDSR's L1 loss, one value per example."""
+  outputs = outputs.float()
+  if task == SUPER_RESOLUTION:
+    return (targets - outputs).abs().mean(dim=(1, 2, 3))
+  return F.cross_entropy(outputs, targets.long(), reduction="none")
+
+
+def make_train_step(model: nn.Module, optimizer, strategy, *, task: str,
+                    precision: str):
+  """One optimizer step on this process's batch.
+
+  Args:
+    model: the module to train, wrapped by `strategy.wrap_model`.
+    optimizer: wrapped by `strategy.wrap_optimizer`.
+    strategy: a `torch_parity.distribute.Strategy`.
+    task: CLASSIFICATION or SUPER_RESOLUTION.
+    precision: the --precision value.
+
+  Returns:
+    train_step((inputs, targets)) -> the global mean loss, a scalar tensor
+    on the device (mean over every process's examples).
+  """
+  device = strategy.device
+  scaler = build_grad_scaler(precision, device)
+  horovod = strategy.kind == "horovod"
+
+  def train_step(batch):
+    inputs, targets = batch
+    inputs = inputs.to(device, non_blocking=True)
+    targets = targets.to(device, non_blocking=True)
+    optimizer.zero_grad()  # set_to_none by default; Horovod takes no args
+    with autocast(precision, device):
+      outputs = model(inputs)
+    # This process's mean; DDP and Horovod average gradients over
+    # processes, which makes it the global mean, as TensorFlow's
+    # compute_average_loss over the global batch with a SUM all-reduce.
+    loss = per_example_loss(task, targets, outputs).mean()
+    if scaler is None:
+      loss.backward()
+      optimizer.step()
+    else:
+      scaler.scale(loss).backward()
+      if horovod:
+        # Horovod's documented order with a scaler: finish the all-reduce,
+        # unscale the averaged gradients, then step without a second sync.
+        optimizer.synchronize()
+        scaler.unscale_(optimizer)
+        with optimizer.skip_synchronize():
+          scaler.step(optimizer)
+      else:
+        scaler.step(optimizer)
+      scaler.update()
+    return strategy.mean_over_replicas(loss.detach())
+
+  return train_step
+
+
+@torch.no_grad()
+def _batch_sums(model, task, inputs, targets, precision, device):
+  with autocast(precision, device):
+    outputs = model(inputs)
+  losses = per_example_loss(task, targets, outputs)
+  if task == SUPER_RESOLUTION:
+    squared = (targets - outputs.float()).square().mean(dim=(1, 2, 3))
+    # PSNR of images in [0, 1]; the epsilon keeps a perfect match finite.
+    quality = (-10.0 * torch.log(squared + 1e-10) / math.log(10.0)).sum()
+  else:
+    quality = (outputs.argmax(dim=-1) == targets.long()).float().sum()
+  return losses.sum(), quality, float(losses.shape[0])
+
+
+def evaluate(model: nn.Module, batches, strategy, *, task: str,
+             precision: str) -> dict:
+  """One pass over this process's share of the eval data, summed over all.
+
+  Args:
+    model: the plain module (not the DDP wrapper: evaluation needs no
+      gradient synchronization).
+
+  Returns:
+    {"eval_loss", "eval_accuracy"} for classification, {"eval_loss",
+    "eval_psnr_db"} for super-resolution, and "eval_examples"; {} when no
+    process saw an example.
+  """
+  device = strategy.device
+  was_training = model.training
+  model.eval()
+  sums = torch.zeros(3, dtype=torch.float64, device=device)
+  try:
+    for inputs, targets in batches:
+      inputs = inputs.to(device, non_blocking=True)
+      targets = targets.to(device, non_blocking=True)
+      loss_sum, quality_sum, count = _batch_sums(model, task, inputs,
+                                                 targets, precision, device)
+      sums += torch.stack([loss_sum.double(), quality_sum.double(),
+                           torch.tensor(count, dtype=torch.float64,
+                                        device=device)])
+  finally:
+    model.train(was_training)
+  loss_sum, quality_sum, count = strategy.sum_over_replicas(sums).tolist()
+  if not count:
+    return {}
+  quality_key = "eval_psnr_db" if task == SUPER_RESOLUTION else "eval_accuracy"
+  return {
+      "eval_loss": loss_sum / count,
+      quality_key: quality_sum / count,
+      "eval_examples": int(count),
+  }

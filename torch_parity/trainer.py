@@ -1,0 +1,247 @@
+"""One PyTorch training run from a TrainConfig: build, train, record.
+
+The same run as `tfoverlap.trainer.train`, in PyTorch: the same flags, the
+same ledger phases, the same run.json schema, trace, progress lines and
+final table. The order matters: thread pools are fixed before any torch
+work, the process joins its world before the model exists (DDP broadcasts
+rank 0's weights when it wraps the model), and the optimizer is built on
+the device-resident parameters.
+"""
+
+import dataclasses
+import os
+import time
+
+import torch
+
+from tfoverlap.core import ledger as ledger_lib
+from tfoverlap.core import datasets, run_record, trace, zoo
+from tfoverlap.core.config import ConfigError, TrainConfig
+from tfoverlap.core.progress import ProgressPrinter
+from torch_parity import data, distribute, loops, models, steps
+
+FRAMEWORK = "pytorch"
+# Checkpoint modes wired into this trainer; --checkpoint is refused
+# otherwise (see check_supported).
+SUPPORTED_CHECKPOINT_MODES = ("none",)
+
+
+def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
+  """Refuses every flag value that has no meaning in PyTorch.
+
+  The one place that decides what this trainer cannot honour, so that no
+  flag is ever silently ignored; the launcher calls it too, before any
+  process starts.
+
+  Args:
+    config: the validated run configuration.
+    num_gpus: GPUs on this host (default: what torch sees).
+
+  Raises:
+    ConfigError: naming the flag, the value and why.
+  """
+  if num_gpus is None:
+    num_gpus = torch.cuda.device_count()
+  if config.run.loop == "fit":
+    raise ConfigError("loop", "fit",
+                      "model.fit is Keras'; PyTorch has no counterpart, and "
+                      "the PyTorch trainer's loop is the measured custom "
+                      "loop; allowed: ctl")
+  if config.data.data_service:
+    raise ConfigError("data_service", config.data.data_service,
+                      "the tf.data service has no PyTorch counterpart; "
+                      "allowed: empty (off)")
+  if config.checkpoint.mode == "tf_async":
+    raise ConfigError("checkpoint", "tf_async",
+                      "TensorFlow's own asynchronous save has no PyTorch "
+                      "counterpart; allowed: none")
+  if config.checkpoint.mode not in SUPPORTED_CHECKPOINT_MODES:
+    raise ConfigError("checkpoint", config.checkpoint.mode,
+                      "checkpoints are not available in the PyTorch "
+                      "trainer yet; allowed: none")
+  distribute.check_strategy(config.distribute, num_gpus=num_gpus)
+
+
+def describe_environment(strategy: distribute.Strategy) -> dict:
+  environment = run_record.describe_host()
+  gpus = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+  environment.update({
+      "torch": torch.__version__,
+      "devices": ["cpu"] + gpus,
+      "gpus": [f"{name} ({torch.cuda.get_device_name(i)})"
+               for i, name in enumerate(gpus)],
+      "num_replicas": strategy.world_size,
+  })
+  return environment
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+  """The digest of every weight and buffer (TensorFlow's `model.weights`
+  holds BatchNorm's moving statistics too)."""
+  return run_record.digest_weights(
+      (name, tensor.detach().cpu().numpy())
+      for name, tensor in model.state_dict().items())
+
+
+def _with_default_model_dir(config: TrainConfig) -> TrainConfig:
+  if config.run.model_dir:
+    return config
+  return dataclasses.replace(config, run=dataclasses.replace(
+      config.run,
+      model_dir=run_record.default_model_dir(FRAMEWORK, config.model.name)))
+
+
+def _seed(config: TrainConfig, device: torch.device) -> None:
+  torch.manual_seed(config.run.seed)
+  if config.run.deterministic:
+    if device.type == "cuda":
+      # cuBLAS is deterministic only with a fixed workspace; it must be set
+      # before the first cuBLAS call.
+      os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+      torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True)
+
+
+def _build_train_batches(config: TrainConfig, spec, strategy, first_step):
+  """This process's training batches: resident, or the loader (staged on
+  the device ahead of the step with --prefetch_to_device)."""
+  shard = {"rank": strategy.rank, "world_size": strategy.world_size}
+  if config.data.synthetic_on_device:
+    return data.make_resident_iterator(
+        config.data, task=spec.task, seed=config.run.seed,
+        upscale=spec.upscale, device=strategy.device, **shard)
+  batches = data.make_loader(config.data, split="train", task=spec.task,
+                             seed=config.run.seed, upscale=spec.upscale,
+                             skip_batches=first_step - 1, **shard)
+  if config.data.prefetch_to_device:
+    return data.make_device_prefetcher(
+        batches, strategy.device,
+        datasets.device_buffer_size(config.data.prefetch))
+  return iter(batches)
+
+
+def _evaluate(config: TrainConfig, spec, strategy, model) -> dict:
+  batches = data.make_loader(config.data, split="eval", task=spec.task,
+                             seed=config.run.seed, upscale=spec.upscale,
+                             rank=strategy.rank,
+                             world_size=strategy.world_size)
+  return steps.evaluate(model, batches, strategy, task=spec.task,
+                        precision=config.model.precision)
+
+
+def train(config: TrainConfig):
+  """Runs training as configured; returns the run record it wrote.
+
+  Returns:
+    The run record, or None in a mirrored replica other than rank 0, which
+    writes nothing (its worker's record is rank 0's).
+
+  Raises:
+    ConfigError: for a setting this framework or host cannot honour.
+  """
+  start = time.perf_counter()
+  check_supported(config)
+  distribute.configure_host(config.run)
+  strategy = distribute.build_strategy(config.distribute)
+  try:
+    _seed(config, strategy.device)
+    config = _with_default_model_dir(config)
+    out_dir = run_record.worker_dir(config.run.model_dir,
+                                    strategy.worker_index)
+    if strategy.writes_outputs:
+      os.makedirs(out_dir, exist_ok=True)
+    spec = zoo.MODELS[config.model.name]
+    info = data.describe(config.data)
+    model = models.build_model(config.model.name,
+                               image_size=config.data.image_size,
+                               num_classes=info.num_classes,
+                               channels=info.channels).to(strategy.device)
+    optimizer = steps.build_optimizer(config.model, model.parameters())
+    # The checkpoint hook: a checkpointer restores model and optimizer here
+    # (before the wrappers share rank 0's state) and saves in
+    # loops._after_step. check_supported refuses --checkpoint until then.
+    checkpointer = None
+    restored_step = 0
+    train_model = strategy.wrap_model(model)
+    optimizer = strategy.wrap_optimizer(optimizer, model)
+
+    ledger = ledger_lib.StepLedger()
+    write_scalars = loops.make_scalar_writer(
+        os.path.join(out_dir, "tensorboard")
+        if config.run.tensorboard and strategy.writes_outputs else None,
+        config.run.log_every_steps, ledger)
+    ctx = loops.LoopContext(
+        ledger=ledger,
+        progress=ProgressPrinter(
+            total_steps=config.run.train_steps,
+            every_steps=config.run.log_every_steps,
+            enabled=config.run.progress and strategy.rank == 0,
+            prefix=("" if strategy.num_workers == 1
+                    else f"[worker {strategy.worker_index}] ")),
+        checkpointer=checkpointer,
+        write_scalars=write_scalars,
+        first_step=restored_step + 1,
+        last_step=config.run.train_steps,
+        global_batch_size=config.data.batch_size)
+    train_loss = float("nan")
+    if ctx.first_step <= ctx.last_step:
+      batches = _build_train_batches(config, spec, strategy, ctx.first_step)
+      try:
+        train_loss = loops.run_custom_loop(
+            ctx,
+            train_step=steps.make_train_step(
+                train_model, optimizer, strategy, task=spec.task,
+                precision=config.model.precision),
+            iterator=batches, device=strategy.device)
+      finally:
+        # The device prefetcher stages batches on a thread of its own.
+        if hasattr(batches, "close"):
+          batches.close()
+    write_scalars.close()
+    strategy.average_buffers(model)
+    final = {"train_loss": train_loss}
+    if config.run.evaluate and info.num_eval_examples:
+      final.update(_evaluate(config, spec, strategy, model))
+    if not strategy.writes_outputs:
+      return None
+    notes = [strategy.describe_backend()]
+    if restored_step:
+      notes.append(f"resumed from the checkpoint of step {restored_step}")
+    return _write_outputs(config, out_dir, ledger, strategy=strategy,
+                          model=model, final=final, notes=notes,
+                          wall_s=time.perf_counter() - start)
+  finally:
+    strategy.close()
+
+
+def _write_outputs(config: TrainConfig, out_dir: str, ledger, *, strategy,
+                   model, final, notes, wall_s) -> dict:
+  """Writes the trace and run.json of this worker; returns the record."""
+  outputs = {}
+  if config.run.trace:
+    outputs["trace"] = trace.write_chrome_trace(
+        os.path.join(out_dir, run_record.TRACE_NAME), ledger.spans,
+        origin_s=ledger.origin_s, pid=strategy.worker_index,
+        process_name=f"{FRAMEWORK} worker {strategy.worker_index}")
+  if config.run.tensorboard:
+    outputs["tensorboard"] = os.path.join(out_dir, "tensorboard")
+  outputs["run_record"] = os.path.join(out_dir, run_record.RUN_RECORD_NAME)
+  record = run_record.build_run_record(
+      framework=FRAMEWORK,
+      config=config.to_dict(),
+      environment=describe_environment(strategy),
+      model_name=config.model.name,
+      num_params=models.num_params(model),
+      strategy=strategy.describe(),
+      ledger_summary=ledger.summary(),
+      num_steps=len(ledger.steps),
+      wall_s=wall_s,
+      final=final,
+      weights_digest=weights_digest(model),
+      worker_index=strategy.worker_index,
+      num_workers=strategy.num_workers,
+      phases_measured=list(ledger_lib.PHASES),
+      outputs=outputs,
+      notes=notes)
+  run_record.write_run_record(out_dir, record)
+  return record
