@@ -43,7 +43,7 @@ def main(argv):
   if record["worker"]["index"] == 0:
     print(report.format_breakdown(record,
                                   phases_measured=record["phases_measured"]))
-    print(format_final(record))
+    print(report.format_final(record))
 
 
 def exit_with_runtime_error(error: Exception):
@@ -51,13 +51,6 @@ def exit_with_runtime_error(error: Exception):
   print(f"tfoverlap.train: error: {type(error).__name__}: {first_line}",
         file=sys.stderr)
   sys.exit(RUNTIME_ERROR_EXIT_CODE)
-
-
-def format_final(record: dict) -> str:
-  final = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-                    for k, v in record["final"].items())
-  return (f"{record['model']['name']} ({record['model']['num_params']:,} "
-          f"params): {final}\nrun record: {record['outputs']['run_record']}")
 
 
 def run_main():

@@ -22,13 +22,6 @@ from tfoverlap.core.progress import ProgressPrinter
 FRAMEWORK = "tensorflow"
 
 
-def worker_dir(model_dir: str, worker_index: int) -> str:
-  """Where a worker writes: the chief at the top, the others beneath."""
-  if worker_index == 0:
-    return model_dir
-  return os.path.join(model_dir, f"worker-{worker_index}")
-
-
 def describe_environment(strategy: tf.distribute.Strategy) -> dict:
   environment = run_record.describe_host()
   environment.update({
@@ -123,7 +116,7 @@ def train(config: TrainConfig) -> dict:
     tf.config.experimental.enable_op_determinism()
   strategy = distribute.build_strategy(config.distribute)
   config = _with_default_model_dir(config)
-  out_dir = worker_dir(config.run.model_dir, worker_index)
+  out_dir = run_record.worker_dir(config.run.model_dir, worker_index)
   os.makedirs(out_dir, exist_ok=True)
 
   service = None
