@@ -209,7 +209,8 @@ class Strategy:
         # average_buffers() reads their mean, as TensorFlow's on-read MEAN
         # variables do (and Horovod, which broadcasts no buffers); DDP's
         # default would overwrite them with rank 0's before every forward.
-        broadcast_buffers=False)
+        # They are still synced once, at wrap time, when all are equal.
+        forward_sync_buffers=False)
 
   def wrap_optimizer(self, optimizer, model: nn.Module):
     """Horovod's DistributedOptimizer (all-reduce from backward hooks),
