@@ -354,6 +354,34 @@ def _build_horovod(cfg: DistributeConfig) -> Strategy:
                   world_size=hvd.size(), local_rank=hvd.local_rank())
 
 
+def make_agree(strategy: Strategy):
+  """An all-reduce maximum over processes, for decisions all must share.
+
+  Returns None for one process: nothing to agree with. Every process must
+  call the returned function at the same point (a collective).
+  """
+  if strategy.world_size <= 1:
+    return None
+  if strategy.kind == "horovod":
+    import horovod.torch as hvd  # pylint: disable=g-import-not-at-top
+
+    def horovod_max(values):
+      return hvd.allreduce(torch.tensor(values, dtype=torch.float64),
+                           op=hvd.Max).tolist()
+
+    return horovod_max
+  # NCCL reduces device tensors only; gloo reduces host ones.
+  device = (strategy.device if strategy.backend == "nccl"
+            else torch.device("cpu"))
+
+  def ddp_max(values):
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
+
+  return ddp_max
+
+
 def build_strategy(cfg: DistributeConfig) -> Strategy:
   """This process's part in the strategy named by `cfg.strategy`.
 

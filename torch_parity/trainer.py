@@ -8,6 +8,7 @@ rank 0's weights when it wraps the model), and the optimizer is built on
 the device-resident parameters.
 """
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -15,15 +16,12 @@ import time
 import torch
 
 from tfoverlap.core import ledger as ledger_lib
-from tfoverlap.core import datasets, run_record, trace, zoo
+from tfoverlap.core import checkpointing, datasets, run_record, trace, zoo
 from tfoverlap.core.config import ConfigError, TrainConfig
 from tfoverlap.core.progress import ProgressPrinter
-from torch_parity import data, distribute, loops, models, steps
+from torch_parity import checkpoint, data, distribute, loops, models, steps
 
 FRAMEWORK = "pytorch"
-# Checkpoint modes wired into this trainer; --checkpoint is refused
-# otherwise (see check_supported).
-SUPPORTED_CHECKPOINT_MODES = ("none",)
 
 
 def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
@@ -54,11 +52,7 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
   if config.checkpoint.mode == "tf_async":
     raise ConfigError("checkpoint", "tf_async",
                       "TensorFlow's own asynchronous save has no PyTorch "
-                      "counterpart; allowed: none")
-  if config.checkpoint.mode not in SUPPORTED_CHECKPOINT_MODES:
-    raise ConfigError("checkpoint", config.checkpoint.mode,
-                      "checkpoints are not available in the PyTorch "
-                      "trainer yet; allowed: none")
+                      "counterpart; allowed: none, sync, async")
   distribute.check_strategy(config.distribute, num_gpus=num_gpus)
 
 
@@ -157,13 +151,20 @@ def train(config: TrainConfig):
                                num_classes=info.num_classes,
                                channels=info.channels).to(strategy.device)
     optimizer = steps.build_optimizer(config.model, model.parameters())
-    # The checkpoint hook: a checkpointer restores model and optimizer here
-    # (before the wrappers share rank 0's state) and saves in
-    # loops._after_step. check_supported refuses --checkpoint until then.
-    checkpointer = None
-    restored_step = 0
     train_model = strategy.wrap_model(model)
     optimizer = strategy.wrap_optimizer(optimizer, model)
+    # After the wrappers: Horovod's DistributedOptimizer is a new optimizer
+    # with state of its own, the one to save and restore. Every rank
+    # restores rank 0's checkpoint, so all resume from the same state.
+    checkpointer = checkpoint.build_checkpointer(
+        config.checkpoint, config.run.model_dir, model=model,
+        optimizer=optimizer, is_chief=strategy.rank == 0,
+        describe_state=checkpointing.make_state_describer(
+            config.data, seed=config.run.seed,
+            num_train_examples=info.num_train_examples),
+        agree=distribute.make_agree(strategy))
+    resume = checkpointer.restore_latest() if checkpointer else None
+    restored_step = resume.step if resume else 0
 
     ledger = ledger_lib.StepLedger()
     write_scalars = loops.make_scalar_writer(
@@ -185,7 +186,11 @@ def train(config: TrainConfig):
         global_batch_size=config.data.batch_size)
     train_loss = float("nan")
     if ctx.first_step <= ctx.last_step:
-      batches = _build_train_batches(config, spec, strategy, ctx.first_step)
+      # The loader draws its workers' seed from torch's generator; forked,
+      # the training stream (dropout) is the one a checkpoint restores.
+      with torch.random.fork_rng(devices=[]):
+        batches = _build_train_batches(config, spec, strategy,
+                                       ctx.first_step)
       try:
         train_loss = loops.run_custom_loop(
             ctx,
@@ -193,10 +198,19 @@ def train(config: TrainConfig):
                 train_model, optimizer, strategy, task=spec.task,
                 precision=config.model.precision),
             iterator=batches, device=strategy.device)
+      except BaseException:
+        if checkpointer:
+          # The running persist completes or is dropped whole, never half;
+          # the training error is the one to report.
+          with contextlib.suppress(Exception):
+            checkpointer.close()
+        raise
       finally:
         # The device prefetcher stages batches on a thread of its own.
         if hasattr(batches, "close"):
           batches.close()
+    if checkpointer:
+      checkpointer.finish(ctx.last_step)
     write_scalars.close()
     strategy.average_buffers(model)
     final = {"train_loss": train_loss}
@@ -207,15 +221,17 @@ def train(config: TrainConfig):
     notes = [strategy.describe_backend()]
     if restored_step:
       notes.append(f"resumed from the checkpoint of step {restored_step}")
-    return _write_outputs(config, out_dir, ledger, strategy=strategy,
-                          model=model, final=final, notes=notes,
-                          wall_s=time.perf_counter() - start)
+    return _write_outputs(
+        config, out_dir, ledger, strategy=strategy, model=model,
+        final=final, notes=notes,
+        checkpoint_stats=checkpointer.stats() if checkpointer else None,
+        wall_s=time.perf_counter() - start)
   finally:
     strategy.close()
 
 
 def _write_outputs(config: TrainConfig, out_dir: str, ledger, *, strategy,
-                   model, final, notes, wall_s) -> dict:
+                   model, final, notes, checkpoint_stats, wall_s) -> dict:
   """Writes the trace and run.json of this worker; returns the record."""
   outputs = {}
   if config.run.trace:
@@ -242,6 +258,7 @@ def _write_outputs(config: TrainConfig, out_dir: str, ledger, *, strategy,
       num_workers=strategy.num_workers,
       phases_measured=list(ledger_lib.PHASES),
       outputs=outputs,
+      checkpoint=checkpoint_stats,
       notes=notes)
   run_record.write_run_record(out_dir, record)
   return record
