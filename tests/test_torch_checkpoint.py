@@ -8,6 +8,10 @@ two-process gloo run with one writer.
 """
 
 import os
+import random
+import resource
+import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -19,12 +23,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tfoverlap.core import checkpoint_files
+from tfoverlap.core import checkpoint_files, run_record
 from tfoverlap.core.config import CheckpointConfig
 from torch_parity.checkpoint import (CheckpointError, CheckpointMismatchError,
                                      Checkpointer, snapshot)
 
-from tests.helpers import subprocess_env
+from tests.helpers import REPO_ROOT, subprocess_env, wait_for_line
 
 
 def _net(seed: int, hidden: int = 16) -> nn.Module:
@@ -303,3 +307,219 @@ def test_checkpoint_weights_load_into_plain_torch_without_tfoverlap(
   with torch.no_grad():
     want = model(_X[:10])
   assert torch.equal(torch.load(str(tmp_path / "y.pt")), want)
+
+
+# --- Through the trainer: real `python -m torch_parity.train` processes ----
+
+# Digits through the whole loader (shuffle, worker processes, prefetch) with
+# deterministic algorithms: runs are bit-identical, so resumes can be
+# compared. The MLP on 8x8 images keeps each process quick.
+EXACT = ["--model=mlp", "--strategy=default", "--deterministic",
+         "--image_size=8", "--batch_size=32", "--log_every_steps=5",
+         "--tensorboard=false", "--trace=false", "--evaluate=false"]
+TOTAL_STEPS = 30
+
+
+def _run(model_dir, *args, timeout=300, expect_ok=True, **popen):
+  result = subprocess.run(
+      [sys.executable, "-m", "torch_parity.train", f"--model_dir={model_dir}",
+       *EXACT, *args], cwd=REPO_ROOT, env=subprocess_env(),
+      capture_output=True, text=True, timeout=timeout, check=False, **popen)
+  if expect_ok:
+    assert result.returncode == 0, result.stderr[-4000:]
+  return result
+
+
+def _record(model_dir) -> dict:
+  return run_record.load_run_record(str(model_dir))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_digest(tmp_path_factory):
+  """The final weights of TOTAL_STEPS uninterrupted steps, no checkpoints."""
+  model_dir = tmp_path_factory.mktemp("uninterrupted")
+  _run(model_dir, f"--train_steps={TOTAL_STEPS}")
+  return _record(model_dir)["weights_digest"]
+
+
+ASYNC_EVERY_10 = ["--checkpoint=async", "--checkpoint_every=10"]
+
+
+@pytest.fixture(scope="module")
+def stopped_at_20(tmp_path_factory):
+  """A run stopped after step 20 with async checkpoints of steps 10 and 20;
+  each test resumes a copy of its checkpoints, so one run serves them all."""
+  model_dir = tmp_path_factory.mktemp("stopped_at_20")
+  _run(model_dir, *ASYNC_EVERY_10, "--train_steps=20")
+  assert checkpoint_files.list_checkpoints(
+      str(model_dir / "checkpoints")) == [10, 20]
+  return model_dir
+
+
+def _resume_from(stopped, model_dir, *, drop=()):
+  """Copies a stopped run's checkpoints, less the steps in `drop`."""
+  directory = str(model_dir / "checkpoints")
+  shutil.copytree(str(stopped / "checkpoints"), directory)
+  for step in drop:
+    shutil.rmtree(os.path.join(directory,
+                               checkpoint_files.checkpoint_dir_name(step)))
+  return directory
+
+
+def test_async_stopped_and_resumed_run_ends_bit_identical(
+    tmp_path, stopped_at_20, uninterrupted_digest):
+  _resume_from(stopped_at_20, tmp_path)
+  resumed = _run(tmp_path, *ASYNC_EVERY_10, f"--train_steps={TOTAL_STEPS}")
+  record = _record(tmp_path)
+  assert record["steps"] == TOTAL_STEPS - 20  # after the batch of step 20
+  assert record["checkpoint"]["restore"]["step"] == 20
+  assert "step 20" in " ".join(record["notes"])
+  assert record["weights_digest"] == uninterrupted_digest, resumed.stderr
+
+
+def test_sync_stopped_and_resumed_run_ends_bit_identical(
+    tmp_path, uninterrupted_digest):
+  args = ["--checkpoint=sync", "--checkpoint_every=5"]
+  _run(tmp_path, *args, "--train_steps=15")
+  first = _record(tmp_path)["checkpoint"]
+  # Written on the training thread: nothing is left to a persist thread.
+  assert first["mode"] == "sync" and first["num_saved"] == 3
+  assert first["persist_s"]["count"] == 0
+  resumed = _run(tmp_path, *args, f"--train_steps={TOTAL_STEPS}")
+  record = _record(tmp_path)
+  assert record["steps"] == TOTAL_STEPS - 15
+  assert record["checkpoint"]["restore"]["step"] == 15
+  assert record["weights_digest"] == uninterrupted_digest, resumed.stderr
+
+
+def test_sigkills_at_random_moments_lose_nothing(tmp_path,
+                                                 uninterrupted_digest):
+  # Checkpoints every 3 steps keep a persist in flight most of the time, so
+  # the kills land in snapshots, persists, renames and prunes alike. After
+  # every kill the newest checkpoint must verify; the run that finally
+  # completes must end with the uninterrupted run's weights.
+  rng = random.Random(7)
+  args = ["--checkpoint=async", "--checkpoint_every=3", "--checkpoint_keep=2",
+          f"--train_steps={TOTAL_STEPS}"]
+  kills = 0
+  for _ in range(6):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "torch_parity.train", f"--model_dir={tmp_path}",
+         *EXACT, *args], cwd=REPO_ROOT,
+        env=subprocess_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+      wait_for_line(process.stdout, "step ", timeout=240)
+      try:
+        process.wait(timeout=rng.uniform(0.0, 1.0))
+      except subprocess.TimeoutExpired:
+        # The whole group: the loader's worker processes die with it.
+        os.killpg(process.pid, signal.SIGKILL)
+        kills += 1
+    finally:
+      process.kill()
+      process.wait()
+      process.stdout.close()
+    loaded = checkpoint_files.load_latest(
+        str(tmp_path / "checkpoints"),
+        warn=lambda m: pytest.fail(f"a kill left a bad checkpoint: {m}"))
+    if loaded is not None:
+      assert loaded.state["step"] == loaded.step
+      if loaded.step == TOTAL_STEPS:
+        break
+  assert kills >= 3
+  _run(tmp_path, *args)
+  assert _record(tmp_path)["weights_digest"] == uninterrupted_digest
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous(
+    tmp_path, stopped_at_20):
+  directory = _resume_from(stopped_at_20, tmp_path)
+  newest = os.path.join(directory, "ckpt-0000000020", "model.safetensors")
+  with open(newest, "r+b") as f:
+    f.seek(1000)
+    f.write(b"\x00" * 64)
+  result = _run(tmp_path, *ASYNC_EVERY_10, "--train_steps=25")
+  assert "skipping corrupt checkpoint" in result.stderr
+  assert "checksum mismatch" in result.stderr
+  record = _record(tmp_path)
+  assert record["checkpoint"]["restore"]["step"] == 10
+  assert record["steps"] == 15
+
+
+def test_restoring_into_another_model_names_the_first_difference(
+    tmp_path, stopped_at_20):
+  directory = _resume_from(stopped_at_20, tmp_path)
+  result = _run(tmp_path, *ASYNC_EVERY_10, "--train_steps=25",
+                "--image_size=16", expect_ok=False)
+  assert result.returncode == 1, result.stderr[-2000:]
+  last = result.stderr.strip().splitlines()[-1]
+  assert "CheckpointMismatchError" in last and "does not fit" in last
+  assert "'fc1.weight' (512, 768) float32" in last  # the model: 3 * 16 * 16
+  assert "'fc1.weight' (512, 192) float32" in last  # the checkpoint: 3 * 8 * 8
+  # The good checkpoint is untouched by the failed attempt.
+  assert checkpoint_files.load_latest(directory).step == 20
+
+
+def _limit_file_size(max_bytes):
+  def apply():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+  return apply
+
+
+@pytest.mark.parametrize("policy", ["raise", "warn"])
+def test_full_disk_applies_the_policy_and_keeps_the_good_checkpoint(
+    tmp_path, stopped_at_20, policy):
+  # A file-size limit below the model file makes its write fail with EFBIG
+  # (Python ignores SIGXFSZ), as a full disk fails with ENOSPC: the persist
+  # sees an OSError mid-file.
+  directory = _resume_from(stopped_at_20, tmp_path, drop=[20])
+  model_bytes = os.path.getsize(
+      os.path.join(directory, "ckpt-0000000010", "model.safetensors"))
+  result = _run(tmp_path, *ASYNC_EVERY_10, f"--checkpoint_on_error={policy}",
+                "--train_steps=30", expect_ok=False,
+                preexec_fn=_limit_file_size(model_bytes // 2))
+  if policy == "raise":
+    assert result.returncode == 1, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert "checkpoint of step 20 failed" in last and "too large" in last
+  else:
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "training goes on" in result.stderr
+    assert _record(tmp_path)["checkpoint"]["num_failed"] >= 2
+  assert checkpoint_files.list_checkpoints(directory) == [10]
+  assert checkpoint_files.load_latest(directory).step == 10
+  assert not [n for n in os.listdir(directory) if n.startswith(".")]
+
+
+def _launch(model_dir, *args):
+  result = subprocess.run(
+      [sys.executable, "-m", "torch_parity.launch", "--num_workers=2", "--",
+       f"--model_dir={model_dir}", *EXACT, *args], cwd=REPO_ROOT,
+      env=subprocess_env(), capture_output=True, text=True, timeout=400,
+      check=False)
+  assert result.returncode == 0, result.stderr[-4000:]
+  return (_record(model_dir), _record(os.path.join(model_dir, "worker-1")))
+
+
+def test_two_gloo_ranks_agree_write_once_and_resume_together(tmp_path):
+  args = ["--checkpoint=async", "--checkpoint_every=auto",
+          "--checkpoint_max_overhead=0.5"]
+  chief, other = _launch(tmp_path, *args, "--train_steps=30")
+  assert chief["checkpoint"]["writer"] and not other["checkpoint"]["writer"]
+  assert chief["checkpoint"]["num_persisted"] >= 2
+  assert other["checkpoint"]["num_persisted"] == 0
+  assert other["checkpoint"]["num_saved"] == 0
+  # Every decision was planned from the same all-reduced numbers, so the
+  # reasons (which quote the measured costs) are identical too.
+  assert chief["checkpoint"]["decisions"], chief["checkpoint"]
+  assert chief["checkpoint"]["decisions"] == other["checkpoint"]["decisions"]
+  assert not os.path.exists(tmp_path / "worker-1" / "checkpoints")
+  assert checkpoint_files.list_checkpoints(
+      str(tmp_path / "checkpoints"))[-1] == 30
+
+  chief, other = _launch(tmp_path, *args, "--train_steps=36")
+  assert chief["checkpoint"]["restore"]["step"] == 30
+  assert other["checkpoint"]["restore"]["step"] == 30
+  assert chief["steps"] == other["steps"] == 6
+  assert chief["weights_digest"] == other["weights_digest"]
