@@ -23,7 +23,8 @@ def _build_text(path):
 
 
 def test_committed_build_files_match_the_tree():
-  assert update_build.find_problems(ROOT) == []
+  problems = update_build.find_problems(ROOT)
+  assert not problems, "\n".join(problems)
 
 
 def test_every_library_module_is_in_a_py_library():
