@@ -114,7 +114,15 @@ def test_sdist_is_a_source_release(dists):
   with tarfile.open(sdist) as tar:
     # Names are "tfoverlap-<version>/<path>".
     in_sdist = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+  # The Bazel files too, where the tree being packed has them (a Bazel test's
+  # runfiles do not).
+  bazel_files = set()
+  for dirpath, _, filenames in os.walk(source):
+    bazel_files.update(
+        os.path.relpath(os.path.join(dirpath, f), source) for f in filenames
+        if f in ("BUILD", "WORKSPACE", ".bazelrc") or f.endswith(".bzl"))
   needed = (_installable_modules(source) | _python_files(source, "tests")
+            | bazel_files
             | {"setup.py", "pyproject.toml", "MANIFEST.in", "README.md",
                "pytest.ini"})
   assert needed - in_sdist == set()
