@@ -32,6 +32,9 @@ setuptools.setup(
         "tensorflow-datasets==4.9.*",
         "importlib_resources",  # tensorflow-datasets needs it at import
         "scikit-learn>=1.3",  # ships the embedded digits dataset
+        # python -m tfoverlap.compare draws its report's PNG plots (Agg, no
+        # display needed).
+        "matplotlib>=3.7",
     ],
     extras_require={
         # Pinned: 2.13.0 is the CPU wheel; a looser range pulls a CUDA build.

@@ -1,0 +1,74 @@
+"""A comparison's plan: its axes, frameworks, repeats, flags and run order.
+
+The plan is all a comparison needs to know before anything runs, and all
+`--report_only` needs to rebuild a report afterwards (it is saved as
+compare.json beside the report).
+
+  plan = Plan(matrix_spec="prefetch=0,2;checkpoint=sync,async",
+              workloads_spec="preprocess_cost_ms=0,1",
+              frameworks=["tensorflow", "pytorch"], repeats=3,
+              trainer_args=["--model=small_cnn"])
+  for repeat, framework, workload, cell in plan.schedule():
+    plan.run_args(workload, cell)
+"""
+
+import os
+from typing import List, Sequence, Tuple
+
+from tfoverlap.core import matrix as matrix_lib
+from tfoverlap.core.matrix import Cell, Matrix
+
+RUNS_DIR = "runs"
+
+
+class Plan:
+  """What a comparison runs: axes, frameworks, repeats and trainer flags."""
+
+  def __init__(self, *, matrix_spec: str, workloads_spec: str,
+               frameworks: Sequence[str], repeats: int,
+               trainer_args: Sequence[str]):
+    self.matrix_spec = matrix_spec
+    self.workloads_spec = workloads_spec
+    self.frameworks = list(frameworks)
+    self.repeats = repeats
+    self.trainer_args = list(trainer_args)
+    self.matrix = Matrix(matrix_lib.parse_axes(matrix_spec))
+    self.workloads = Matrix(matrix_lib.parse_axes(
+        workloads_spec, min_settings=1, what="--workloads"))
+
+  def to_json(self) -> dict:
+    return {"matrix": self.matrix_spec, "workloads": self.workloads_spec,
+            "frameworks": self.frameworks, "repeats": self.repeats,
+            "trainer_args": self.trainer_args}
+
+  @classmethod
+  def from_json(cls, payload: dict) -> "Plan":
+    return cls(matrix_spec=payload["matrix"],
+               workloads_spec=payload["workloads"],
+               frameworks=payload["frameworks"], repeats=payload["repeats"],
+               trainer_args=payload["trainer_args"])
+
+  def run_args(self, workload: Cell, cell: Cell) -> List[str]:
+    """Trainer flags of one cell: common, then workload, then cell."""
+    return (self.trainer_args + self.workloads.flag_args(workload) +
+            self.matrix.flag_args(cell))
+
+  def run_dir(self, root: str, framework: str, workload: Cell, cell: Cell,
+              repeat: int) -> str:
+    return os.path.join(root, RUNS_DIR, framework,
+                        self.workloads.slug(workload), self.matrix.slug(cell),
+                        f"r{repeat}")
+
+  def schedule(self) -> List[Tuple[int, str, Cell, Cell]]:
+    """(repeat, framework, workload, cell) in run order.
+
+    Each repeat runs every cell once; the starting point rotates from
+    repeat to repeat, so no cell always runs first or after the same one.
+    """
+    points = [(f, w, c) for w in self.workloads.cells()
+              for c in self.matrix.cells() for f in self.frameworks]
+    order = []
+    for repeat in range(1, self.repeats + 1):
+      shift = (repeat - 1) * len(points) // self.repeats
+      order += [(repeat, *p) for p in points[shift:] + points[:shift]]
+    return order

@@ -1,0 +1,503 @@
+"""The comparison's report directory: report.md, results.csv and runs.csv.
+
+report.md is what a reader opens: what ran, the findings in plain words,
+the definitions, then per group (framework x workload) the cell table, the
+serial components, what each optimization did in every context, the
+slow-downs and interference, and the cells that failed or were refused.
+results.csv has one row per cell (the medians the tables show) and runs.csv
+one per run (the numbers copied from its run.json), for plotting elsewhere.
+"""
+
+import csv
+import io
+import os
+import statistics
+from typing import Dict, List, Optional, Sequence
+
+from tfoverlap.core import comparison as comparison_lib
+from tfoverlap.core import overlap_metrics
+from tfoverlap.core.comparison import Comparison, GroupKey
+from tfoverlap.core.matrix import Cell
+
+REPORT_NAME = "report.md"
+RESULTS_NAME = "results.csv"
+RUNS_NAME = "runs.csv"
+# Written by compare_plots; the report links the ones that exist.
+PLOT_NAMES = ("throughput.png", "breakdown.png", "efficiency.png")
+PHASE_COLUMNS = overlap_metrics.STEP_PHASES
+
+DEFINITIONS = """\
+- **Cell numbers** are medians over the cell's successful repeats: throughput
+  is the median of run.json's `samples_per_second` (steady-state steps only),
+  and the step and each phase the median of `phases.<name>.mean`, in ms per
+  step. A checkpoint's stall is spread over all steps. The range is the
+  repeats' min-max.
+- **×base** = throughput / the baseline cell's throughput (the cell with
+  every axis on its first setting). **×best single** = throughput / the
+  highest throughput of the cells that move exactly one axis.
+- **Overlap efficiency.** The baseline cell provides the serial components:
+  D = its data wait, C = its compute, K = its checkpoint stall, O = its
+  other time. serial = D + C + K + O (the baseline's step);
+  ideal = max(D, C, K) + O (every component hidden behind the longest, none
+  slowed by sharing). For a cell whose step is S,
+  efficiency = (serial - S) / (serial - ideal). 0 is no better than serial,
+  100% is the ideal. Shown clipped to [0, 100%]; the raw value is in
+  results.csv. Raw below 0 means slower than serial ("<0"); above 1 means an
+  optimization made a component itself cheaper, e.g. data parallelism
+  shrinking compute (">1"). It is undefined ("n/a") when serial - ideal is
+  under 2% of serial.
+- **Slow-down.** Adding setting x to cell P made it slower when
+  step(P + x) > step(P) x (1 + tolerance). The tolerance is the larger of the
+  noise floor and both cells' spread across repeats ((max - min) / median of
+  their step times). When P already had an optimization, it is
+  **interference**: the combination lost to one of its parts. "All parts"
+  marks a combination slower than every cell that drops one of its
+  settings. Phases named grew by at least a fifth of the step's growth.
+"""
+
+
+def write_report_dir(comparison: Comparison, output_dir: str) -> Dict[str, str]:
+  """Writes report.md, results.csv and runs.csv; returns {name: path}."""
+  os.makedirs(output_dir, exist_ok=True)
+  paths = {}
+  for name, text in ((REPORT_NAME, format_report(comparison, output_dir)),
+                     (RESULTS_NAME, format_results_csv(comparison)),
+                     (RUNS_NAME, format_runs_csv(comparison, output_dir))):
+    path = os.path.join(output_dir, name)
+    with open(path, "w", encoding="utf-8", newline="") as f:
+      f.write(text)
+    paths[name] = path
+  return paths
+
+
+def _ms(seconds: Optional[float]) -> str:
+  return "" if seconds is None else f"{1e3 * seconds:.1f}"
+
+
+def _ratio(value: Optional[float]) -> str:
+  return "" if value is None else f"{value:.2f}"
+
+
+def _pct(value: float) -> str:
+  return f"{100 * value:+.0f}%"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+  lines = ["| " + " | ".join(headers) + " |",
+           "|" + "|".join("---" for _ in headers) + "|"]
+  lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+def _efficiency_text(eff: Optional[overlap_metrics.Efficiency]) -> str:
+  if eff is None:
+    return "n/a"
+  if eff.raw < 0:
+    return "<0"
+  if eff.raw > 1:
+    return ">1"
+  return f"{100 * eff.value:.0f}%"
+
+
+# ---------------------------------------------------------------- findings
+
+
+def _tolerance(comparison: Comparison, *stats) -> float:
+  return max([comparison.noise_floor] + [s.step_spread for s in stats])
+
+
+def group_findings(comparison: Comparison, key: GroupKey) -> List[str]:
+  """Plain statements about one group, from its numbers."""
+  analysis = comparison.analyses[key]
+  stats = comparison.stats(key)
+  label = comparison.matrix.label
+  if not stats:
+    return ["No cell produced results."]
+  baseline = next((c for c in stats if c.is_baseline), None)
+  lines = []
+  fastest = max(stats, key=lambda c: stats[c].samples_per_second)
+  if baseline is None:
+    lines.append("The baseline did not run, so there are no speed-ups. "
+                 f"Fastest: {label(fastest)}, "
+                 f"{stats[fastest].samples_per_second:.0f} samples/s.")
+    return lines
+  lines.append(
+      f"Baseline: {stats[baseline].samples_per_second:.0f} samples/s. "
+      f"Fastest: {label(fastest)}, "
+      f"{stats[fastest].samples_per_second:.0f} samples/s "
+      f"(×{analysis.speedup_vs_baseline[fastest]:.2f} over the baseline).")
+  single = analysis.best_single
+  if single is None:
+    return lines
+  lines.append(f"Best single optimization: {label(single)} "
+               f"(×{analysis.speedup_vs_baseline[single]:.2f}).")
+  combos = [c for c in stats if len(c.optimizations) >= 2]
+  if combos:
+    best = max(combos, key=lambda c: stats[c].samples_per_second)
+    lines.append(_combination_verdict(comparison, key, best, single,
+                                      "Best combination"))
+    full = [c for c in combos
+            if len(c.optimizations) == len(comparison.matrix.axes)]
+    if full and len(comparison.matrix.axes) > 2:
+      best_full = max(full, key=lambda c: stats[c].samples_per_second)
+      if best_full != best:
+        lines.append(_combination_verdict(comparison, key, best_full, single,
+                                          "With every axis on, the best"))
+  interference = [s for s in analysis.slowdowns if s.is_interference]
+  if interference:
+    worst = max(interference, key=lambda s: s.slowdown_frac)
+    lines.append(
+        f"{len(interference)} interference finding(s); the largest: adding "
+        f"{comparison.axis_label(worst.added_axis, worst.cell.choices[worst.added_axis])}"
+        f" to {label(worst.reference)} made the step "
+        f"{100 * worst.slowdown_frac:.0f}% slower"
+        + (f" ({_phases_text(worst.grown_phases)} grew)."
+           if worst.grown_phases else "."))
+  elif combos:
+    lines.append("No combination was slower than its parts beyond the "
+                 "noise.")
+  return lines
+
+
+def _combination_verdict(comparison: Comparison, key: GroupKey, cell: Cell,
+                         single: Cell, what: str) -> str:
+  stats = comparison.stats(key)
+  ratio = comparison.analyses[key].speedup_vs_best_single[cell]
+  tol = _tolerance(comparison, stats[cell], stats[single])
+  if ratio > 1 + tol:
+    verdict = f"combining paid off: {_pct(ratio - 1)} over the best single"
+  elif ratio < 1 - tol:
+    verdict = (f"combining did not pay: {_pct(ratio - 1)} against the best "
+               "single")
+  else:
+    verdict = (f"combining changed nothing measurable: {_pct(ratio - 1)} "
+               f"against the best single, within the ±{100 * tol:.0f}% noise")
+  return f"{what}: {comparison.matrix.label(cell)}; {verdict}."
+
+
+def overall_findings(comparison: Comparison) -> List[str]:
+  """How often combining beat the best single optimization, over groups."""
+  paid, lost, even = [], [], []
+  for key in comparison.groups():
+    stats = comparison.stats(key)
+    single = comparison.analyses[key].best_single
+    combos = [c for c in stats if len(c.optimizations) >= 2]
+    if single is None or not combos:
+      continue
+    best = max(combos, key=lambda c: stats[c].samples_per_second)
+    ratio = comparison.analyses[key].speedup_vs_best_single[best]
+    tol = _tolerance(comparison, stats[best], stats[single])
+    name = comparison.group_label(key)
+    (paid if ratio > 1 + tol else lost if ratio < 1 - tol else even).append(
+        name)
+  total = len(paid) + len(lost) + len(even)
+  if not total:
+    return []
+  lines = [f"Over {total} group(s), the best combination beat the best "
+           f"single optimization beyond the noise in {len(paid)}, lost to "
+           f"it in {len(lost)}, and was even with it in {len(even)}."]
+  for what, names in (("Paid off", paid), ("Lost", lost), ("Even", even)):
+    if names:
+      lines.append(f"{what}: {'; '.join(names)}.")
+  num_interference = sum(
+      sum(1 for s in comparison.analyses[k].slowdowns if s.is_interference)
+      for k in comparison.groups())
+  lines.append(f"Interference findings in all: {num_interference}.")
+  return lines
+
+
+def _phases_text(grown) -> str:
+  return ", ".join(f"{p} +{1e3 * g:.1f} ms" for p, g in grown)
+
+
+# ------------------------------------------------------------------ report
+
+
+def format_report(comparison: Comparison, output_dir: str) -> str:
+  """The whole report.md text."""
+  out = io.StringIO()
+  meta = comparison.meta
+  out.write(f"# {meta.get('title', 'Overlap comparison')}\n\n")
+  if meta.get("summary"):
+    out.write(meta["summary"].strip() + "\n\n")
+  out.write(_plan_section(comparison))
+  out.write("\n## Findings\n\n")
+  for line in overall_findings(comparison):
+    out.write(f"- {line}\n")
+  for key in comparison.groups():
+    out.write(f"\n**{comparison.group_label(key)}**\n\n")
+    for line in group_findings(comparison, key):
+      out.write(f"- {line}\n")
+  out.write("\n## Definitions\n\n" + DEFINITIONS)
+  if len(comparison.frameworks) > 1:
+    out.write(_frameworks_section(comparison))
+  for key in comparison.groups():
+    out.write(_group_section(comparison, key))
+  out.write(_problems_section(comparison))
+  out.write(_plots_section(output_dir))
+  return out.getvalue()
+
+
+def _plan_section(comparison: Comparison) -> str:
+  meta = comparison.meta
+  out = io.StringIO()
+  out.write("## What ran\n\n")
+  rows = [(k, f"`{v}`" if k == "command" else v)
+          for k, v in meta.items() if k not in ("title", "summary")]
+  versions = comparison.framework_versions()
+  if versions:
+    rows.append(("frameworks", ", ".join(f"{f} {v}"
+                                         for f, v in versions.items())))
+  num_runs = len(comparison.outcomes)
+  rows.append(("runs", f"{num_runs} trainer processes"))
+  out.write(_table(["", ""], rows) + "\n\n")
+  out.write("Matrix axes (the first setting is the baseline):\n\n")
+  for axis in comparison.matrix.axes:
+    settings = ", ".join("+".join(s) for s in axis.settings)
+    out.write(f"- `{axis.name}`: {settings}\n")
+  if comparison.workloads.axes:
+    out.write("\nWorkloads (each is its own group, with its own "
+              "baseline):\n\n")
+    for axis in comparison.workloads.axes:
+      out.write(f"- `{axis.name}`: "
+                f"{', '.join('+'.join(s) for s in axis.settings)}\n")
+  return out.getvalue()
+
+
+def _frameworks_section(comparison: Comparison) -> str:
+  out = io.StringIO()
+  out.write("\n## Frameworks side by side (samples/s, median)\n\n")
+  for workload in comparison.workloads.cells():
+    if comparison.workloads.axes:
+      out.write(f"**{comparison.workloads.full_label(workload)}**\n\n")
+    headers = ["cell"] + list(comparison.frameworks)
+    rows = []
+    for cell in comparison.matrix.cells():
+      row = [comparison.matrix.label(cell)]
+      for framework in comparison.frameworks:
+        result = comparison.results.get((framework, workload), {}).get(cell)
+        row.append(_throughput_text(result, with_range=False))
+      rows.append(row)
+    out.write(_table(headers, rows) + "\n\n")
+  return out.getvalue()
+
+
+def _throughput_text(result, with_range=True) -> str:
+  if result is None:
+    return "not run"
+  if result.status == comparison_lib.UNSUPPORTED:
+    return "not supported"
+  if result.status == comparison_lib.FAILED:
+    return "failed"
+  s = result.stats
+  text = f"{s.samples_per_second:.0f}"
+  if with_range and len(s.runs_samples_per_second) > 1:
+    text += (f" [{min(s.runs_samples_per_second):.0f}-"
+             f"{max(s.runs_samples_per_second):.0f}]")
+  return text
+
+
+def _group_section(comparison: Comparison, key: GroupKey) -> str:
+  analysis = comparison.analyses[key]
+  out = io.StringIO()
+  out.write(f"\n## {comparison.group_label(key)}\n\n")
+  headers = ["cell", "runs ok", "samples/s [range]", "×base", "×best single",
+             "step ms", "data wait", "compute", "ckpt stall", "other",
+             "overlap eff."]
+  rows = []
+  for cell in comparison.cells(key):
+    result = comparison.results[key][cell]
+    row = [comparison.matrix.label(cell),
+           f"{result.num_ok}/{result.num_runs}", _throughput_text(result)]
+    if result.stats is None:
+      rows.append(row + [""] * (len(headers) - len(row)))
+      continue
+    s = result.stats
+    row += [_ratio(analysis.speedup_vs_baseline[cell]),
+            _ratio(analysis.speedup_vs_best_single[cell]), _ms(s.step_s)]
+    row += [_ms(s.phases_s[p]) for p in PHASE_COLUMNS]
+    row.append(_efficiency_text(analysis.efficiency[cell]))
+    rows.append(row)
+  out.write(_table(headers, rows) + "\n")
+  out.write(_components_text(comparison, key))
+  out.write(_marginal_text(comparison, key))
+  out.write(_slowdowns_text(comparison, key))
+  return out.getvalue()
+
+
+def _components_text(comparison: Comparison, key: GroupKey) -> str:
+  comp = comparison.analyses[key].components
+  if comp is None:
+    return "\nThe baseline failed: no serial components, no efficiency.\n"
+  rows = [[_ms(comp.data_wait_s), _ms(comp.compute_s), _ms(comp.checkpoint_s),
+           _ms(comp.other_s), _ms(comp.serial_s), _ms(comp.ideal_s)]]
+  return ("\nSerial components from the baseline cell, ms per step:\n\n" +
+          _table(["D data wait", "C compute", "K ckpt stall", "O other",
+                  "serial", "ideal"], rows) + "\n")
+
+
+def _marginal_text(comparison: Comparison, key: GroupKey) -> str:
+  effects = comparison.analyses[key].marginal_effects
+  if not effects:
+    return ""
+  rows = []
+  for effect in effects:
+    alone = comparison.stats(key)
+    base_cell = Cell(tuple(effect.choice if i == effect.axis else 0
+                           for i in range(len(comparison.matrix.axes))))
+    alone_ratio = (comparison.analyses[key].speedup_vs_baseline.get(base_cell)
+                   if base_cell in alone else None)
+    rows.append([comparison.axis_label(effect.axis, effect.choice),
+                 _ratio(alone_ratio), str(len(effect.ratios)),
+                 _ratio(statistics.median(effect.ratios)),
+                 f"{min(effect.ratios):.2f}-{max(effect.ratios):.2f}"])
+  return ("\nWhat each setting did when added (throughput with / without "
+          "it), alone and over every context measured:\n\n" +
+          _table(["setting", "alone", "contexts", "median", "range"], rows) +
+          "\n")
+
+
+def _slowdowns_text(comparison: Comparison, key: GroupKey) -> str:
+  slowdowns = comparison.analyses[key].slowdowns
+  if not slowdowns:
+    return "\nNo slow-downs beyond the noise.\n"
+  rows = []
+  for s in slowdowns:
+    stats = comparison.stats(key)
+    rows.append([
+        "interference" + (" (all parts)" if s.slower_than_all_parts else "")
+        if s.is_interference else "slower alone",
+        comparison.axis_label(s.added_axis, s.cell.choices[s.added_axis]),
+        comparison.matrix.label(s.reference),
+        f"{_ms(stats[s.reference].step_s)} -> {_ms(stats[s.cell].step_s)}",
+        f"{_pct(s.slowdown_frac)} (tol. {100 * s.tolerance_frac:.0f}%)",
+        _phases_text(s.grown_phases) or "none alone"])
+  return ("\nSlow-downs: adding a setting made the step slower.\n\n" +
+          _table(["kind", "added", "to", "step ms", "slow-down",
+                  "phases that grew"], rows) + "\n")
+
+
+def _problems_section(comparison: Comparison) -> str:
+  rows = []
+  for key in comparison.groups():
+    for cell in comparison.cells(key):
+      result = comparison.results[key][cell]
+      if result.errors:
+        status = ("not supported by " + key[0]
+                  if result.status == comparison_lib.UNSUPPORTED else
+                  f"{result.num_runs - result.num_ok} of {result.num_runs} "
+                  "runs failed")
+        rows.append([comparison.group_label(key),
+                     comparison.matrix.label(cell), status,
+                     " / ".join(e.replace("|", "\\|") for e in
+                                result.errors)])
+  if not rows:
+    return "\n## Failed or refused cells\n\nNone.\n"
+  return ("\n## Failed or refused cells\n\n" +
+          _table(["group", "cell", "status", "error"], rows) + "\n")
+
+
+def _plots_section(output_dir: str) -> str:
+  names = [n for n in PLOT_NAMES
+           if os.path.exists(os.path.join(output_dir, n))]
+  if not names:
+    return ""
+  return "\n## Plots\n\n" + "".join(f"![{n[:-4]}]({n})\n\n" for n in names)
+
+
+# --------------------------------------------------------------------- CSV
+
+
+def _axis_columns(comparison: Comparison) -> List[str]:
+  return ([a.name for a in comparison.workloads.axes] +
+          [a.name for a in comparison.matrix.axes])
+
+
+def _axis_values(comparison: Comparison, workload: Cell, cell: Cell
+                 ) -> List[str]:
+  values = []
+  for matrix, point in ((comparison.workloads, workload),
+                        (comparison.matrix, cell)):
+    values += ["+".join(a.settings[c])
+               for a, c in zip(matrix.axes, point.choices)]
+  return values
+
+
+def _csv_text(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
+  out = io.StringIO()
+  writer = csv.writer(out, lineterminator="\n")
+  writer.writerow(headers)
+  writer.writerows(rows)
+  return out.getvalue()
+
+
+def _num(value: Optional[float], digits: int = 6) -> str:
+  return "" if value is None else f"{value:.{digits}g}"
+
+
+def format_results_csv(comparison: Comparison) -> str:
+  """One row per cell: the medians and metrics the report shows."""
+  headers = (["framework", "group", "cell", "num_optimizations"] +
+             _axis_columns(comparison) +
+             ["status", "runs_ok", "runs", "samples_per_second",
+              "samples_per_second_min", "samples_per_second_max", "step_ms"] +
+             [f"{p}_ms" for p in PHASE_COLUMNS] +
+             ["step_spread", "speedup_vs_baseline", "speedup_vs_best_single",
+              "overlap_efficiency", "overlap_efficiency_raw",
+              "checkpoint_interval_s", "error"])
+  rows = []
+  for key in comparison.groups():
+    analysis = comparison.analyses[key]
+    for cell in comparison.cells(key):
+      result = comparison.results[key][cell]
+      row = [key[0], comparison.group_label(key), comparison.matrix.label(cell),
+             len(cell.optimizations)] + _axis_values(comparison, key[1], cell)
+      row += [result.status, result.num_ok, result.num_runs]
+      s = result.stats
+      if s is None:
+        row += [""] * (len(headers) - len(row) - 1)
+      else:
+        eff = analysis.efficiency[cell]
+        row += [_num(s.samples_per_second),
+                _num(min(s.runs_samples_per_second)),
+                _num(max(s.runs_samples_per_second)), _num(1e3 * s.step_s)]
+        row += [_num(1e3 * s.phases_s[p]) for p in PHASE_COLUMNS]
+        row += [_num(s.step_spread),
+                _num(analysis.speedup_vs_baseline[cell]),
+                _num(analysis.speedup_vs_best_single[cell]),
+                _num(eff.value if eff else None),
+                _num(eff.raw if eff else None),
+                _num(s.checkpoint_interval_s)]
+      row.append(" / ".join(result.errors))
+      rows.append(row)
+  return _csv_text(headers, rows)
+
+
+def format_runs_csv(comparison: Comparison, output_dir: str) -> str:
+  """One row per run, its numbers copied from its run.json."""
+  headers = (["framework", "group", "cell", "repeat", "status",
+              "samples_per_second", "step_ms"] +
+             [f"{p}_ms" for p in PHASE_COLUMNS] +
+             ["measured_steps", "wall_s", "run_dir", "error"])
+  order = {c: i for i, c in enumerate(comparison.matrix.cells())}
+  workload_order = {w: i for i, w in enumerate(comparison.workloads.cells())}
+  outcomes = sorted(comparison.outcomes, key=lambda o: (
+      workload_order[o.workload], list(comparison.frameworks).index(
+          o.framework), order[o.cell], o.repeat))
+  rows = []
+  for o in outcomes:
+    row = [o.framework, comparison.group_label((o.framework, o.workload)),
+           comparison.matrix.label(o.cell), o.repeat, o.status]
+    if o.record:
+      phases = o.record["phases"]
+      row += [_num(o.record["samples_per_second"]),
+              _num(1e3 * phases["step"]["mean"])]
+      row += [_num(1e3 * phases.get(p, {}).get("mean", 0.0))
+              for p in PHASE_COLUMNS]
+      row.append(o.record["measured_steps"])
+    else:
+      row += [""] * (3 + len(PHASE_COLUMNS))
+    row += [f"{o.wall_s:.1f}", os.path.relpath(o.run_dir, output_dir),
+            o.error]
+    rows.append(row)
+  return _csv_text(headers, rows)

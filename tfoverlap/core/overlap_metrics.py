@@ -1,0 +1,339 @@
+"""What a comparison matrix measured: speed-ups, overlap efficiency, interference.
+
+Everything here works on run.json dicts (either framework's) and on the
+cells of a `matrix.Matrix`; nothing runs or imports a framework.
+
+Definitions (the report prints them too):
+
+- A cell's numbers are medians over its successful repeats: throughput is
+  the median of `samples_per_second`, the step time and every phase the
+  median of `phases.<name>.mean` (seconds per measured step, so a
+  checkpoint's stall is spread over all steps).
+- Speed-up over the baseline: throughput(cell) / throughput(baseline).
+  Speed-up over the best single: throughput(cell) / the highest throughput
+  of the cells that move exactly one axis.
+- Overlap efficiency. The baseline cell provides the components, measured
+  serially: D = its data wait (input prefetch off, if that is the
+  baseline), C = its compute, K = its checkpoint stall (a synchronous save,
+  if that is the baseline) and O = its other time. Serial = D + C + K + O,
+  the baseline's step. Ideal = max(D, C, K) + O: every component hidden
+  behind the longest one, with nothing slowed by sharing. Efficiency of a
+  cell with step S = (serial - S) / (serial - ideal): 0 is no better than
+  serial, 1 is the ideal. It is clipped to [0, 1] and the raw value kept:
+  below 0 the cell is slower than serial; above 1 it beat the ideal, which
+  happens when an optimization made a component itself cheaper (data
+  parallelism shrinking compute), outside what overlap alone can do. It is
+  undefined when serial - ideal is under 2% of serial: there is nothing to
+  overlap.
+- Slow-down: adding an optimization x to a cell P made it slower, i.e.
+  step(P + x) > step(P) * (1 + tolerance), tolerance being the larger of
+  the noise floor and each cell's spread across repeats ((max - min) /
+  median of its step times). When P has an optimization of its own, the
+  slow-down is interference: the combination is slower than one of its
+  parts. The phases named are those whose per-step time grew by at least a
+  fifth of the step's growth.
+"""
+
+import dataclasses
+import statistics
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from tfoverlap.core.ledger import CHECKPOINT_STALL, COMPUTE, DATA_WAIT, OTHER
+from tfoverlap.core.matrix import Cell
+
+# The phases that partition a step (their means add up to the step's mean).
+STEP_PHASES = (DATA_WAIT, COMPUTE, CHECKPOINT_STALL, OTHER)
+# Below this share of serial time there is nothing worth overlapping, and the
+# efficiency ratio would divide noise by noise.
+MIN_OVERLAPPABLE_FRAC = 0.02
+# A phase is named as having grown when it accounts for at least this share
+# of the step's growth.
+GROWN_PHASE_SHARE = 0.2
+DEFAULT_NOISE_FLOOR = 0.05
+_ROUNDING = 1e-9
+
+
+@dataclasses.dataclass(frozen=True)
+class CellStats:
+  """One cell's measurements: medians over its successful repeats.
+
+  Attributes:
+    num_runs: repeats that produced a run.json.
+    samples_per_second: median steady-state throughput.
+    step_s: median of the mean step time.
+    phases_s: median of each phase's mean time per step, in STEP_PHASES.
+    step_spread: (max - min) / median of the repeats' mean step times; 0
+      with one repeat.
+    runs_samples_per_second: every repeat's throughput, in run order.
+    checkpoint_interval_s: median seconds between checkpoints (cadence in
+      steps times the mean step), or None without checkpoints.
+  """
+  num_runs: int
+  samples_per_second: float
+  step_s: float
+  phases_s: Dict[str, float]
+  step_spread: float
+  runs_samples_per_second: Tuple[float, ...]
+  checkpoint_interval_s: Optional[float] = None
+
+  @property
+  def phase_fractions(self) -> Dict[str, float]:
+    return {p: (v / self.step_s if self.step_s else 0.0)
+            for p, v in self.phases_s.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class OverlapComponents:
+  """The serial components of a step, from the baseline cell (seconds)."""
+  data_wait_s: float
+  compute_s: float
+  checkpoint_s: float
+  other_s: float
+
+  @property
+  def serial_s(self) -> float:
+    return self.data_wait_s + self.compute_s + self.checkpoint_s + self.other_s
+
+  @property
+  def ideal_s(self) -> float:
+    return max(self.data_wait_s, self.compute_s, self.checkpoint_s) + \
+        self.other_s
+
+
+@dataclasses.dataclass(frozen=True)
+class Efficiency:
+  """Overlap efficiency of one cell.
+
+  Attributes:
+    value: clipped to [0, 1].
+    raw: before clipping.
+    note: why it was clipped, or "".
+  """
+  value: float
+  raw: float
+  note: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Slowdown:
+  """Adding the optimization on `added_axis` to `reference` made it slower.
+
+  Attributes:
+    cell: the cell with the optimization added.
+    added_axis: index of the axis whose setting was added.
+    reference: `cell` without it.
+    slowdown_frac: step(cell) / step(reference) - 1.
+    tolerance_frac: what the slow-down had to exceed to count.
+    grown_phases: (phase, growth in seconds per step), largest first.
+    slower_than_all_parts: the cell is slower than every cell that drops
+      one of its optimizations (for a pair A + B: slower than A and B).
+  """
+  cell: Cell
+  added_axis: int
+  reference: Cell
+  slowdown_frac: float
+  tolerance_frac: float
+  grown_phases: Tuple[Tuple[str, float], ...]
+  slower_than_all_parts: bool
+
+  @property
+  def is_interference(self) -> bool:
+    """The reference already had an optimization: a combination lost."""
+    return not self.reference.is_baseline
+
+
+@dataclasses.dataclass(frozen=True)
+class MarginalEffect:
+  """What one axis setting did when added, across every context it met.
+
+  Attributes:
+    axis: axis index.
+    choice: setting index on that axis (never the baseline, 0).
+    ratios: throughput(with) / throughput(without), one per context, in
+      cell order; the first is the context with nothing else on.
+  """
+  axis: int
+  choice: int
+  ratios: Tuple[float, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupAnalysis:
+  """Metrics of one framework x workload group of cells.
+
+  Attributes:
+    components: from the baseline cell; None when the baseline failed.
+    speedup_vs_baseline, speedup_vs_best_single: per cell with stats.
+    efficiency: per cell with stats, None where undefined.
+    best_single: the fastest single-optimization cell, or None.
+    slowdowns: every slow-down found, interference and single alike.
+    marginal_effects: per non-baseline axis setting.
+  """
+  components: Optional[OverlapComponents]
+  speedup_vs_baseline: Dict[Cell, Optional[float]]
+  speedup_vs_best_single: Dict[Cell, Optional[float]]
+  efficiency: Dict[Cell, Optional[Efficiency]]
+  best_single: Optional[Cell]
+  slowdowns: List[Slowdown]
+  marginal_effects: List[MarginalEffect]
+
+
+def checkpoint_interval_s(record: dict) -> Optional[float]:
+  """Seconds between checkpoints in a run: the cadence times the mean step.
+
+  The cadence is the one in force at the end (`--checkpoint_every=auto`
+  replans as it goes); None when the run made no checkpoints.
+  """
+  checkpoint = record.get("checkpoint") or {}
+  every = checkpoint.get("final_every_steps") or checkpoint.get("every_steps")
+  if checkpoint.get("mode", "none") == "none" or not every or every < 1:
+    return None
+  return every * record["phases"]["step"]["mean"]
+
+
+def summarize_records(records: Sequence[dict]) -> CellStats:
+  """Medians over the run.json dicts of one cell's successful repeats.
+
+  Raises:
+    ValueError: when `records` is empty.
+  """
+  if not records:
+    raise ValueError("summarize_records needs at least one run record")
+  steps = [r["phases"]["step"]["mean"] for r in records]
+  step_s = statistics.median(steps)
+  spread = (max(steps) - min(steps)) / step_s if step_s > 0 else 0.0
+  phases = {p: statistics.median(r["phases"].get(p, {}).get("mean", 0.0)
+                                 for r in records) for p in STEP_PHASES}
+  intervals = [checkpoint_interval_s(r) for r in records]
+  intervals = [i for i in intervals if i is not None]
+  return CellStats(
+      num_runs=len(records),
+      samples_per_second=statistics.median(r["samples_per_second"]
+                                           for r in records),
+      step_s=step_s,
+      phases_s=phases,
+      step_spread=spread,
+      runs_samples_per_second=tuple(r["samples_per_second"] for r in records),
+      checkpoint_interval_s=(statistics.median(intervals) if intervals
+                             else None))
+
+
+def components_from(baseline: CellStats) -> OverlapComponents:
+  return OverlapComponents(
+      data_wait_s=baseline.phases_s[DATA_WAIT],
+      compute_s=baseline.phases_s[COMPUTE],
+      checkpoint_s=baseline.phases_s[CHECKPOINT_STALL],
+      other_s=baseline.phases_s[OTHER])
+
+
+def overlap_efficiency(step_s: float, components: OverlapComponents
+                       ) -> Optional[Efficiency]:
+  """(serial - step) / (serial - ideal), clipped to [0, 1]; see the module doc.
+
+  Returns:
+    None when serial - ideal is under MIN_OVERLAPPABLE_FRAC of serial.
+  """
+  serial = components.serial_s
+  overlappable = serial - components.ideal_s
+  if serial <= 0 or overlappable < MIN_OVERLAPPABLE_FRAC * serial:
+    return None
+  raw = (serial - step_s) / overlappable
+  if abs(raw) < _ROUNDING or abs(raw - 1) < _ROUNDING:
+    # The baseline itself sums its phases in another order than its step.
+    raw = round(raw)
+  if raw < 0:
+    return Efficiency(0.0, raw, "slower than serial")
+  if raw > 1:
+    return Efficiency(1.0, raw, "beat the ideal: a component got cheaper")
+  return Efficiency(raw, raw, "")
+
+
+def grown_phases(cell: CellStats, reference: CellStats
+                 ) -> Tuple[Tuple[str, float], ...]:
+  """Phases whose per-step time grew by at least GROWN_PHASE_SHARE of the
+  step's growth, largest growth first."""
+  step_growth = cell.step_s - reference.step_s
+  growth = [(p, cell.phases_s[p] - reference.phases_s[p]) for p in STEP_PHASES]
+  threshold = GROWN_PHASE_SHARE * max(step_growth, 0.0)
+  named = [(p, g) for p, g in growth if g > 0 and g >= threshold]
+  return tuple(sorted(named, key=lambda pg: -pg[1]))
+
+
+def _tolerance(noise_floor: float, *cells: CellStats) -> float:
+  return max([noise_floor] + [c.step_spread for c in cells])
+
+
+def find_slowdowns(stats: Mapping[Cell, CellStats],
+                   noise_floor: float = DEFAULT_NOISE_FLOOR
+                   ) -> List[Slowdown]:
+  """Every (cell, added optimization) whose addition made the step slower.
+
+  Args:
+    stats: measured cells; cells missing (failed) are skipped.
+    noise_floor: the smallest relative slow-down that counts.
+
+  Returns:
+    Slow-downs in cell order, then axis order.
+  """
+  found = []
+  for cell in sorted(stats):
+    parts = {i: cell.without(i) for i in cell.optimizations}
+    parts = {i: p for i, p in parts.items() if p in stats}
+    for axis, reference in parts.items():
+      ref, now = stats[reference], stats[cell]
+      tolerance = _tolerance(noise_floor, now, ref)
+      slowdown = now.step_s / ref.step_s - 1 if ref.step_s > 0 else 0.0
+      if slowdown <= tolerance:
+        continue
+      slower_than_all = (len(parts) == len(cell.optimizations) and all(
+          now.step_s > stats[p].step_s for p in parts.values()))
+      found.append(Slowdown(cell, axis, reference, slowdown, tolerance,
+                            grown_phases(now, ref), slower_than_all))
+  return found
+
+
+def marginal_effects(stats: Mapping[Cell, CellStats]
+                     ) -> List[MarginalEffect]:
+  """For each axis setting: its throughput ratio in every context measured."""
+  ratios: Dict[Tuple[int, int], List[float]] = {}
+  for cell in sorted(stats):
+    for axis in cell.optimizations:
+      without = cell.without(axis)
+      if without in stats and stats[without].samples_per_second > 0:
+        ratios.setdefault((axis, cell.choices[axis]), []).append(
+            stats[cell].samples_per_second /
+            stats[without].samples_per_second)
+  return [MarginalEffect(axis, choice, tuple(r))
+          for (axis, choice), r in sorted(ratios.items())]
+
+
+def analyze_group(stats: Mapping[Cell, CellStats],
+                  noise_floor: float = DEFAULT_NOISE_FLOOR) -> GroupAnalysis:
+  """Speed-ups, efficiencies and slow-downs of one group's measured cells.
+
+  Args:
+    stats: {cell: its stats} for the cells that produced results; the
+      baseline is the cell whose choices are all 0.
+    noise_floor: see `find_slowdowns`.
+  """
+  baseline = next((c for c in stats if c.is_baseline), None)
+  base = stats.get(baseline) if baseline is not None else None
+  singles = [c for c in stats if len(c.optimizations) == 1]
+  best_single = max(singles, key=lambda c: stats[c].samples_per_second,
+                    default=None)
+  components = components_from(base) if base is not None else None
+
+  def ratio(cell, reference):
+    if reference is None or stats[reference].samples_per_second <= 0:
+      return None
+    return stats[cell].samples_per_second / stats[reference].samples_per_second
+
+  return GroupAnalysis(
+      components=components,
+      speedup_vs_baseline={c: ratio(c, baseline) for c in stats},
+      speedup_vs_best_single={c: ratio(c, best_single) for c in stats},
+      efficiency={c: (overlap_efficiency(stats[c].step_s, components)
+                      if components else None) for c in stats},
+      best_single=best_single,
+      slowdowns=find_slowdowns(stats, noise_floor),
+      marginal_effects=marginal_effects(stats))
