@@ -38,8 +38,13 @@ def _workload_title(comparison: Comparison, workload) -> str:
 
 
 def _grouped_bars(comparison: Comparison, value_of, *, ylabel: str,
-                  title: str, path: str, with_range=None) -> None:
-  """One panel per workload; per cell, one bar per framework."""
+                  title: str, path: str, with_range=None,
+                  note_of=None) -> None:
+  """One panel per workload; per cell, one bar per framework.
+
+  `note_of(framework, workload, cell)` may return a short text to print
+  above that bar (e.g. why a value was clipped).
+  """
   workloads = comparison.workloads.cells()
   cells = comparison.matrix.cells()
   frameworks = list(comparison.frameworks)
@@ -65,6 +70,12 @@ def _grouped_bars(comparison: Comparison, value_of, *, ylabel: str,
       ax.bar(xs, heights, width, label=framework,
              color=FRAMEWORK_COLORS[f_index % len(FRAMEWORK_COLORS)],
              yerr=[low, high] if with_range else None, capsize=2)
+      for x, cell in enumerate(cells):
+        note = note_of(framework, workload, cell) if note_of else ""
+        if note:
+          ax.annotate(note, (x + (f_index - (len(frameworks) - 1) / 2) *
+                             width, 0), xytext=(0, 2),
+                      textcoords="offset points", ha="center", fontsize=6)
     ax.set_xticks(range(len(cells)))
     ax.set_xticklabels([_tick_label(comparison, c) for c in cells],
                        fontsize=7)
@@ -101,8 +112,16 @@ def plot_efficiency(comparison: Comparison, path: str) -> None:
     eff = comparison.analyses[(framework, workload)].efficiency.get(cell)
     return 100 * eff.value if eff else None
 
+  def note(framework, workload, cell):
+    eff = comparison.analyses.get((framework, workload))
+    eff = eff.efficiency.get(cell) if eff else None
+    if eff is None:
+      result = comparison.results.get((framework, workload), {}).get(cell)
+      return "n/a" if result is not None and result.stats else ""
+    return "<0" if eff.raw < 0 else ">1" if eff.raw > 1 else ""
+
   _grouped_bars(comparison, value, ylabel="overlap efficiency, % (clipped)",
-                title="Overlap efficiency", path=path)
+                title="Overlap efficiency", path=path, note_of=note)
 
 
 def plot_breakdown(comparison: Comparison, path: str) -> None:
