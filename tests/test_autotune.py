@@ -8,7 +8,7 @@ import pytest
 
 from tfoverlap.core import autotune, autotune_report
 from tfoverlap.core.autotune import Constraints, TrialFailed
-from tfoverlap.core.matrix import Cell, Matrix, parse_axes
+from tfoverlap.core.matrix import Matrix, parse_axes
 from tfoverlap.core.overlap_metrics import CellStats
 
 MATRIX = Matrix(parse_axes("a=0,1;b=0,1;c=0,1"))

@@ -6,7 +6,6 @@ known duration and every expected number below is worked out by hand.
 """
 
 import csv
-import os
 
 import pytest
 

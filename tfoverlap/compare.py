@@ -30,7 +30,7 @@ import os
 import shlex
 import sys
 import time
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Sequence
 
 from absl import app
 from absl import flags as absl_flags

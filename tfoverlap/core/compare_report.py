@@ -14,6 +14,7 @@ import os
 import statistics
 from typing import Dict, List, Optional, Sequence
 
+from tfoverlap.core import compare_findings
 from tfoverlap.core import comparison as comparison_lib
 from tfoverlap.core import overlap_metrics
 from tfoverlap.core.comparison import Comparison, GroupKey
@@ -99,117 +100,6 @@ def _efficiency_text(eff: Optional[overlap_metrics.Efficiency]) -> str:
   return f"{100 * eff.value:.0f}%"
 
 
-# ---------------------------------------------------------------- findings
-
-
-def _tolerance(comparison: Comparison, *stats) -> float:
-  return max([comparison.noise_floor] + [s.step_spread for s in stats])
-
-
-def group_findings(comparison: Comparison, key: GroupKey) -> List[str]:
-  """Plain statements about one group, from its numbers."""
-  analysis = comparison.analyses[key]
-  stats = comparison.stats(key)
-  label = comparison.matrix.label
-  if not stats:
-    return ["No cell produced results."]
-  baseline = next((c for c in stats if c.is_baseline), None)
-  lines = []
-  fastest = max(stats, key=lambda c: stats[c].samples_per_second)
-  if baseline is None:
-    lines.append("The baseline did not run, so there are no speed-ups. "
-                 f"Fastest: {label(fastest)}, "
-                 f"{stats[fastest].samples_per_second:.0f} samples/s.")
-    return lines
-  lines.append(
-      f"Baseline: {stats[baseline].samples_per_second:.0f} samples/s. "
-      f"Fastest: {label(fastest)}, "
-      f"{stats[fastest].samples_per_second:.0f} samples/s "
-      f"(×{analysis.speedup_vs_baseline[fastest]:.2f} over the baseline).")
-  single = analysis.best_single
-  if single is None:
-    return lines
-  lines.append(f"Best single optimization: {label(single)} "
-               f"(×{analysis.speedup_vs_baseline[single]:.2f}).")
-  combos = [c for c in stats if len(c.optimizations) >= 2]
-  if combos:
-    best = max(combos, key=lambda c: stats[c].samples_per_second)
-    lines.append(_combination_verdict(comparison, key, best, single,
-                                      "Best combination"))
-    full = [c for c in combos
-            if len(c.optimizations) == len(comparison.matrix.axes)]
-    if full and len(comparison.matrix.axes) > 2:
-      best_full = max(full, key=lambda c: stats[c].samples_per_second)
-      if best_full != best:
-        lines.append(_combination_verdict(comparison, key, best_full, single,
-                                          "With every axis on, the best"))
-  interference = [s for s in analysis.slowdowns if s.is_interference]
-  if interference:
-    worst = max(interference, key=lambda s: s.slowdown_frac)
-    lines.append(
-        f"{len(interference)} interference finding(s); the largest: adding "
-        f"{comparison.axis_label(worst.added_axis, worst.cell.choices[worst.added_axis])}"
-        f" to {label(worst.reference)} made the step "
-        f"{100 * worst.slowdown_frac:.0f}% slower"
-        + (f" ({_phases_text(worst.grown_phases)} grew)."
-           if worst.grown_phases else "."))
-  elif combos:
-    lines.append("No combination was slower than its parts beyond the "
-                 "noise.")
-  return lines
-
-
-def _combination_verdict(comparison: Comparison, key: GroupKey, cell: Cell,
-                         single: Cell, what: str) -> str:
-  stats = comparison.stats(key)
-  ratio = comparison.analyses[key].speedup_vs_best_single[cell]
-  tol = _tolerance(comparison, stats[cell], stats[single])
-  if ratio > 1 + tol:
-    verdict = f"combining paid off: {_pct(ratio - 1)} over the best single"
-  elif ratio < 1 - tol:
-    verdict = (f"combining did not pay: {_pct(ratio - 1)} against the best "
-               "single")
-  else:
-    verdict = (f"combining changed nothing measurable: {_pct(ratio - 1)} "
-               f"against the best single, within the ±{100 * tol:.0f}% noise")
-  return f"{what}: {comparison.matrix.label(cell)}; {verdict}."
-
-
-def overall_findings(comparison: Comparison) -> List[str]:
-  """How often combining beat the best single optimization, over groups."""
-  paid, lost, even = [], [], []
-  for key in comparison.groups():
-    stats = comparison.stats(key)
-    single = comparison.analyses[key].best_single
-    combos = [c for c in stats if len(c.optimizations) >= 2]
-    if single is None or not combos:
-      continue
-    best = max(combos, key=lambda c: stats[c].samples_per_second)
-    ratio = comparison.analyses[key].speedup_vs_best_single[best]
-    tol = _tolerance(comparison, stats[best], stats[single])
-    name = comparison.group_label(key)
-    (paid if ratio > 1 + tol else lost if ratio < 1 - tol else even).append(
-        name)
-  total = len(paid) + len(lost) + len(even)
-  if not total:
-    return []
-  lines = [f"Over {total} group(s), the best combination beat the best "
-           f"single optimization beyond the noise in {len(paid)}, lost to "
-           f"it in {len(lost)}, and was even with it in {len(even)}."]
-  for what, names in (("Paid off", paid), ("Lost", lost), ("Even", even)):
-    if names:
-      lines.append(f"{what}: {'; '.join(names)}.")
-  num_interference = sum(
-      sum(1 for s in comparison.analyses[k].slowdowns if s.is_interference)
-      for k in comparison.groups())
-  lines.append(f"Interference findings in all: {num_interference}.")
-  return lines
-
-
-def _phases_text(grown) -> str:
-  return ", ".join(f"{p} +{1e3 * g:.1f} ms" for p, g in grown)
-
-
 # ------------------------------------------------------------------ report
 
 
@@ -222,11 +112,11 @@ def format_report(comparison: Comparison, output_dir: str) -> str:
     out.write(meta["summary"].strip() + "\n\n")
   out.write(_plan_section(comparison))
   out.write("\n## Findings\n\n")
-  for line in overall_findings(comparison):
+  for line in compare_findings.overall_findings(comparison):
     out.write(f"- {line}\n")
   for key in comparison.groups():
     out.write(f"\n**{comparison.group_label(key)}**\n\n")
-    for line in group_findings(comparison, key):
+    for line in compare_findings.group_findings(comparison, key):
       out.write(f"- {line}\n")
   out.write("\n## Definitions\n\n" + DEFINITIONS)
   if len(comparison.frameworks) > 1:
@@ -371,7 +261,7 @@ def _slowdowns_text(comparison: Comparison, key: GroupKey) -> str:
         comparison.matrix.label(s.reference),
         f"{_ms(stats[s.reference].step_s)} -> {_ms(stats[s.cell].step_s)}",
         f"{_pct(s.slowdown_frac)} (tol. {100 * s.tolerance_frac:.0f}%)",
-        _phases_text(s.grown_phases) or "none alone"])
+        compare_findings.phases_text(s.grown_phases) or "none alone"])
   return ("\nSlow-downs: adding a setting made the step slower.\n\n" +
           _table(["kind", "added", "to", "step ms", "slow-down",
                   "phases that grew"], rows) + "\n")

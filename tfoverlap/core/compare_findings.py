@@ -1,0 +1,125 @@
+"""The findings of a comparison, in plain words, from its numbers.
+
+For each group (framework x workload): the baseline and the fastest cell,
+the best single optimization, whether the best combination beat it beyond
+the noise, and the largest interference. Over all groups: how often
+combining paid off. The report puts these first.
+"""
+
+from typing import List
+
+from tfoverlap.core.comparison import Comparison, GroupKey
+from tfoverlap.core.matrix import Cell
+
+
+def _pct(value: float) -> str:
+  return f"{100 * value:+.0f}%"
+
+
+def phases_text(grown) -> str:
+  """`compute +12.0 ms, data_wait +1.2 ms` for a slow-down's grown phases."""
+  return ", ".join(f"{p} +{1e3 * g:.1f} ms" for p, g in grown)
+
+
+def _tolerance(comparison: Comparison, *stats) -> float:
+  return max([comparison.noise_floor] + [s.step_spread for s in stats])
+
+
+def group_findings(comparison: Comparison, key: GroupKey) -> List[str]:
+  """Plain statements about one group, from its numbers."""
+  analysis = comparison.analyses[key]
+  stats = comparison.stats(key)
+  label = comparison.matrix.label
+  if not stats:
+    return ["No cell produced results."]
+  baseline = next((c for c in stats if c.is_baseline), None)
+  lines = []
+  fastest = max(stats, key=lambda c: stats[c].samples_per_second)
+  if baseline is None:
+    lines.append("The baseline did not run, so there are no speed-ups. "
+                 f"Fastest: {label(fastest)}, "
+                 f"{stats[fastest].samples_per_second:.0f} samples/s.")
+    return lines
+  lines.append(
+      f"Baseline: {stats[baseline].samples_per_second:.0f} samples/s. "
+      f"Fastest: {label(fastest)}, "
+      f"{stats[fastest].samples_per_second:.0f} samples/s "
+      f"(×{analysis.speedup_vs_baseline[fastest]:.2f} over the baseline).")
+  single = analysis.best_single
+  if single is None:
+    return lines
+  lines.append(f"Best single optimization: {label(single)} "
+               f"(×{analysis.speedup_vs_baseline[single]:.2f}).")
+  combos = [c for c in stats if len(c.optimizations) >= 2]
+  if combos:
+    best = max(combos, key=lambda c: stats[c].samples_per_second)
+    lines.append(_combination_verdict(comparison, key, best, single,
+                                      "Best combination"))
+    full = [c for c in combos
+            if len(c.optimizations) == len(comparison.matrix.axes)]
+    if full and len(comparison.matrix.axes) > 2:
+      best_full = max(full, key=lambda c: stats[c].samples_per_second)
+      if best_full != best:
+        lines.append(_combination_verdict(comparison, key, best_full, single,
+                                          "With every axis on, the best"))
+  interference = [s for s in analysis.slowdowns if s.is_interference]
+  if interference:
+    worst = max(interference, key=lambda s: s.slowdown_frac)
+    lines.append(
+        f"{len(interference)} interference finding(s); the largest: adding "
+        f"{comparison.axis_label(worst.added_axis, worst.cell.choices[worst.added_axis])}"
+        f" to {label(worst.reference)} made the step "
+        f"{100 * worst.slowdown_frac:.0f}% slower"
+        + (f" ({phases_text(worst.grown_phases)} grew)."
+           if worst.grown_phases else "."))
+  elif combos:
+    lines.append("No combination was slower than its parts beyond the "
+                 "noise.")
+  return lines
+
+
+def _combination_verdict(comparison: Comparison, key: GroupKey, cell: Cell,
+                         single: Cell, what: str) -> str:
+  stats = comparison.stats(key)
+  ratio = comparison.analyses[key].speedup_vs_best_single[cell]
+  tol = _tolerance(comparison, stats[cell], stats[single])
+  if ratio > 1 + tol:
+    verdict = f"combining paid off: {_pct(ratio - 1)} over the best single"
+  elif ratio < 1 - tol:
+    verdict = (f"combining did not pay: {_pct(ratio - 1)} against the best "
+               "single")
+  else:
+    verdict = (f"combining changed nothing measurable: {_pct(ratio - 1)} "
+               f"against the best single, within the ±{100 * tol:.0f}% noise")
+  return f"{what}: {comparison.matrix.label(cell)}; {verdict}."
+
+
+def overall_findings(comparison: Comparison) -> List[str]:
+  """How often combining beat the best single optimization, over groups."""
+  paid, lost, even = [], [], []
+  for key in comparison.groups():
+    stats = comparison.stats(key)
+    single = comparison.analyses[key].best_single
+    combos = [c for c in stats if len(c.optimizations) >= 2]
+    if single is None or not combos:
+      continue
+    best = max(combos, key=lambda c: stats[c].samples_per_second)
+    ratio = comparison.analyses[key].speedup_vs_best_single[best]
+    tol = _tolerance(comparison, stats[best], stats[single])
+    name = comparison.group_label(key)
+    (paid if ratio > 1 + tol else lost if ratio < 1 - tol else even).append(
+        name)
+  total = len(paid) + len(lost) + len(even)
+  if not total:
+    return []
+  lines = [f"Over {total} group(s), the best combination beat the best "
+           f"single optimization beyond the noise in {len(paid)}, lost to "
+           f"it in {len(lost)}, and was even with it in {len(even)}."]
+  for what, names in (("Paid off", paid), ("Lost", lost), ("Even", even)):
+    if names:
+      lines.append(f"{what}: {'; '.join(names)}.")
+  num_interference = sum(
+      sum(1 for s in comparison.analyses[k].slowdowns if s.is_interference)
+      for k in comparison.groups())
+  lines.append(f"Interference findings in all: {num_interference}.")
+  return lines
