@@ -6,38 +6,15 @@ the replicated step (forward, backward, all-reduce, update), the checkpoint.
 input, so there the data wait is inside the compute span.
 """
 
-import dataclasses
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 import keras
 import tensorflow as tf
 
 from tfoverlap import steps
 from tfoverlap.core import ledger as ledger_lib
-from tfoverlap.core.progress import ProgressPrinter
-
-
-@dataclasses.dataclass
-class LoopContext:
-  """What both loops need besides the model: bookkeeping and cadence."""
-  ledger: ledger_lib.StepLedger
-  progress: ProgressPrinter
-  checkpointer: Optional[object]  # tfoverlap.checkpoint.Checkpointer
-  write_scalars: Callable[[int, float], None]
-  first_step: int  # the step to run first (1, or one past a restored step)
-  last_step: int
-  global_batch_size: int
-
-
-def _after_step(ctx: LoopContext, step: int, loss: float) -> None:
-  """Checkpoint, close the step in the ledger, report."""
-  if ctx.checkpointer is not None and ctx.checkpointer.is_due(step):
-    with ctx.ledger.phase(ledger_lib.CHECKPOINT_STALL):
-      ctx.checkpointer.save(step)
-  ctx.ledger.end_step(step, ctx.global_batch_size)
-  ctx.progress.maybe_print(ctx.ledger, step, loss)
-  ctx.write_scalars(step, loss)
+from tfoverlap.core.loop_context import LoopContext, ScalarWindows, after_step
 
 
 def run_custom_loop(ctx: LoopContext, *, train_step, iterator) -> float:
@@ -50,7 +27,7 @@ def run_custom_loop(ctx: LoopContext, *, train_step, iterator) -> float:
       # Reading the loss waits for the step to finish, so the span covers
       # the device work and not only its dispatch.
       loss = float(train_step(batch))
-    _after_step(ctx, step, loss)
+    after_step(ctx, step, loss)
   return loss
 
 
@@ -71,7 +48,7 @@ class LedgerCallback(keras.callbacks.Callback):
                          time.perf_counter())
     # Keras reports the running mean of the epoch's loss here.
     self.last_loss = float(logs["loss"]) if logs else float("nan")
-    _after_step(self._ctx, self._ctx.first_step + batch, self.last_loss)
+    after_step(self._ctx, self._ctx.first_step + batch, self.last_loss)
 
 
 def run_fit_loop(ctx: LoopContext, *, model, optimizer, loss_fn,
@@ -101,13 +78,12 @@ def make_scalar_writer(logdir: Optional[str], every_steps: int,
   if logdir is None:
     return lambda step, loss: None
   writer = tf.summary.create_file_writer(logdir)
-  last = {"step": 0}
+  windows = ScalarWindows(ledger, every_steps)
 
   def write(step: int, loss: float) -> None:
-    if step % every_steps:
+    scalars = windows.due(step)
+    if scalars is None:
       return
-    scalars = ledger_lib.summarize_window(ledger.window(last["step"]))
-    last["step"] = step
     with writer.as_default(step=step):
       tf.summary.scalar("loss", loss)
       for name, value in scalars.items():

@@ -17,6 +17,7 @@ from tfoverlap import checkpoint, data, distribute, loops, models, steps
 from tfoverlap.core import ledger as ledger_lib
 from tfoverlap.core import checkpointing, run_record, trace, zoo
 from tfoverlap.core.config import TrainConfig
+from tfoverlap.core.loop_context import LoopContext
 from tfoverlap.core.progress import ProgressPrinter
 
 FRAMEWORK = "tensorflow"
@@ -73,7 +74,7 @@ def _build_model_and_optimizer(strategy, config: TrainConfig, num_classes,
   return model, optimizer
 
 
-def _run_loop(ctx: loops.LoopContext, strategy, config: TrainConfig, spec,
+def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
               model, optimizer) -> float:
   """Runs the configured loop over the remaining steps; the last loss."""
   # One global batch per step: the steps done are the batches consumed.
@@ -141,7 +142,7 @@ def train(config: TrainConfig) -> dict:
     restored_step = resume.step if resume else 0
 
     ledger = ledger_lib.StepLedger()
-    ctx = loops.LoopContext(
+    ctx = LoopContext(
         ledger=ledger,
         progress=ProgressPrinter(
             total_steps=config.run.train_steps,

@@ -6,37 +6,14 @@ step (forward, backward with the overlapped all-reduce, update), the
 checkpoint. PyTorch has no `model.fit`, so there is one loop.
 """
 
-import dataclasses
 import sys
 import types
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
 from tfoverlap.core import ledger as ledger_lib
-from tfoverlap.core.progress import ProgressPrinter
-
-
-@dataclasses.dataclass
-class LoopContext:
-  """What the loop needs besides the model: bookkeeping and cadence."""
-  ledger: ledger_lib.StepLedger
-  progress: ProgressPrinter
-  checkpointer: Optional[object]  # is_due(step) and save(step), or None
-  write_scalars: Callable[[int, float], None]
-  first_step: int  # the step to run first (1, or one past a restored step)
-  last_step: int
-  global_batch_size: int
-
-
-def _after_step(ctx: LoopContext, step: int, loss: float) -> None:
-  """Checkpoint, close the step in the ledger, report."""
-  if ctx.checkpointer is not None and ctx.checkpointer.is_due(step):
-    with ctx.ledger.phase(ledger_lib.CHECKPOINT_STALL):
-      ctx.checkpointer.save(step)
-  ctx.ledger.end_step(step, ctx.global_batch_size)
-  ctx.progress.maybe_print(ctx.ledger, step, loss)
-  ctx.write_scalars(step, loss)
+from tfoverlap.core.loop_context import LoopContext, ScalarWindows, after_step
 
 
 def _wait_for_device(device: torch.device) -> None:
@@ -58,7 +35,7 @@ def run_custom_loop(ctx: LoopContext, *, train_step, iterator,
       # loop does by reading the loss.
       _wait_for_device(device)
       loss = float(loss_tensor)
-    _after_step(ctx, step, loss)
+    after_step(ctx, step, loss)
   return loss
 
 
@@ -88,13 +65,12 @@ def make_scalar_writer(logdir: Optional[str], every_steps: int,
     write.close = lambda: None
     return write
   writer = _summary_writer_class()(log_dir=logdir)
-  last = {"step": 0}
+  windows = ScalarWindows(ledger, every_steps)
 
   def write(step: int, loss: float) -> None:
-    if step % every_steps:
+    scalars = windows.due(step)
+    if scalars is None:
       return
-    scalars = ledger_lib.summarize_window(ledger.window(last["step"]))
-    last["step"] = step
     writer.add_scalar("loss", loss, step)
     for name, value in scalars.items():
       writer.add_scalar(f"steps/{name}", value, step)

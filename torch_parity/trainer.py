@@ -18,6 +18,7 @@ import torch
 from tfoverlap.core import ledger as ledger_lib
 from tfoverlap.core import checkpointing, datasets, run_record, trace, zoo
 from tfoverlap.core.config import ConfigError, TrainConfig
+from tfoverlap.core.loop_context import LoopContext
 from tfoverlap.core.progress import ProgressPrinter
 from torch_parity import checkpoint, data, distribute, loops, models, steps
 
@@ -171,7 +172,7 @@ def train(config: TrainConfig):
         os.path.join(out_dir, "tensorboard")
         if config.run.tensorboard and strategy.writes_outputs else None,
         config.run.log_every_steps, ledger)
-    ctx = loops.LoopContext(
+    ctx = LoopContext(
         ledger=ledger,
         progress=ProgressPrinter(
             total_steps=config.run.train_steps,
