@@ -53,14 +53,6 @@ def _build_train_input(strategy, config: TrainConfig, spec,
   return data.distribute_input(strategy, input_fn, config.data)
 
 
-def _with_default_model_dir(config: TrainConfig) -> TrainConfig:
-  if config.run.model_dir:
-    return config
-  return dataclasses.replace(config, run=dataclasses.replace(
-      config.run,
-      model_dir=run_record.default_model_dir(FRAMEWORK, config.model.name)))
-
-
 def _build_model_and_optimizer(strategy, config: TrainConfig, num_classes,
                                channels):
   steps.apply_precision_policy(config.model.precision)
@@ -116,7 +108,7 @@ def train(config: TrainConfig) -> dict:
   if config.run.deterministic:
     tf.config.experimental.enable_op_determinism()
   strategy = distribute.build_strategy(config.distribute)
-  config = _with_default_model_dir(config)
+  config = run_record.with_default_model_dir(config, FRAMEWORK)
   out_dir = run_record.worker_dir(config.run.model_dir, worker_index)
   os.makedirs(out_dir, exist_ok=True)
 

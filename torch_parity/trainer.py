@@ -9,7 +9,6 @@ the device-resident parameters.
 """
 
 import contextlib
-import dataclasses
 import os
 import time
 
@@ -78,14 +77,6 @@ def weights_digest(model: torch.nn.Module) -> str:
       for name, tensor in model.state_dict().items())
 
 
-def _with_default_model_dir(config: TrainConfig) -> TrainConfig:
-  if config.run.model_dir:
-    return config
-  return dataclasses.replace(config, run=dataclasses.replace(
-      config.run,
-      model_dir=run_record.default_model_dir(FRAMEWORK, config.model.name)))
-
-
 def _seed(config: TrainConfig, device: torch.device) -> None:
   torch.manual_seed(config.run.seed)
   if config.run.deterministic:
@@ -140,7 +131,7 @@ def train(config: TrainConfig):
   strategy = distribute.build_strategy(config.distribute)
   try:
     _seed(config, strategy.device)
-    config = _with_default_model_dir(config)
+    config = run_record.with_default_model_dir(config, FRAMEWORK)
     out_dir = run_record.worker_dir(config.run.model_dir,
                                     strategy.worker_index)
     if strategy.writes_outputs:

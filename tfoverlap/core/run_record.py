@@ -5,6 +5,7 @@ them. Everything here is plain Python: the trainers pass in what only their
 framework can know (versions, devices, weights as NumPy arrays).
 """
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -18,6 +19,7 @@ from typing import Iterable, Optional, Tuple
 import numpy as np
 
 from tfoverlap import __version__
+from tfoverlap.core.config import TrainConfig
 
 SCHEMA_VERSION = 2  # 2: the checkpoint section
 RUN_RECORD_NAME = "run.json"
@@ -28,6 +30,15 @@ def default_model_dir(framework: str, model_name: str) -> str:
   """runs/<framework>-<model>-<timestamp>, relative to the working directory."""
   stamp = time.strftime("%Y%m%d-%H%M%S")
   return os.path.join("runs", f"{framework}-{model_name}-{stamp}")
+
+
+def with_default_model_dir(config: TrainConfig, framework: str) -> TrainConfig:
+  """`config`, with `default_model_dir` where --model_dir was left empty."""
+  if config.run.model_dir:
+    return config
+  return dataclasses.replace(config, run=dataclasses.replace(
+      config.run,
+      model_dir=default_model_dir(framework, config.model.name)))
 
 
 def worker_dir(model_dir: str, worker_index: int) -> str:
