@@ -11,9 +11,8 @@ import keras
 import tensorflow as tf
 
 from tfoverlap.core.config import ModelConfig
-
-CLASSIFICATION = "classification"
-SUPER_RESOLUTION = "super_resolution"
+from tfoverlap.core.evaluation import evaluation_result
+from tfoverlap.core.zoo import CLASSIFICATION, SUPER_RESOLUTION
 
 
 def apply_precision_policy(precision: str) -> None:
@@ -96,7 +95,8 @@ def evaluate(strategy, model, distributed_eval_data, *, task: str) -> dict:
 
   Returns:
     {"eval_loss", "eval_accuracy"} for classification, {"eval_loss",
-    "eval_psnr_db"} for super-resolution, and "eval_examples".
+    "eval_psnr_db"} for super-resolution, and "eval_examples"; {} when no
+    replica saw an example.
   """
 
   @tf.function
@@ -112,11 +112,5 @@ def evaluate(strategy, model, distributed_eval_data, *, task: str) -> dict:
     loss_sum += float(batch_loss)
     quality_sum += float(batch_quality)
     count += float(batch_count)
-  if not count:
-    return {}
-  quality_key = "eval_psnr_db" if task == SUPER_RESOLUTION else "eval_accuracy"
-  return {
-      "eval_loss": loss_sum / count,
-      quality_key: quality_sum / count,
-      "eval_examples": int(count),
-  }
+  return evaluation_result(task, loss_sum=loss_sum, quality_sum=quality_sum,
+                           count=count)

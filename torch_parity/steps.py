@@ -16,9 +16,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from tfoverlap.core.config import ModelConfig
-
-CLASSIFICATION = "classification"
-SUPER_RESOLUTION = "super_resolution"
+from tfoverlap.core.evaluation import evaluation_result
+from tfoverlap.core.zoo import CLASSIFICATION, SUPER_RESOLUTION
 
 # Keras' defaults, which the TensorFlow side uses, where torch's differ.
 MOMENTUM = 0.9  # --optimizer=momentum, as on the TensorFlow side
@@ -176,11 +175,5 @@ def evaluate(model: nn.Module, batches, strategy, *, task: str,
   finally:
     model.train(was_training)
   loss_sum, quality_sum, count = strategy.sum_over_replicas(sums).tolist()
-  if not count:
-    return {}
-  quality_key = "eval_psnr_db" if task == SUPER_RESOLUTION else "eval_accuracy"
-  return {
-      "eval_loss": loss_sum / count,
-      quality_key: quality_sum / count,
-      "eval_examples": int(count),
-  }
+  return evaluation_result(task, loss_sum=loss_sum, quality_sum=quality_sum,
+                           count=count)

@@ -7,25 +7,29 @@ Both framework sides build exactly these names; the flag surface offers them.
 
 import dataclasses
 
+# The tasks a model trains on; each side's steps pick loss and metric by them.
+CLASSIFICATION = "classification"
+SUPER_RESOLUTION = "super_resolution"
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-  task: str  # "classification" or "super_resolution"
+  task: str  # CLASSIFICATION or SUPER_RESOLUTION
   min_image_size: int  # smallest input side the architecture accepts
   upscale: int = 1  # super-resolution factor (EDSR)
 
 
 MODELS = {
-    "mlp": ModelSpec("classification", 1),
-    "small_cnn": ModelSpec("classification", 4),
-    "resnet18": ModelSpec("classification", 1),
-    "resnet50": ModelSpec("classification", 1),
-    "vgg16": ModelSpec("classification", 32),
-    "inception_v3": ModelSpec("classification", 75),
-    "wide_resnet26_2": ModelSpec("classification", 1),
-    "wide_resnet50_2": ModelSpec("classification", 1),
-    "wide_resnet101_2": ModelSpec("classification", 1),
-    "edsr": ModelSpec("super_resolution", 2, upscale=2),
+    "mlp": ModelSpec(CLASSIFICATION, 1),
+    "small_cnn": ModelSpec(CLASSIFICATION, 4),
+    "resnet18": ModelSpec(CLASSIFICATION, 1),
+    "resnet50": ModelSpec(CLASSIFICATION, 1),
+    "vgg16": ModelSpec(CLASSIFICATION, 32),
+    "inception_v3": ModelSpec(CLASSIFICATION, 75),
+    "wide_resnet26_2": ModelSpec(CLASSIFICATION, 1),
+    "wide_resnet50_2": ModelSpec(CLASSIFICATION, 1),
+    "wide_resnet101_2": ModelSpec(CLASSIFICATION, 1),
+    "edsr": ModelSpec(SUPER_RESOLUTION, 2, upscale=2),
 }
 
 MODEL_NAMES = tuple(MODELS)
@@ -61,7 +65,7 @@ def validate_model_args(name: str, *, image_size: int, num_classes: int,
   if image_size % spec.upscale:
     raise ValueError(f"image_size={image_size}: model {name!r} needs a "
                      f"multiple of {spec.upscale} (its upscale factor)")
-  if spec.task == "classification" and num_classes < 1:
+  if spec.task == CLASSIFICATION and num_classes < 1:
     raise ValueError(f"num_classes={num_classes}: allowed: at least 1")
   if channels < 1:
     raise ValueError(f"channels={channels}: allowed: at least 1")
