@@ -40,6 +40,7 @@ GROUPS = {
     "checkpoint": checkpoint,
 }
 USAGE_ERROR_EXIT_CODE = 2
+RUNTIME_ERROR_EXIT_CODE = 1
 
 _HELP_FLAGS = ("--help", "-help", "--helpshort", "--helpfull", "--helpxml",
                "-?")
@@ -121,6 +122,23 @@ def exit_with_usage_error(message: str):
   program = os.path.basename(sys.argv[0]) if sys.argv else "tfoverlap"
   print(f"{program}: error: {' '.join(message.split())}", file=sys.stderr)
   sys.exit(USAGE_ERROR_EXIT_CODE)
+
+
+def exit_with_runtime_error(program: str, error: Exception):
+  """Exits 1 with one line naming the error, for a run that failed.
+
+  A lost peer, an exhausted device or a full disk is not a usage error: the
+  user gets the error's type and first line, not a traceback (the trainers
+  log that at debug level).
+
+  Args:
+    program: the entry point to name, e.g. "tfoverlap.train".
+    error: what ended the run.
+  """
+  first_line = (str(error).strip().splitlines() or [""])[0]
+  print(f"{program}: error: {type(error).__name__}: {first_line}",
+        file=sys.stderr)
+  sys.exit(RUNTIME_ERROR_EXIT_CODE)
 
 
 def _parse_depth(name: str, text: str, minimum: int) -> int:

@@ -109,6 +109,15 @@ def test_trainer_exits_2_with_one_line(args, names):
     assert name in lines[0]
 
 
+def test_runtime_error_exits_1_with_one_line(capsys):
+  error = OSError("No space left on device\n  while writing ckpt-0000000010")
+  with pytest.raises(SystemExit) as exit_info:
+    tfo_flags.exit_with_runtime_error("torch_parity.train", error)
+  assert exit_info.value.code == tfo_flags.RUNTIME_ERROR_EXIT_CODE == 1
+  assert capsys.readouterr().err == (
+      "torch_parity.train: error: OSError: No space left on device\n")
+
+
 def test_helpfull_lists_every_group(tmp_path):
   result = run_module("tfoverlap.train", "--helpfull", timeout=120)
   assert result.returncode == 0

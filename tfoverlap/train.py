@@ -15,7 +15,7 @@ from tfoverlap.core.checkpoint_files import CheckpointError
 from tfoverlap.core.config import ConfigError
 
 tfo_flags.define_flags()
-RUNTIME_ERROR_EXIT_CODE = 1
+PROGRAM = "tfoverlap.train"
 
 
 def main(argv):
@@ -39,18 +39,11 @@ def main(argv):
     # cannot be saved or restored: one line for the user; the traceback
     # stays available with --verbosity=1.
     logging.debug("training failed", exc_info=True)
-    exit_with_runtime_error(e)
+    tfo_flags.exit_with_runtime_error(PROGRAM, e)
   if record["worker"]["index"] == 0:
     print(report.format_breakdown(record,
                                   phases_measured=record["phases_measured"]))
     print(report.format_final(record))
-
-
-def exit_with_runtime_error(error: Exception):
-  first_line = (str(error).strip().splitlines() or [""])[0]
-  print(f"tfoverlap.train: error: {type(error).__name__}: {first_line}",
-        file=sys.stderr)
-  sys.exit(RUNTIME_ERROR_EXIT_CODE)
 
 
 def run_main():

@@ -18,7 +18,6 @@ from tfoverlap.core.config import ConfigError
 
 tfo_flags.define_flags()
 PROGRAM = "torch_parity.train"
-RUNTIME_ERROR_EXIT_CODE = 1
 
 
 def main(argv):
@@ -47,18 +46,11 @@ def main(argv):
     # exhausted device or a full disk: one line for the user; the traceback
     # stays available with --verbosity=1.
     logging.debug("training failed", exc_info=True)
-    exit_with_runtime_error(e)
+    tfo_flags.exit_with_runtime_error(PROGRAM, e)
   if record is not None and record["worker"]["index"] == 0:
     print(report.format_breakdown(record,
                                   phases_measured=record["phases_measured"]))
     print(report.format_final(record))
-
-
-def exit_with_runtime_error(error: Exception):
-  first_line = (str(error).strip().splitlines() or [""])[0]
-  print(f"{PROGRAM}: error: {type(error).__name__}: {first_line}",
-        file=sys.stderr)
-  sys.exit(RUNTIME_ERROR_EXIT_CODE)
 
 
 def run_main():
