@@ -17,7 +17,9 @@ import os
 
 import tensorflow as tf
 
-from tfoverlap.core.config import ConfigError, DistributeConfig, RunConfig
+from tfoverlap.core.config import (ConfigError, DistributeConfig, RunConfig,
+                                   check_all_reduce_applies,
+                                   check_nccl_has_gpus)
 
 _IMPLEMENTATIONS = {
     "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
@@ -67,17 +69,13 @@ def mirrored_devices(num_devices: int) -> list:
   return [f"/cpu:{i}" for i in range(num_devices)]
 
 
-def _check_all_reduce_applies(cfg: DistributeConfig) -> None:
-  """Refuses all-reduce knobs the chosen strategy would silently ignore."""
-  if cfg.strategy in ("default", "one_device"):
-    if cfg.all_reduce != "auto":
-      raise ConfigError("all_reduce", cfg.all_reduce,
-                        f"--strategy={cfg.strategy} has no all-reduce; "
-                        "allowed: auto")
-    if cfg.all_reduce_pack_mb:
-      raise ConfigError("all_reduce_pack_mb", cfg.all_reduce_pack_mb,
-                        f"--strategy={cfg.strategy} has no all-reduce; "
-                        "allowed: 0")
+def _check_all_reduce(cfg: DistributeConfig) -> None:
+  """Refuses all-reduce knobs the chosen strategy would silently ignore.
+
+  The refusals both frameworks share (no all-reduce to tune, NCCL without
+  GPUs) are the core's; MirroredStrategy's limits are TensorFlow's own.
+  """
+  check_all_reduce_applies(cfg)
   if cfg.strategy == "mirrored":
     if cfg.all_reduce == "ring":
       raise ConfigError("all_reduce", "ring",
@@ -87,10 +85,7 @@ def _check_all_reduce_applies(cfg: DistributeConfig) -> None:
       raise ConfigError("all_reduce_pack_mb", cfg.all_reduce_pack_mb,
                         "MirroredStrategy packs by count, not size; allowed "
                         "with mirrored: 0 (pack size: multi_worker)")
-  if cfg.all_reduce == "nccl" and not _gpus():
-    raise ConfigError("all_reduce", "nccl",
-                      "NCCL needs GPUs and this host has none; allowed: "
-                      "auto or ring")
+  check_nccl_has_gpus(cfg, num_gpus=len(_gpus()))
 
 
 def communication_options(cfg: DistributeConfig):
@@ -124,7 +119,7 @@ def build_strategy(cfg: DistributeConfig) -> tf.distribute.Strategy:
   """
   if cfg.strategy == "horovod":
     raise ConfigError("strategy", "horovod", HOROVOD_REFUSAL)
-  _check_all_reduce_applies(cfg)
+  _check_all_reduce(cfg)
   if cfg.strategy == "default":
     return tf.distribute.get_strategy()
   if cfg.strategy == "one_device":

@@ -39,7 +39,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tfoverlap.core.config import ConfigError, DistributeConfig, RunConfig
+from tfoverlap.core.config import (ConfigError, DistributeConfig, RunConfig,
+                                   check_all_reduce_applies,
+                                   check_nccl_has_gpus)
 
 DDP_STRATEGIES = ("mirrored", "multi_worker")
 # A collective that waits this long for a peer fails instead of hanging the
@@ -82,19 +84,8 @@ def check_strategy(cfg: DistributeConfig, *, num_gpus: int) -> None:
   Raises:
     ConfigError: naming the flag, the value and what is allowed.
   """
-  if cfg.strategy in ("default", "one_device"):
-    if cfg.all_reduce != "auto":
-      raise ConfigError("all_reduce", cfg.all_reduce,
-                        f"--strategy={cfg.strategy} has no all-reduce; "
-                        "allowed: auto")
-    if cfg.all_reduce_pack_mb:
-      raise ConfigError("all_reduce_pack_mb", cfg.all_reduce_pack_mb,
-                        f"--strategy={cfg.strategy} has no all-reduce; "
-                        "allowed: 0")
-  if cfg.all_reduce == "nccl" and not num_gpus:
-    raise ConfigError("all_reduce", "nccl",
-                      "NCCL needs GPUs and this host has none; allowed: "
-                      "auto or ring")
+  check_all_reduce_applies(cfg)
+  check_nccl_has_gpus(cfg, num_gpus=num_gpus)
   if cfg.strategy == "mirrored" and num_gpus and cfg.num_devices > num_gpus:
     raise ConfigError("num_devices", cfg.num_devices,
                       f"this host has {num_gpus} GPU(s)")
