@@ -15,11 +15,12 @@ Usage:
   ds = ds.map(cost_fn, num_parallel_calls=tf.data.AUTOTUNE)
 """
 
-import threading
-import time
 from typing import Callable, Tuple
 
 import tensorflow as tf
+
+from tfoverlap.core.cost_calibration import (CostCalibration,
+                                             measure_iterations_per_ms)
 
 # Floats the loop updates each iteration. At 256 the executor's bookkeeping
 # dominated and two parallel map calls were no faster than one on 2 cores; at
@@ -28,11 +29,6 @@ import tensorflow as tf
 # one elementwise op over threads, which would blur the parallelism knob.
 WORK_WIDTH = 4096
 _PROBE_ITERATIONS = 100  # per probe sample: a few ms, so timing is precise
-_PROBE_MIN_S = 0.25  # calibration time; the process pays it once
-_PROBE_MIN_SAMPLES = 5
-
-_lock = threading.Lock()
-_calibrated_iterations_per_ms = None
 
 
 def burn(seed_value, iterations) -> Tuple[tf.Tensor, tf.Tensor]:
@@ -64,11 +60,7 @@ def iterations_per_ms() -> float:
   Measured inside a sequential tf.data map, the same place the cost runs,
   so function-call and iterator overheads are priced in.
   """
-  global _calibrated_iterations_per_ms
-  with _lock:
-    if _calibrated_iterations_per_ms is None:
-      _calibrated_iterations_per_ms = _calibrate()
-    return _calibrated_iterations_per_ms
+  return _CALIBRATION.iterations_per_ms()
 
 
 def iterations_for_cost(cost_ms: float) -> int:
@@ -77,11 +69,7 @@ def iterations_for_cost(cost_ms: float) -> int:
   Raises:
     ValueError: cost_ms is negative.
   """
-  if cost_ms < 0:
-    raise ValueError(f"cost_ms={cost_ms}: must be >= 0")
-  if cost_ms == 0:
-    return 0
-  return max(1, round(cost_ms * iterations_per_ms()))
+  return _CALIBRATION.iterations_for_cost(cost_ms)
 
 
 def make_cost_fn(cost_ms: float) -> Callable:
@@ -116,11 +104,8 @@ def _calibrate() -> float:
   ).with_options(sequential)
   samples = iter(probe)
   next(samples)  # the first element pays for building the function
-  num_samples = 0
-  start = time.perf_counter()
-  while True:
-    next(samples)
-    num_samples += 1
-    elapsed_s = time.perf_counter() - start
-    if elapsed_s >= _PROBE_MIN_S and num_samples >= _PROBE_MIN_SAMPLES:
-      return num_samples * _PROBE_ITERATIONS / (elapsed_s * 1e3)
+  return measure_iterations_per_ms(lambda _: next(samples),
+                                   probe_iterations=_PROBE_ITERATIONS)
+
+
+_CALIBRATION = CostCalibration(_calibrate)

@@ -22,12 +22,14 @@ Usage:
   image = apply_cost(image, iterations)  # same values, 5 ms later
 """
 
-import threading
 import time
 from typing import Tuple
 
 import numpy as np
 import torch
+
+from tfoverlap.core.cost_calibration import (CostCalibration,
+                                             measure_iterations_per_ms)
 
 # Floats the loop updates each iteration: enough that the arithmetic, during
 # which the GIL is released, outweighs the Python call of each ufunc (about
@@ -35,11 +37,6 @@ import torch
 WORK_WIDTH = 16384
 _HALF, _QUARTER = np.float32(0.5), np.float32(0.25)
 _PROBE_ITERATIONS = 50  # per probe sample: a few ms, so timing is precise
-_PROBE_MIN_S = 0.25  # calibration time; the process pays it once
-_PROBE_MIN_SAMPLES = 5
-
-_lock = threading.Lock()
-_calibrated_iterations_per_ms = None
 
 
 def burn(seed_value: float, iterations: int) -> Tuple[int, float]:
@@ -65,11 +62,7 @@ def burn(seed_value: float, iterations: int) -> Tuple[int, float]:
 
 def iterations_per_ms() -> float:
   """Loop rounds one thread runs per millisecond, measured once per process."""
-  global _calibrated_iterations_per_ms
-  with _lock:
-    if _calibrated_iterations_per_ms is None:
-      _calibrated_iterations_per_ms = _calibrate()
-    return _calibrated_iterations_per_ms
+  return _CALIBRATION.iterations_per_ms()
 
 
 def iterations_for_cost(cost_ms: float) -> int:
@@ -78,11 +71,7 @@ def iterations_for_cost(cost_ms: float) -> int:
   Raises:
     ValueError: cost_ms is negative.
   """
-  if cost_ms < 0:
-    raise ValueError(f"cost_ms={cost_ms}: must be >= 0")
-  if cost_ms == 0:
-    return 0
-  return max(1, round(cost_ms * iterations_per_ms()))
+  return _CALIBRATION.iterations_for_cost(cost_ms)
 
 
 def apply_cost(image: torch.Tensor, iterations: int) -> torch.Tensor:
@@ -105,14 +94,12 @@ def apply_cost(image: torch.Tensor, iterations: int) -> torch.Tensor:
 
 def _calibrate() -> float:
   burn(0.0, _PROBE_ITERATIONS)  # the first call pays for warming up
-  num_samples = 0
   # This thread's CPU time, not wall time: on a busy host the probe shares
   # the cores, and wall time would understate the loop's speed and make
   # every later "N ms" cost less CPU than N ms.
-  start = time.thread_time()
-  while True:
-    burn(float(num_samples % 7), _PROBE_ITERATIONS)
-    num_samples += 1
-    elapsed_s = time.thread_time() - start
-    if elapsed_s >= _PROBE_MIN_S and num_samples >= _PROBE_MIN_SAMPLES:
-      return num_samples * _PROBE_ITERATIONS / (elapsed_s * 1e3)
+  return measure_iterations_per_ms(
+      lambda sample: burn(float(sample % 7), _PROBE_ITERATIONS),
+      probe_iterations=_PROBE_ITERATIONS, clock=time.thread_time)
+
+
+_CALIBRATION = CostCalibration(_calibrate)
