@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from tfoverlap.core import ledger as ledger_lib
-from tfoverlap.core import report, run_record, trace
+from tfoverlap.core import report, run_record, trace, zoo
+from tfoverlap.core.config import (ConfigError, DistributeConfig,
+                                   check_all_reduce_applies,
+                                   check_nccl_has_gpus)
+from tfoverlap.core.cost_calibration import (CostCalibration,
+                                             measure_iterations_per_ms)
+from tfoverlap.core.evaluation import evaluation_result
+from tfoverlap.core.loop_context import LoopContext, ScalarWindows, after_step
 from tfoverlap.core.progress import ProgressPrinter
 
 from tests.helpers import REPO_ROOT
@@ -156,6 +163,132 @@ def test_progress_prints_on_cadence(capsys):
   assert lines[0].startswith("step 2/5  loss 0.5000")
   assert "20.0 samples/s" in lines[0]
   assert "compute 100.0%" in lines[0]
+
+
+class RecordingCheckpointer:
+  """Due every `every` steps; each save takes `save_s` on the fake clock."""
+
+  def __init__(self, clock, every, save_s):
+    self.clock, self.every, self.save_s = clock, every, save_s
+    self.saved = []
+
+  def is_due(self, step):
+    return step % self.every == 0
+
+  def save(self, step):
+    self.clock.advance(self.save_s)
+    self.saved.append(step)
+
+
+def test_after_step_times_the_checkpoint_and_reports():
+  clock = FakeClock()
+  ledger = ledger_lib.StepLedger(clock=clock)
+  checkpointer = RecordingCheckpointer(clock, every=2, save_s=0.5)
+  written = []
+  ctx = LoopContext(
+      ledger=ledger,
+      progress=ProgressPrinter(total_steps=4, every_steps=2, enabled=False),
+      checkpointer=checkpointer,
+      write_scalars=lambda step, loss: written.append((step, loss)),
+      first_step=1, last_step=4, global_batch_size=8)
+  for step in range(ctx.first_step, ctx.last_step + 1):
+    with ledger.phase(ledger_lib.COMPUTE):
+      clock.advance(0.25)
+    after_step(ctx, step, loss=float(step))
+  assert checkpointer.saved == [2, 4]
+  assert [s.step for s in ledger.steps] == [1, 2, 3, 4]
+  stalls = [span for span in ledger.spans
+            if span.name == ledger_lib.CHECKPOINT_STALL]
+  assert [span.step for span in stalls] == [2, 4]
+  assert [span.duration_s for span in stalls] == pytest.approx([0.5, 0.5])
+  assert written == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
+
+
+def test_scalar_windows_cover_the_steps_since_the_last_report():
+  clock = FakeClock()
+  ledger = ledger_lib.StepLedger(clock=clock)
+  windows = ScalarWindows(ledger, every_steps=2)
+  reports = []
+  for step in range(1, 5):
+    with ledger.phase(ledger_lib.COMPUTE):
+      clock.advance(0.1 * step)  # steps 3 and 4 are slower than 1 and 2
+    ledger.end_step(step, num_samples=10)
+    reports.append(windows.due(step))
+  assert reports[0] is None and reports[2] is None
+  # 20 samples in 0.3 s, then 20 in 0.7 s: each window only its own steps.
+  assert reports[1]["samples_per_second"] == pytest.approx(20 / 0.3)
+  assert reports[3]["samples_per_second"] == pytest.approx(20 / 0.7)
+
+
+def test_evaluation_result_names_the_task_metric():
+  assert evaluation_result(zoo.CLASSIFICATION, loss_sum=36.0,
+                           quality_sum=351.0, count=360.0) == {
+                               "eval_loss": 0.1, "eval_accuracy": 0.975,
+                               "eval_examples": 360}
+  assert evaluation_result(zoo.SUPER_RESOLUTION, loss_sum=2.0,
+                           quality_sum=120.0, count=4.0) == {
+                               "eval_loss": 0.5, "eval_psnr_db": 30.0,
+                               "eval_examples": 4}
+  assert evaluation_result(zoo.CLASSIFICATION, loss_sum=0.0,
+                           quality_sum=0.0, count=0.0) == {}
+
+
+@pytest.mark.parametrize("overrides, flag", [
+    (dict(strategy="default", all_reduce="ring"), "all_reduce"),
+    (dict(strategy="one_device", all_reduce_pack_mb=4.0),
+     "all_reduce_pack_mb"),
+])
+def test_strategies_without_all_reduce_refuse_its_flags(overrides, flag):
+  values = dict(strategy="mirrored", num_devices=2, num_workers=1,
+                all_reduce="auto", all_reduce_pack_mb=0.0)
+  check_all_reduce_applies(DistributeConfig(**values))
+  values.update(overrides)
+  with pytest.raises(ConfigError) as error:
+    check_all_reduce_applies(DistributeConfig(**values))
+  assert error.value.flag == flag
+  assert f"--strategy={values['strategy']} has no all-reduce" in str(
+      error.value)
+
+
+def test_nccl_needs_a_gpu():
+  nccl = DistributeConfig(strategy="multi_worker", num_devices=1,
+                          num_workers=2, all_reduce="nccl",
+                          all_reduce_pack_mb=0.0)
+  check_nccl_has_gpus(nccl, num_gpus=1)
+  with pytest.raises(ConfigError, match="NCCL needs GPUs"):
+    check_nccl_has_gpus(nccl, num_gpus=0)
+
+
+def test_cost_calibration_measures_once_and_scales():
+  calls = []
+
+  def calibrate():
+    calls.append(1)
+    return 40.0  # rounds per ms
+
+  calibration = CostCalibration(calibrate)
+  assert calibration.iterations_for_cost(0.0) == 0
+  assert not calls  # a zero cost needs no measurement
+  assert calibration.iterations_for_cost(2.5) == 100
+  assert calibration.iterations_for_cost(0.001) == 1  # never rounds to none
+  assert calibration.iterations_per_ms() == 40.0
+  assert len(calls) == 1
+  with pytest.raises(ValueError, match="cost_ms=-1"):
+    calibration.iterations_for_cost(-1)
+
+
+def test_measured_rate_is_rounds_over_clock_time():
+  clock = FakeClock()
+  runs = []
+
+  def run_probe(sample):
+    runs.append(sample)
+    clock.advance(0.25)  # 500 rounds in 250 ms
+
+  rate = measure_iterations_per_ms(run_probe, probe_iterations=500,
+                                   clock=clock, min_s=1.0, min_samples=3)
+  assert rate == pytest.approx(2.0)
+  assert runs == [0, 1, 2, 3]  # until a second had passed
 
 
 def test_core_imports_no_framework():
