@@ -215,8 +215,15 @@ class CadencePolicy:
         costs, self.max_overhead_frac, max_every_steps=self._max_every_steps)
     self._next_attempt = None
     current = self.every_steps
-    # A longer interval is taken at once (the bound needs it); a shorter one
-    # only when it is 10% shorter, so measurement noise does not flap it.
+    # A longer interval is taken at once (the bound needs it). A shorter one
+    # only when it is 10% shorter, and at most half as long per decision:
+    # the interference estimate is a difference of two noisy medians, and on
+    # a loaded host it swings; this keeps the cadence from flapping with it.
+    if current is not None and every < (current + 1) // 2:
+      planned, every = every, (current + 1) // 2
+      predicted *= planned / every
+      reason += (f"; shortened only to {every} steps, at most halving per "
+                 "decision")
     changed = current is None or every > current or every < 0.9 * current
     if changed:
       self.every_steps = every
