@@ -44,6 +44,23 @@ class DatasetInfo:
   channels: int  # always 3: grayscale sources are expanded
 
 
+def dataset_info(*, num_classes: int, num_examples: Dict[str, int],
+                 image_size: int) -> DatasetInfo:
+  """The `DatasetInfo` of an opened source, as both `describe()`s return it.
+
+  Args:
+    num_classes: the source's label count.
+    num_examples: {"train": n, "eval": n}, eval 0 when there is none.
+    image_size: the side both pipelines resize every image to.
+  """
+  # Both pipelines decode every source to RGB, grayscale ones included.
+  return DatasetInfo(num_classes=num_classes,
+                     num_train_examples=num_examples["train"],
+                     num_eval_examples=num_examples["eval"],
+                     image_size=image_size,
+                     channels=3)
+
+
 def check_input_request(*, split: str, task: str, image_size: int,
                         upscale: int) -> None:
   """Refuses a pipeline request that no source could serve.

@@ -19,7 +19,8 @@ from tfoverlap.core.config import ConfigError, DataConfig
 # The split, sizes and DatasetInfo are shared with the PyTorch pipeline.
 from tfoverlap.core.datasets import (POOL_SEED, SYNTHETIC_EVAL_EXAMPLES,
                                      SYNTHETIC_TRAIN_EXAMPLES, DatasetInfo,
-                                     eval_split_name, load_digits_splits)
+                                     dataset_info, eval_split_name,
+                                     load_digits_splits)
 
 _NEVER_DOWNLOADS = "tfoverlap never downloads"
 
@@ -57,11 +58,9 @@ def describe(cfg: DataConfig) -> DatasetInfo:
     ConfigError: the data set is missing or unreadable (see `load_source`).
   """
   source = load_source(cfg)
-  return DatasetInfo(num_classes=source.num_classes,
-                     num_train_examples=source.num_examples["train"],
-                     num_eval_examples=source.num_examples["eval"],
-                     image_size=cfg.image_size,
-                     channels=3)
+  return dataset_info(num_classes=source.num_classes,
+                      num_examples=source.num_examples,
+                      image_size=cfg.image_size)
 
 
 def load_source(cfg: DataConfig) -> Source:

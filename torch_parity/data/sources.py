@@ -73,11 +73,9 @@ def describe(cfg: DataConfig) -> DatasetInfo:
       knob PyTorch refuses (see `load_source`).
   """
   source = load_source(cfg)
-  return DatasetInfo(num_classes=source.num_classes,
-                     num_train_examples=source.num_examples["train"],
-                     num_eval_examples=source.num_examples["eval"],
-                     image_size=cfg.image_size,
-                     channels=3)
+  return datasets.dataset_info(num_classes=source.num_classes,
+                               num_examples=source.num_examples,
+                               image_size=cfg.image_size)
 
 
 def load_source(cfg: DataConfig) -> Source:
