@@ -284,6 +284,15 @@ def test_busy_policy_when_a_persist_outlives_the_interval(tmp_path, if_busy):
   assert json.dumps(stats)  # run.json can hold it
 
 
+def test_resumed_engine_keeps_the_cadence_and_names_the_restore(tmp_path):
+  engine = _engine(tmp_path, every_steps=10)
+  engine.resumed_from(20, str(tmp_path))
+  due = [step for step in range(21, 41) if engine.is_due(step)]
+  engine.close()
+  assert due == [30, 40]  # absolute steps, as in an uninterrupted run
+  assert engine.stats()["restore"] == {"step": 20, "path": str(tmp_path)}
+
+
 def test_a_failing_persist_raises_on_the_training_thread(tmp_path):
   def failing_to_host(value):
     raise OSError(28, "No space left on device")

@@ -110,8 +110,7 @@ class Checkpointer:
         return None
       point = ResumePoint(step=step, state={"step": step},
                           path=self.directory)
-    self.engine.restart_at(point.step + 1)
-    self.engine.restore_info = {"step": point.step, "path": point.path}
+    self.engine.resumed_from(point.step, point.path)
     return point
 
   def is_due(self, step: int) -> bool:

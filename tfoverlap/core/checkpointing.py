@@ -216,6 +216,15 @@ class CheckpointEngine:
     """Tells the cadence the first step this process runs (after a restore)."""
     self.policy.restart_at(first_step)
 
+  def resumed_from(self, step: int, path: str) -> None:
+    """Records a restore of `step` from `path`.
+
+    The cadence restarts after it, and run.json's checkpoint section names
+    the restore.
+    """
+    self.restart_at(step + 1)
+    self.restore_info = {"step": step, "path": path}
+
   @property
   def busy(self) -> bool:
     """Whether a persist is running now."""

@@ -111,8 +111,7 @@ class Checkpointer:
     snapshot.restore(loaded, model=self._model, optimizer=self._optimizer)
     point = ResumePoint(step=loaded.step, state=loaded.state,
                         path=loaded.path)
-    self.engine.restart_at(point.step + 1)
-    self.engine.restore_info = {"step": point.step, "path": point.path}
+    self.engine.resumed_from(point.step, point.path)
     return point
 
   def is_due(self, step: int) -> bool:
