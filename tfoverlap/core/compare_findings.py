@@ -94,32 +94,60 @@ def _combination_verdict(comparison: Comparison, key: GroupKey, cell: Cell,
   return f"{what}: {comparison.matrix.label(cell)}; {verdict}."
 
 
-def overall_findings(comparison: Comparison) -> List[str]:
-  """How often combining beat the best single optimization, over groups."""
-  paid, lost, even = [], [], []
+def combining_rows(comparison: Comparison) -> List[List[str]]:
+  """Per group: best single vs best combination, and the verdict.
+
+  Columns: group, best single (×base), best combination (×base),
+  combination / single, tolerance, verdict ("paid off", "lost", "even").
+  """
+  rows = []
   for key in comparison.groups():
     stats = comparison.stats(key)
-    single = comparison.analyses[key].best_single
+    analysis = comparison.analyses[key]
+    single = analysis.best_single
     combos = [c for c in stats if len(c.optimizations) >= 2]
     if single is None or not combos:
       continue
     best = max(combos, key=lambda c: stats[c].samples_per_second)
-    ratio = comparison.analyses[key].speedup_vs_best_single[best]
+    ratio = analysis.speedup_vs_best_single[best]
     tol = _tolerance(comparison, stats[best], stats[single])
-    name = comparison.group_label(key)
-    (paid if ratio > 1 + tol else lost if ratio < 1 - tol else even).append(
-        name)
-  total = len(paid) + len(lost) + len(even)
-  if not total:
+    verdict = "paid off" if ratio > 1 + tol else (
+        "lost" if ratio < 1 - tol else "even")
+
+    def named(cell):
+      speedup = analysis.speedup_vs_baseline[cell]
+      return comparison.matrix.label(cell) + (
+          f" (×{speedup:.2f})" if speedup is not None else "")
+
+    rows.append([comparison.group_label(key), named(single), named(best),
+                 f"{ratio:.2f}", f"±{100 * tol:.0f}%", verdict])
+  return rows
+
+
+def overall_findings(comparison: Comparison) -> List[str]:
+  """How often combining beat the best single optimization, and the noise."""
+  rows = combining_rows(comparison)
+  if not rows:
     return []
-  lines = [f"Over {total} group(s), the best combination beat the best "
-           f"single optimization beyond the noise in {len(paid)}, lost to "
-           f"it in {len(lost)}, and was even with it in {len(even)}."]
-  for what, names in (("Paid off", paid), ("Lost", lost), ("Even", even)):
-    if names:
-      lines.append(f"{what}: {'; '.join(names)}.")
+  counts = {v: sum(1 for r in rows if r[-1] == v)
+            for v in ("paid off", "lost", "even")}
+  lines = [f"Over {len(rows)} group(s), the best combination beat the best "
+           f"single optimization beyond the noise in {counts['paid off']}, "
+           f"lost to it in {counts['lost']}, and was even with it in "
+           f"{counts['even']}."]
   num_interference = sum(
       sum(1 for s in comparison.analyses[k].slowdowns if s.is_interference)
       for k in comparison.groups())
-  lines.append(f"Interference findings in all: {num_interference}.")
+  lines.append(f"Interference beyond the noise (a combination slower than "
+               f"one of its parts): {num_interference} finding(s).")
+  spreads = [(s.step_spread, comparison.group_label(k),
+              comparison.matrix.label(c))
+             for k in comparison.groups()
+             for c, s in comparison.stats(k).items()]
+  spread, group, cell = max(spreads)
+  if spread > comparison.noise_floor:
+    lines.append(
+        f"The largest run-to-run spread was {100 * spread:.0f}% ({group}, "
+        f"{cell}); differences smaller than a cell's spread are not "
+        "counted as findings.")
   return lines

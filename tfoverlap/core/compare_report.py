@@ -28,11 +28,12 @@ PLOT_NAMES = ("throughput.png", "breakdown.png", "efficiency.png")
 PHASE_COLUMNS = overlap_metrics.STEP_PHASES
 
 DEFINITIONS = """\
-- **Cell numbers** are medians over the cell's successful repeats: throughput
-  is the median of run.json's `samples_per_second` (steady-state steps only),
-  and the step and each phase the median of `phases.<name>.mean`, in ms per
-  step. A checkpoint's stall is spread over all steps. The range is the
-  repeats' min-max.
+- **Cell numbers** are those of the cell's median repeat: the successful
+  run whose mean step time is the median (of an even number, the faster of
+  the two middle ones). Throughput is its run.json `samples_per_second`
+  (steady-state steps only), and the step and each phase its
+  `phases.<name>.mean`, in ms per step, so they add up. A checkpoint's
+  stall is spread over all steps. The range is the repeats' min-max.
 - **×base** = throughput / the baseline cell's throughput (the cell with
   every axis on its first setting). **×best single** = throughput / the
   highest throughput of the cells that move exactly one axis.
@@ -49,8 +50,8 @@ DEFINITIONS = """\
   under 2% of serial.
 - **Slow-down.** Adding setting x to cell P made it slower when
   step(P + x) > step(P) x (1 + tolerance). The tolerance is the larger of the
-  noise floor and both cells' spread across repeats ((max - min) / median of
-  their step times). When P already had an optimization, it is
+  noise floor and both cells' spread across repeats ((max - min) of their
+  step times, over the median repeat's). When P already had an optimization, it is
   **interference**: the combination lost to one of its parts. "All parts"
   marks a combination slower than every cell that drops one of its
   settings. Phases named grew by at least a fifth of the step's growth.
@@ -114,6 +115,14 @@ def format_report(comparison: Comparison, output_dir: str) -> str:
   out.write("\n## Findings\n\n")
   for line in compare_findings.overall_findings(comparison):
     out.write(f"- {line}\n")
+  rows = compare_findings.combining_rows(comparison)
+  if rows:
+    out.write("\nWhere combining stops paying: the best single optimization "
+              "against the best combination (×base: speed-up over the "
+              "baseline).\n\n" +
+              _table(["group", "best single", "best combination",
+                      "combination / single", "noise", "verdict"], rows) +
+              "\n")
   for key in comparison.groups():
     out.write(f"\n**{comparison.group_label(key)}**\n\n")
     for line in compare_findings.group_findings(comparison, key):
@@ -156,7 +165,7 @@ def _plan_section(comparison: Comparison) -> str:
 
 def _frameworks_section(comparison: Comparison) -> str:
   out = io.StringIO()
-  out.write("\n## Frameworks side by side (samples/s, median)\n\n")
+  out.write("\n## Frameworks side by side (samples/s, median repeat)\n\n")
   for workload in comparison.workloads.cells():
     if comparison.workloads.axes:
       out.write(f"**{comparison.workloads.full_label(workload)}**\n\n")

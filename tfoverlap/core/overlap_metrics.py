@@ -5,10 +5,14 @@ cells of a `matrix.Matrix`; nothing runs or imports a framework.
 
 Definitions (the report prints them too):
 
-- A cell's numbers are medians over its successful repeats: throughput is
-  the median of `samples_per_second`, the step time and every phase the
-  median of `phases.<name>.mean` (seconds per measured step, so a
-  checkpoint's stall is spread over all steps).
+- A cell's numbers are those of its median repeat: the successful run
+  whose mean step time is the median (of an even number, the faster of the
+  two middle ones). Its `samples_per_second`, and its `phases.<name>.mean`
+  (seconds per measured step, so a checkpoint's stall is spread over all
+  steps), come from one run, so throughput, step and phases agree and the
+  phases add up to the step. Taking each number's median separately would
+  not: with two repeats the median throughput is not the throughput of the
+  median step.
 - Speed-up over the baseline: throughput(cell) / throughput(baseline).
   Speed-up over the best single: throughput(cell) / the highest throughput
   of the cells that move exactly one axis.
@@ -27,15 +31,14 @@ Definitions (the report prints them too):
   overlap.
 - Slow-down: adding an optimization x to a cell P made it slower, i.e.
   step(P + x) > step(P) * (1 + tolerance), tolerance being the larger of
-  the noise floor and each cell's spread across repeats ((max - min) /
-  median of its step times). When P has an optimization of its own, the
+  the noise floor and each cell's spread across repeats ((max - min) of
+  its step times over its median repeat's). When P has an optimization of its own, the
   slow-down is interference: the combination is slower than one of its
   parts. The phases named are those whose per-step time grew by at least a
   fifth of the step's growth.
 """
 
 import dataclasses
-import statistics
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tfoverlap.core.ledger import CHECKPOINT_STALL, COMPUTE, DATA_WAIT, OTHER
@@ -55,17 +58,17 @@ _ROUNDING = 1e-9
 
 @dataclasses.dataclass(frozen=True)
 class CellStats:
-  """One cell's measurements: medians over its successful repeats.
+  """One cell's measurements: those of its median repeat.
 
   Attributes:
     num_runs: repeats that produced a run.json.
-    samples_per_second: median steady-state throughput.
-    step_s: median of the mean step time.
-    phases_s: median of each phase's mean time per step, in STEP_PHASES.
-    step_spread: (max - min) / median of the repeats' mean step times; 0
-      with one repeat.
+    samples_per_second: the median repeat's steady-state throughput.
+    step_s: its mean step time.
+    phases_s: its mean time per step of each phase in STEP_PHASES.
+    step_spread: (max - min) of the repeats' mean step times, over step_s;
+      0 with one repeat.
     runs_samples_per_second: every repeat's throughput, in run order.
-    checkpoint_interval_s: median seconds between checkpoints (cadence in
+    checkpoint_interval_s: its seconds between checkpoints (cadence in
       steps times the mean step), or None without checkpoints.
   """
   num_runs: int
@@ -191,31 +194,38 @@ def checkpoint_interval_s(record: dict) -> Optional[float]:
   return every * record["phases"]["step"]["mean"]
 
 
-def summarize_records(records: Sequence[dict]) -> CellStats:
-  """Medians over the run.json dicts of one cell's successful repeats.
+def median_record(records: Sequence[dict]) -> dict:
+  """The run whose mean step time is the median; of an even number of runs,
+  the faster of the two middle ones (noise on a shared host only slows).
 
   Raises:
     ValueError: when `records` is empty.
   """
   if not records:
-    raise ValueError("summarize_records needs at least one run record")
+    raise ValueError("median_record needs at least one run record")
+  ordered = sorted(records, key=lambda r: r["phases"]["step"]["mean"])
+  return ordered[(len(ordered) - 1) // 2]
+
+
+def summarize_records(records: Sequence[dict]) -> CellStats:
+  """One cell's stats from the run.json dicts of its successful repeats.
+
+  Raises:
+    ValueError: when `records` is empty.
+  """
+  median = median_record(records)
+  step_s = median["phases"]["step"]["mean"]
   steps = [r["phases"]["step"]["mean"] for r in records]
-  step_s = statistics.median(steps)
   spread = (max(steps) - min(steps)) / step_s if step_s > 0 else 0.0
-  phases = {p: statistics.median(r["phases"].get(p, {}).get("mean", 0.0)
-                                 for r in records) for p in STEP_PHASES}
-  intervals = [checkpoint_interval_s(r) for r in records]
-  intervals = [i for i in intervals if i is not None]
   return CellStats(
       num_runs=len(records),
-      samples_per_second=statistics.median(r["samples_per_second"]
-                                           for r in records),
+      samples_per_second=median["samples_per_second"],
       step_s=step_s,
-      phases_s=phases,
+      phases_s={p: median["phases"].get(p, {}).get("mean", 0.0)
+                for p in STEP_PHASES},
       step_spread=spread,
       runs_samples_per_second=tuple(r["samples_per_second"] for r in records),
-      checkpoint_interval_s=(statistics.median(intervals) if intervals
-                             else None))
+      checkpoint_interval_s=checkpoint_interval_s(median))
 
 
 def components_from(baseline: CellStats) -> OverlapComponents:
