@@ -14,6 +14,7 @@ import matplotlib
 matplotlib.use("Agg")  # before pyplot: headless hosts have no display
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import matplotlib.pyplot as plt
+from PIL import Image
 
 from tfoverlap.core import overlap_metrics
 from tfoverlap.core.compare_report import PLOT_NAMES
@@ -25,6 +26,21 @@ DPI = 80
 PHASE_COLORS = {"data_wait": "#4c72b0", "compute": "#55a868",
                 "checkpoint_stall": "#c44e52", "other": "#b0b0b0"}
 FRAMEWORK_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#8172b3")
+
+
+def _width(cells) -> float:
+  """Inches: room for a tick label like "+ strategy=mirrored" per cell."""
+  return max(6.0, 1.3 * len(cells) + 1.5)
+
+
+def _save(fig, path: str) -> None:
+  """Writes a palette PNG: a few flat colours need no 24-bit pixels, and
+  the file is about a third of the size."""
+  fig.savefig(path, dpi=DPI)
+  plt.close(fig)
+  with Image.open(path) as image:
+    small = image.convert("RGB").quantize(colors=64)
+  small.save(path, optimize=True)
 
 
 def _tick_label(comparison: Comparison, cell) -> str:
@@ -50,7 +66,7 @@ def _grouped_bars(comparison: Comparison, value_of, *, ylabel: str,
   frameworks = list(comparison.frameworks)
   width = 0.8 / len(frameworks)
   fig, axes = plt.subplots(len(workloads), 1, squeeze=False,
-                           figsize=(max(6.0, 0.95 * len(cells) + 1.5),
+                           figsize=(_width(cells),
                                     3.4 * len(workloads)))
   for row, workload in enumerate(workloads):
     ax = axes[row][0]
@@ -80,15 +96,14 @@ def _grouped_bars(comparison: Comparison, value_of, *, ylabel: str,
     ax.set_xticklabels([_tick_label(comparison, c) for c in cells],
                        fontsize=7)
     ax.set_ylabel(ylabel, fontsize=8)
-    ax.set_title(" ".join(filter(None, [title,
-                                        _workload_title(comparison,
-                                                        workload)])),
+    ax.set_title(", ".join(filter(None, [title,
+                                         _workload_title(comparison,
+                                                         workload)])),
                  fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(axis="y", alpha=0.3)
   fig.tight_layout()
-  fig.savefig(path, dpi=DPI)
-  plt.close(fig)
+  _save(fig, path)
 
 
 def plot_throughput(comparison: Comparison, path: str) -> None:
@@ -101,7 +116,7 @@ def plot_throughput(comparison: Comparison, path: str) -> None:
     runs = result.stats.runs_samples_per_second
     return min(runs), max(runs)
 
-  _grouped_bars(comparison, value, ylabel="samples/s (median; bars: range)",
+  _grouped_bars(comparison, value, ylabel="samples/s (median repeat; bars: range)",
                 title="Throughput", path=path, with_range=spread)
 
 
@@ -129,7 +144,7 @@ def plot_breakdown(comparison: Comparison, path: str) -> None:
   groups = comparison.groups()
   cells = comparison.matrix.cells()
   fig, axes = plt.subplots(len(groups), 1, squeeze=False,
-                           figsize=(max(6.0, 0.95 * len(cells) + 1.5),
+                           figsize=(_width(cells),
                                     3.2 * len(groups)))
   for row, key in enumerate(groups):
     ax = axes[row][0]
@@ -150,14 +165,13 @@ def plot_breakdown(comparison: Comparison, path: str) -> None:
     ax.set_xticks(range(len(cells)))
     ax.set_xticklabels([_tick_label(comparison, c) for c in cells],
                        fontsize=7)
-    ax.set_ylabel("ms per step (median)", fontsize=8)
+    ax.set_ylabel("ms per step (median repeat)", fontsize=8)
     ax.set_title(f"Per-step breakdown: {comparison.group_label(key)}",
                  fontsize=9)
     ax.legend(fontsize=6, ncol=3)
     ax.grid(axis="y", alpha=0.3)
   fig.tight_layout()
-  fig.savefig(path, dpi=DPI)
-  plt.close(fig)
+  _save(fig, path)
 
 
 def write_plots(comparison: Comparison, output_dir: str) -> Dict[str, str]:
