@@ -156,6 +156,8 @@ def test_a_killed_run_is_a_failed_cell_and_the_rest_go_on(tmp_path):
     (["--matrix=prefetch=0;checkpoint=sync,async"], "at least 2"),
     (["--matrix=prefetch=0,2", "--frameworks=jax"], "'jax' is not a "
      "framework"),
+    (["--matrix=prefetch=0,2", "--frameworks=pytorch,pytorch"],
+     "names 'pytorch' twice"),
     (["--matrix=strategy=default,mirrored", "--", "--batch_size=33"],
      "must divide evenly over 2 replicas"),
 ])
@@ -167,6 +169,16 @@ def test_bad_specs_exit_2_with_one_line_before_any_run(tmp_path, args, says):
   assert len(lines) == 1 and "error:" in lines[0], result.stderr
   assert says in lines[0]
   assert not os.path.exists(tmp_path / "r")  # nothing ran
+
+
+def test_an_output_dir_that_holds_runs_is_refused(tmp_path):
+  # Its trainers would resume from the checkpoints there, not measure.
+  (tmp_path / "runs" / "tensorflow").mkdir(parents=True)
+  result = run_module("tfoverlap.compare", "--matrix=prefetch=0,2",
+                      f"--output_dir={tmp_path}", timeout=120)
+  assert result.returncode == 2
+  assert "already holds runs" in result.stderr
+  assert os.listdir(tmp_path) == ["runs"]
 
 
 def test_autotune_picks_a_cell_that_meets_the_constraint(tmp_path):

@@ -40,6 +40,7 @@ from tfoverlap import compare_autotune
 from tfoverlap.core import compare_report, comparison, matrix as matrix_lib
 from tfoverlap.core import autotune, overlap_metrics, run_record, trainer_runs
 from tfoverlap.core.config import ConfigError
+from tfoverlap.core import compare_plan
 from tfoverlap.core.compare_plan import Plan
 from tfoverlap.core.matrix import Cell, MatrixSpecError
 
@@ -154,6 +155,8 @@ def validate_plan(plan: Plan) -> None:
   matrix_lib.check_flag_names(plan.workloads.axes, known,
                               what="--workloads")
   for framework in plan.frameworks:
+    if plan.frameworks.count(framework) > 1:
+      raise MatrixSpecError(f"--frameworks names {framework!r} twice")
     if framework not in trainer_runs.TRAINERS:
       raise MatrixSpecError(f"--frameworks: {framework!r} is not a framework"
                             f"; allowed: {', '.join(trainer_runs.TRAINERS)}")
@@ -312,6 +315,14 @@ def main(argv):
                                   max_steps=max_steps)
   except MatrixSpecError as e:
     tfo_flags.exit_with_usage_error(str(e))
+  runs_root = (compare_autotune.runs_root(output_dir) if _AUTOTUNE.value
+               else os.path.join(output_dir, compare_plan.RUNS_DIR))
+  if os.path.isdir(runs_root) and os.listdir(runs_root):
+    # A trainer restores the newest checkpoint in its model_dir: runs left
+    # there would be resumed, not measured.
+    tfo_flags.exit_with_usage_error(
+        f"--output_dir={output_dir} already holds runs ({runs_root}); "
+        "allowed: a new --output_dir, or --report_only to rewrite its report")
   os.makedirs(output_dir, exist_ok=True)
   header = {"command": "python -m tfoverlap.compare " +
                        shlex.join(sys.argv[1:]),

@@ -21,6 +21,11 @@ MARKDOWN_NAME = "autotune.md"
 CSV_NAME = "autotune.csv"
 
 
+def runs_root(output_dir: str) -> str:
+  """Where the search's trainer runs go, one directory each."""
+  return os.path.join(output_dir, AUTOTUNE_DIR, "runs")
+
+
 def check_plan(plan, *, min_steps: int, max_steps: int) -> None:
   """Refuses a plan the search cannot run.
 
@@ -82,7 +87,7 @@ def run(plan, output_dir: str, *, constraints: autotune.Constraints,
   Returns:
     0 when every group found a winner, else 1.
   """
-  root = os.path.join(output_dir, AUTOTUNE_DIR, "runs")
+  root = runs_root(output_dir)
   searches = []
   status = 0
   for workload in plan.workloads.cells():
