@@ -27,7 +27,8 @@ TOOLS_DIR = "tools"
 # Directories that hold Python but are deliberately not built, and why.
 NOT_BUILT = {
     "benchmarks": "run on demand with `python -m benchmarks.<name>`; they "
-                  "write their results beside themselves, outside any sandbox",
+                  "write results into benchmarks/results/ of the checkout, "
+                  "which a Bazel test never sees",
 }
 # Top-level files the tests read: packaging metadata and pytest's settings.
 TOP_LEVEL_FILES = ("MANIFEST.in", "README.md", "pyproject.toml", "pytest.ini",
@@ -166,8 +167,8 @@ def find_cycle(deps: Dict[str, Sequence[str]]) -> List[str]:
   def visit(label, path):
     state[label] = "open"
     for dep in deps.get(label, ()):
-      if state.get(dep) == "open":
-        return path[path.index(dep):] + [dep] if dep in path else [dep, dep]
+      if state.get(dep) == "open":  # Open labels are exactly `path`.
+        return path[path.index(dep):] + [dep]
       if dep not in state:
         cycle = visit(dep, path + [dep])
         if cycle:
