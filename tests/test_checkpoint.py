@@ -270,7 +270,7 @@ def test_checkpoint_weights_load_into_plain_keras_without_tfoverlap(
                                        log=lambda m: None)])
   np.save(tmp_path / "x.npy", x[:10])
   env = dict(subprocess_env())
-  env.pop("PYTHONPATH", None)  # tfoverlap must not be importable
+  env.pop("PYTHONPATH", None)  # nothing of the checkout on the path
   subprocess.run(
       [sys.executable, "-c", _PLAIN_KERAS_LOAD,
        os.path.join(directory, "ckpt-0000000008"), str(tmp_path / "x.npy"),
