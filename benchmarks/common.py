@@ -100,10 +100,35 @@ def run_process(args: Sequence[str], timeout_s: float = PROCESS_TIMEOUT_S
           "steal_s": host_after["steal"] - host_before["steal"]}
 
 
-def run_trainer(trainer_flags: Sequence[str], model_dir: str) -> dict:
-  """One `python -m tfoverlap.train` run; returns `summarize_record` of it."""
-  args = ["-m", "tfoverlap.train", *QUIET_TRAINER_FLAGS, *trainer_flags,
-          f"--model_dir={model_dir}"]
+# The two trainers, and the launchers that start one of them per worker.
+TRAINER_MODULES = {"tensorflow": "tfoverlap.train",
+                   "pytorch": "torch_parity.train"}
+LAUNCHER_MODULES = {"tensorflow": "tfoverlap.launch",
+                    "pytorch": "torch_parity.launch"}
+
+
+def run_trainer(trainer_flags: Sequence[str], model_dir: str, *,
+                module: str = TRAINER_MODULES["tensorflow"],
+                launcher_flags: Optional[Sequence[str]] = None) -> dict:
+  """One trainer run; returns `summarize_record` of its run.json.
+
+  Args:
+    trainer_flags: the trainer's flags; QUIET_TRAINER_FLAGS and
+      `--model_dir` are added.
+    model_dir: where the run writes; run.json is read from its top (the
+      chief's, or rank 0's, in a launched job).
+    module: the trainer (`tfoverlap.train`, `torch_parity.train`) or, with
+      `launcher_flags`, a launcher (`tfoverlap.launch`,
+      `torch_parity.launch`). Both trainers write the same run.json schema.
+    launcher_flags: the launcher's own flags, which go before `--`; the
+      trainer flags follow it and reach every worker.
+  """
+  trainer_args = [*QUIET_TRAINER_FLAGS, *trainer_flags,
+                  f"--model_dir={model_dir}"]
+  if launcher_flags is None:
+    args = ["-m", module, *trainer_args]
+  else:
+    args = ["-m", module, *launcher_flags, "--", *trainer_args]
   process = run_process(args)
   with open(os.path.join(model_dir, "run.json"), encoding="utf-8") as f:
     record = json.load(f)
@@ -127,6 +152,8 @@ def summarize_record(record: dict) -> dict:
             "fraction": stats.get("fraction", 0.0)}
 
   return {
+      "framework": record.get("framework"),
+      "num_params": record.get("model", {}).get("num_params"),
       "samples_per_second": record["samples_per_second"],
       "warmup_steps": record["warmup_steps"],
       "measured_steps": record["measured_steps"],
@@ -134,6 +161,7 @@ def summarize_record(record: dict) -> dict:
       "step": phase("step"),
       "data_wait": phase("data_wait"),
       "compute": phase("compute"),
+      "checkpoint_stall": phase("checkpoint_stall"),
       "other": phase("other"),
       "final": record.get("final", {}),
   }
@@ -141,6 +169,31 @@ def summarize_record(record: dict) -> dict:
 
 def median(values: Sequence[float]) -> float:
   return statistics.median(values) if values else float("nan")
+
+
+def overhead_verdict(ratio_of_medians: float, per_repeat: Sequence[float], *,
+                     target_max_overhead_frac: float,
+                     max_spread_to_judge: float) -> str:
+  """met / missed for an overhead target, or unresolved when too noisy.
+
+  A target of a few percent cannot be judged from repeats whose time ratios
+  spread over tens of percent: the ratio of medians then moves by more than
+  the target with any one repeat.
+
+  Args:
+    ratio_of_medians: the side's time over the baseline's; above 1 is slower.
+    per_repeat: the same ratio within each repeat.
+    target_max_overhead_frac: e.g. 0.02 for "at most 2% slower".
+    max_spread_to_judge: the widest max - min of `per_repeat` still judged.
+  """
+  if len(per_repeat) < 3:
+    return f"unresolved: {len(per_repeat)} repeat(s), at least 3 needed"
+  spread = max(per_repeat) - min(per_repeat)
+  if spread > max_spread_to_judge:
+    return (f"unresolved: per-repeat ratios span {min(per_repeat):.2f}.."
+            f"{max(per_repeat):.2f}")
+  return ("met" if ratio_of_medians - 1.0 <= target_max_overhead_frac
+          else "missed")
 
 
 def cpu_model() -> str:
@@ -182,6 +235,8 @@ def describe_machine() -> dict:
       "python": platform.python_version(),
       "tensorflow": _version("tensorflow") or _version("tensorflow-cpu"),
       "keras": _version("keras"),
+      "torch": _version("torch"),
+      "horovod": _version("horovod"),
       "gpu": "none detected" if not os.path.exists("/dev/nvidia0") else
              "present",
       "load_average_at_start": os.getloadavg(),

@@ -163,20 +163,11 @@ def run_side(side: str, flags: list, train_steps: int, scratch: str,
 
 
 def verdict(ratio_of_medians: float, per_repeat: list) -> str:
-  """met / missed, or unresolved when repeats disagree far beyond the target.
-
-  A 2% target cannot be judged from repeats whose ratios spread over tens
-  of percent: the ratio of medians then moves by more than 2% with any one
-  repeat.
-  """
-  if len(per_repeat) < 3:
-    return f"unresolved: {len(per_repeat)} repeat(s), at least 3 needed"
-  spread = max(per_repeat) - min(per_repeat)
-  if spread > MAX_SPREAD_TO_JUDGE:
-    return (f"unresolved: per-repeat ratios span {min(per_repeat):.2f}.."
-            f"{max(per_repeat):.2f}")
-  return ("met" if ratio_of_medians - 1.0 <= TARGET_MAX_OVERHEAD_FRAC
-          else "missed")
+  """met / missed, or unresolved when repeats disagree far beyond the target."""
+  return common.overhead_verdict(
+      ratio_of_medians, per_repeat,
+      target_max_overhead_frac=TARGET_MAX_OVERHEAD_FRAC,
+      max_spread_to_judge=MAX_SPREAD_TO_JUDGE)
 
 
 def summarize(runs: list, sides: list) -> dict:

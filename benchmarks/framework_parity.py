@@ -1,0 +1,235 @@
+"""TensorFlow against PyTorch: the two trainers on identical flags.
+
+  python -m benchmarks.framework_parity            # full run, CPU presets
+  python -m benchmarks.framework_parity --quick    # smoke run
+  python -m benchmarks.framework_parity --intra_op_threads=1 \
+      --inter_op_threads=1                          # one thread each
+
+Each run is `python -m tfoverlap.train` or `python -m torch_parity.train`
+with the same flags (plus the quiet ones of `common.QUIET_TRAINER_FLAGS`),
+each in its own process. Both write the same run.json schema, so both sides
+are read the same way: samples_per_second over the steady-state steps, and
+each phase's p50, mean and fraction of the step.
+
+Each repeat runs every preset in both frameworks; which framework goes
+first alternates from repeat to repeat. Reported per preset: the median
+samples/s of each framework, the PyTorch/TensorFlow throughput ratio as the
+median of the per-repeat ratios (above 1: PyTorch is faster) with its
+range, and the per-phase medians side by side.
+
+Any further --flag=value is passed to both trainers in every preset. On a
+host whose cores other processes are using too, PyTorch's OpenMP pool (one
+thread per core) can run several times slower than one thread, while
+TensorFlow's pool degrades far less; one thread each keeps that out of the
+comparison.
+"""
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+from benchmarks import common
+
+NAME = "framework_parity"
+DEFAULT_REPEATS = 3
+FRAMEWORKS = ("tensorflow", "pytorch")
+PHASES = ("data_wait", "compute", "checkpoint_stall", "other", "step")
+
+# Steps give each run a steady state of several seconds on 2 shared cores
+# (small_cnn takes 20-160 ms a step there, resnet18 at 32x32 0.2-0.9 s,
+# depending on the load), so three interleaved repeats of both presets fit
+# about ten minutes.
+PRESETS = {
+    "small_cnn_digits_default": {
+        "flags": ["--model=small_cnn", "--dataset=digits", "--image_size=16",
+                  "--batch_size=64", "--strategy=default"],
+        "train_steps": 150, "quick_train_steps": 30,
+    },
+    "resnet18_synthetic32_resident_default": {
+        "flags": ["--model=resnet18", "--dataset=synthetic",
+                  "--image_size=32", "--batch_size=32",
+                  "--synthetic_on_device", "--strategy=default"],
+        "train_steps": 40, "quick_train_steps": 12,
+    },
+}
+
+
+def parse_args():
+  parser = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  common.add_common_args(parser, repeats=DEFAULT_REPEATS)
+  parser.add_argument("--configs", default=",".join(PRESETS),
+                      help="Comma-separated presets: " + ", ".join(PRESETS))
+  parser.add_argument("--resummarize", metavar="RESULT_JSON",
+                      help="Recompute the summary of an existing result file "
+                      "from its runs, rewrite it and print the tables; runs "
+                      "nothing.")
+  args, passthrough = parser.parse_known_args()
+  bad = [a for a in passthrough if not a.startswith("--")]
+  if bad:
+    parser.error(f"unexpected arguments {bad}; trainer flags take the form "
+                 "--name=value")
+  return args, passthrough
+
+
+def build_configs(args, passthrough) -> dict:
+  configs = {}
+  for name in [c for c in args.configs.split(",") if c]:
+    if name not in PRESETS:
+      raise SystemExit(f"--configs: unknown {name!r}; allowed: "
+                       f"{', '.join(PRESETS)}")
+    preset = PRESETS[name]
+    configs[name] = {
+        "flags": preset["flags"] + passthrough,
+        "train_steps": (preset["quick_train_steps"] if args.quick
+                        else preset["train_steps"]),
+    }
+  return configs
+
+
+def summarize(runs: list) -> dict:
+  """Per-framework medians, the per-phase table and the throughput ratio."""
+  by_framework = {f: [r for r in runs if r["framework"] == f]
+                  for f in FRAMEWORKS}
+  summary = {"frameworks": {}}
+  for framework, framework_runs in by_framework.items():
+    results = [r["result"] for r in framework_runs]
+    if not results:
+      continue
+    sps = [r["samples_per_second"] for r in results]
+    summary["frameworks"][framework] = {
+        "samples_per_second_median": common.median(sps),
+        "samples_per_second_best": max(sps),
+        "samples_per_second_all": sps,
+        "phases": {
+            phase: {stat: common.median([r[phase][stat] for r in results])
+                    for stat in ("p50_ms", "mean_ms", "fraction")}
+            for phase in PHASES
+        },
+        "train_loss_median": common.median(
+            [r["final"].get("train_loss", float("nan")) for r in results]),
+        "num_params": results[0].get("num_params"),
+        "process_wall_s_median": common.median(
+            [r["process_wall_s"] for r in results]),
+        "steal_s_all": [r.get("steal_s") for r in results],
+        "foreign_cpu_s_all": [r.get("foreign_cpu_s") for r in results],
+    }
+  if len(summary["frameworks"]) == len(FRAMEWORKS):
+    tf_by_repeat = {r["repeat"]: r["result"]["samples_per_second"]
+                    for r in by_framework["tensorflow"]}
+    per_repeat = [r["result"]["samples_per_second"] / tf_by_repeat[r["repeat"]]
+                  for r in by_framework["pytorch"]
+                  if r["repeat"] in tf_by_repeat]
+    tf_entry = summary["frameworks"]["tensorflow"]
+    torch_entry = summary["frameworks"]["pytorch"]
+    summary["torch_over_tf_samples_per_second"] = {
+        # Above 1: PyTorch trains more samples per second.
+        "per_repeat": per_repeat,
+        "median": common.median(per_repeat),
+        "min": min(per_repeat),
+        "max": max(per_repeat),
+        "of_medians": (torch_entry["samples_per_second_median"] /
+                       tf_entry["samples_per_second_median"]),
+        "of_best_repeats": (torch_entry["samples_per_second_best"] /
+                            tf_entry["samples_per_second_best"]),
+    }
+  return summary
+
+
+def format_summary(configs: dict, summaries: dict) -> str:
+  throughput_rows, phase_rows = [], []
+  for name in configs:
+    summary = summaries[name]
+    frameworks = summary["frameworks"]
+    ratio = summary.get("torch_over_tf_samples_per_second")
+    throughput_rows.append([
+        name,
+        frameworks.get("tensorflow", {}).get("samples_per_second_median", "-"),
+        frameworks.get("pytorch", {}).get("samples_per_second_median", "-"),
+        (f"{ratio['median']:.3f} [{ratio['min']:.3f}, {ratio['max']:.3f}]"
+         if ratio else "-"),
+    ])
+    for phase in PHASES:
+      row = [name, phase]
+      for framework in FRAMEWORKS:
+        stats = frameworks.get(framework, {}).get("phases", {}).get(phase)
+        row += ([stats["p50_ms"], stats["mean_ms"],
+                 f"{100 * stats['fraction']:.1f}%"] if stats
+                else ["-", "-", "-"])
+      phase_rows.append(row)
+  throughput = common.format_table(
+      ["config", "TF samples/s", "torch samples/s",
+       "torch/TF per-repeat median [min, max]"], throughput_rows)
+  phases = common.format_table(
+      ["config", "phase", "TF p50 ms", "TF mean ms", "TF share",
+       "torch p50 ms", "torch mean ms", "torch share"], phase_rows)
+  return throughput + "\n\n" + phases
+
+
+def resummarize(path: str) -> None:
+  with open(path, encoding="utf-8") as f:
+    payload = json.load(f)
+  configs = payload["configs"]
+  payload["summary"] = {
+      name: summarize([r for r in payload["runs"] if r["config"] == name])
+      for name in configs
+  }
+  common.write_results(path, payload)
+  print(format_summary(configs, payload["summary"]))
+
+
+def main():
+  args, passthrough = parse_args()
+  if args.resummarize:
+    resummarize(args.resummarize)
+    return
+  repeats = common.resolve_repeats(args, DEFAULT_REPEATS)
+  configs = build_configs(args, passthrough)
+  machine = common.describe_machine()
+  start = time.perf_counter()
+  runs = []
+  with tempfile.TemporaryDirectory(prefix="tfo-bench-") as scratch_root:
+    # Repeats outermost: a slow stretch of the machine then hits every
+    # preset and framework of one repeat, not all repeats of one of them.
+    for repeat in range(repeats):
+      for config_name, config in configs.items():
+        order = FRAMEWORKS if repeat % 2 == 0 else FRAMEWORKS[::-1]
+        for framework in order:
+          model_dir = os.path.join(scratch_root,
+                                   f"{config_name}-{framework}-{repeat}")
+          result = common.run_trainer(
+              [*config["flags"], f"--train_steps={config['train_steps']}"],
+              model_dir, module=common.TRAINER_MODULES[framework])
+          common.log(f"repeat {repeat + 1}/{repeats} {config_name} "
+                     f"{framework}: {result['samples_per_second']:.1f} "
+                     "samples/s")
+          runs.append({"config": config_name, "framework": framework,
+                       "repeat": repeat, "result": result})
+  summaries = {
+      name: summarize([r for r in runs if r["config"] == name])
+      for name in configs
+  }
+  payload = {
+      "benchmark": NAME,
+      "command": common.command_line(),
+      "quick": args.quick,
+      "repeats": repeats,
+      "machine": machine,
+      "configs": configs,
+      "trainer_modules": common.TRAINER_MODULES,
+      "quiet_trainer_flags": list(common.QUIET_TRAINER_FLAGS),
+      "summary": summaries,
+      "runs": runs,
+      "total_wall_s": time.perf_counter() - start,
+  }
+  path = common.result_path(NAME, args)
+  common.write_results(path, payload)
+  print(format_summary(configs, summaries))
+  print(f"\n{len(runs)} runs in {payload['total_wall_s']:.0f} s; results: "
+        f"{os.path.relpath(path, common.REPO_ROOT)}")
+
+
+if __name__ == "__main__":
+  main()

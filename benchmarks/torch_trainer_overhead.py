@@ -1,0 +1,249 @@
+"""How much slower the PyTorch trainer is than a plain PyTorch loop.
+
+  python -m benchmarks.torch_trainer_overhead            # full run, CPU presets
+  python -m benchmarks.torch_trainer_overhead --quick    # smoke run
+
+The PyTorch counterpart of `benchmarks.trainer_overhead`. Two sides train
+the same model on the same input with the same optimizer for the same
+steps, each in its own process:
+
+  plain_loop    benchmarks.plain_torch_loop: next, zero_grad, forward,
+                loss, backward, step; a clock read after every step
+  torch_parity  python -m torch_parity.train with the quiet flags
+                (`common.QUIET_TRAINER_FLAGS`): the ledger, the loop's
+                bookkeeping and run.json stay, the optional outputs go
+
+Both leave out the same warm-up steps and chain each step to the previous
+one's end, so both measure the same steady-state step. The target is on the
+ratio of medians of the steady-state step time: each run's median step
+(p50), its median over repeats per side, trainer over plain. Above 1 the
+trainer is slower; the target is at most 1.02. The same ratio from the mean
+step (samples/s) is reported beside it, with the per-repeat ratios, their
+range and the ratio of each side's fastest repeat. As in trainer_overhead,
+the target is judged only when the per-repeat ratios agree to within 8%.
+
+Each repeat runs both sides of every preset; which side goes first
+alternates from repeat to repeat. Any further --flag=value goes to both
+sides.
+"""
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+from benchmarks import common
+
+NAME = "torch_trainer_overhead"
+TARGET_MAX_OVERHEAD_FRAC = 0.02
+MAX_SPREAD_TO_JUDGE = 4 * TARGET_MAX_OVERHEAD_FRAC
+DEFAULT_REPEATS = 3
+SIDES = ("plain_loop", "torch_parity")
+
+# The data of the trainer's main job (digits through the DataLoader), and
+# resident synthetic batches (no input work at all); one process each, the
+# plain loop having no DDP. Steps give several seconds of steady state.
+PRESETS = {
+    "small_cnn_digits_default": {
+        "flags": ["--model=small_cnn", "--dataset=digits", "--image_size=16",
+                  "--batch_size=64", "--strategy=default"],
+        "train_steps": 150, "quick_train_steps": 30,
+    },
+    "resnet18_synthetic32_resident_default": {
+        "flags": ["--model=resnet18", "--dataset=synthetic",
+                  "--image_size=32", "--batch_size=32",
+                  "--synthetic_on_device", "--strategy=default"],
+        "train_steps": 40, "quick_train_steps": 12,
+    },
+}
+
+
+def parse_args():
+  parser = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  common.add_common_args(parser, repeats=DEFAULT_REPEATS)
+  parser.add_argument("--configs", default=",".join(PRESETS),
+                      help="Comma-separated presets: " + ", ".join(PRESETS))
+  parser.add_argument("--resummarize", metavar="RESULT_JSON",
+                      help="Recompute the summary of an existing result file "
+                      "from its runs, rewrite it and print the table; runs "
+                      "nothing.")
+  args, passthrough = parser.parse_known_args()
+  bad = [a for a in passthrough if not a.startswith("--")]
+  if bad:
+    parser.error(f"unexpected arguments {bad}; trainer flags take the form "
+                 "--name=value")
+  return args, passthrough
+
+
+def build_configs(args, passthrough) -> dict:
+  configs = {}
+  for name in [c for c in args.configs.split(",") if c]:
+    if name not in PRESETS:
+      raise SystemExit(f"--configs: unknown {name!r}; allowed: "
+                       f"{', '.join(PRESETS)}")
+    preset = PRESETS[name]
+    configs[name] = {
+        "flags": preset["flags"] + passthrough,
+        "train_steps": (preset["quick_train_steps"] if args.quick
+                        else preset["train_steps"]),
+    }
+  return configs
+
+
+def run_side(side: str, flags: list, scratch: str) -> dict:
+  if side == "plain_loop":
+    result_json = os.path.join(scratch, "plain.json")
+    process = common.run_process(
+        ["-m", "benchmarks.plain_torch_loop", *flags,
+         f"--result_json={result_json}"])
+    with open(result_json, encoding="utf-8") as f:
+      result = json.load(f)
+    result.update(common.process_stats(process))
+    return result
+  return common.run_trainer(flags, os.path.join(scratch, "model_dir"),
+                            module=common.TRAINER_MODULES["pytorch"])
+
+
+def step_ms(result: dict) -> dict:
+  """The steady-state step of one run: its median and its mean."""
+  return {"p50": result["step"]["p50_ms"], "mean": result["step"]["mean_ms"]}
+
+
+def summarize(runs: list) -> dict:
+  by_side = {s: [r for r in runs if r["side"] == s] for s in SIDES}
+  summary = {"sides": {}}
+  for side, side_runs in by_side.items():
+    steps = [step_ms(r["result"]) for r in side_runs]
+    summary["sides"][side] = {
+        "step_p50_ms_median": common.median([s["p50"] for s in steps]),
+        "step_p50_ms_best": min(s["p50"] for s in steps),
+        "step_p50_ms_all": [s["p50"] for s in steps],
+        "step_mean_ms_median": common.median([s["mean"] for s in steps]),
+        "samples_per_second_median": common.median(
+            [r["result"]["samples_per_second"] for r in side_runs]),
+        "samples_per_second_all": [r["result"]["samples_per_second"]
+                                   for r in side_runs],
+        "steal_s_all": [r["result"].get("steal_s") for r in side_runs],
+        "foreign_cpu_s_all": [r["result"].get("foreign_cpu_s")
+                              for r in side_runs],
+    }
+  plain = {r["repeat"]: step_ms(r["result"]) for r in by_side["plain_loop"]}
+  trainer = {r["repeat"]: step_ms(r["result"])
+             for r in by_side["torch_parity"]}
+  repeats = sorted(set(plain) & set(trainer))
+  plain_entry = summary["sides"]["plain_loop"]
+  trainer_entry = summary["sides"]["torch_parity"]
+  ratios = {}
+  for stat in ("p50", "mean"):
+    # > 1: the trainer takes longer per step than the plain loop.
+    per_repeat = [trainer[k][stat] / plain[k][stat] for k in repeats]
+    of_medians = (trainer_entry[f"step_{stat}_ms_median"] /
+                  plain_entry[f"step_{stat}_ms_median"])
+    ratios[stat] = {
+        "time_ratio_of_medians": of_medians,
+        "per_repeat": per_repeat,
+        "per_repeat_median": common.median(per_repeat),
+        "per_repeat_min": min(per_repeat),
+        "per_repeat_max": max(per_repeat),
+    }
+  ratios["p50"]["time_ratio_of_best_repeats"] = (
+      trainer_entry["step_p50_ms_best"] / plain_entry["step_p50_ms_best"])
+  summary["time_ratio"] = ratios
+  judged = ratios["p50"]
+  summary["target"] = {
+      "max_overhead_frac": TARGET_MAX_OVERHEAD_FRAC,
+      "on": "ratio of medians of the steady-state step p50",
+      "overhead_frac": judged["time_ratio_of_medians"] - 1.0,
+      "verdict": common.overhead_verdict(
+          judged["time_ratio_of_medians"], judged["per_repeat"],
+          target_max_overhead_frac=TARGET_MAX_OVERHEAD_FRAC,
+          max_spread_to_judge=MAX_SPREAD_TO_JUDGE),
+  }
+  return summary
+
+
+def format_summary(configs: dict, summaries: dict) -> str:
+  rows = []
+  for name in configs:
+    summary = summaries[name]
+    plain = summary["sides"]["plain_loop"]
+    trainer = summary["sides"]["torch_parity"]
+    p50, mean = summary["time_ratio"]["p50"], summary["time_ratio"]["mean"]
+    rows.append([
+        name, plain["step_p50_ms_median"], trainer["step_p50_ms_median"],
+        p50["time_ratio_of_medians"],
+        f"{p50['per_repeat_median']:.3f} [{p50['per_repeat_min']:.3f}, "
+        f"{p50['per_repeat_max']:.3f}]",
+        p50["time_ratio_of_best_repeats"], mean["time_ratio_of_medians"],
+        summary["target"]["verdict"]])
+  return common.format_table(
+      ["config", "plain p50 ms", "trainer p50 ms", "p50 ratio of medians",
+       "per-repeat median [min, max]", "best-of-repeats", "mean ratio",
+       "target <= 1.02"], rows)
+
+
+def resummarize(path: str) -> None:
+  with open(path, encoding="utf-8") as f:
+    payload = json.load(f)
+  configs = payload["configs"]
+  payload["summary"] = {
+      name: summarize([r for r in payload["runs"] if r["config"] == name])
+      for name in configs
+  }
+  common.write_results(path, payload)
+  print(format_summary(configs, payload["summary"]))
+
+
+def main():
+  args, passthrough = parse_args()
+  if args.resummarize:
+    resummarize(args.resummarize)
+    return
+  repeats = common.resolve_repeats(args, DEFAULT_REPEATS)
+  configs = build_configs(args, passthrough)
+  machine = common.describe_machine()
+  start = time.perf_counter()
+  runs = []
+  with tempfile.TemporaryDirectory(prefix="tfo-bench-") as scratch_root:
+    for repeat in range(repeats):
+      for config_name, config in configs.items():
+        order = SIDES if repeat % 2 == 0 else SIDES[::-1]
+        for side in order:
+          scratch = os.path.join(scratch_root,
+                                 f"{config_name}-{side}-{repeat}")
+          os.makedirs(scratch)
+          result = run_side(
+              side, [*config["flags"],
+                     f"--train_steps={config['train_steps']}"], scratch)
+          common.log(f"repeat {repeat + 1}/{repeats} {config_name} {side}: "
+                     f"step p50 {result['step']['p50_ms']:.2f} ms, "
+                     f"{result['samples_per_second']:.1f} samples/s")
+          runs.append({"config": config_name, "side": side, "repeat": repeat,
+                       "result": result})
+  summaries = {
+      name: summarize([r for r in runs if r["config"] == name])
+      for name in configs
+  }
+  payload = {
+      "benchmark": NAME,
+      "command": common.command_line(),
+      "quick": args.quick,
+      "repeats": repeats,
+      "machine": machine,
+      "configs": configs,
+      "quiet_trainer_flags": list(common.QUIET_TRAINER_FLAGS),
+      "summary": summaries,
+      "runs": runs,
+      "total_wall_s": time.perf_counter() - start,
+  }
+  path = common.result_path(NAME, args)
+  common.write_results(path, payload)
+  print(format_summary(configs, summaries))
+  print(f"\n{len(runs)} runs in {payload['total_wall_s']:.0f} s; results: "
+        f"{os.path.relpath(path, common.REPO_ROOT)}")
+
+
+if __name__ == "__main__":
+  main()
