@@ -21,10 +21,11 @@ every process an equal share of the cores (`--intra_op_threads` and
            (MultiWorkerMirroredStrategy's CommunicationOptions.bytes_per_pack)
 
 The model must have gradients spanning several packs: resnet18 has 11.2 M
-parameters, 43 MB of float32 gradients, so 1 MB makes dozens of messages,
-25 MB (DDP's default) two or three, and 100 MB one. Batches are resident on
-the device (`--synthetic_on_device`), so the step is compute and
-communication only.
+parameters, 43 MB of float32 gradients. An explicit DDP bucket_cap_mb caps
+every bucket, the first one included, so 1 MB makes dozens of buckets, 25
+two and 100 one (DDP's own default, flag value 0, is a 25 MB cap with a
+1 MB first bucket). Batches are resident on the device
+(`--synthetic_on_device`), so the step is compute and communication only.
 
 Each repeat runs every (side, X) once, in an order shuffled afresh for
 every repeat with a fixed seed. Reported per side and X: median samples/s,

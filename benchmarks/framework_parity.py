@@ -18,10 +18,10 @@ median of the per-repeat ratios (above 1: PyTorch is faster) with its
 range, and the per-phase medians side by side.
 
 Any further --flag=value is passed to both trainers in every preset. On a
-host whose cores other processes are using too, PyTorch's OpenMP pool (one
-thread per core) can run several times slower than one thread, while
-TensorFlow's pool degrades far less; one thread each keeps that out of the
-comparison.
+host whose cores other processes are using too, PyTorch with its default
+intra-op pool (one thread per core) ran several times slower than with one
+thread, while TensorFlow did not (BENCHMARKS.md, section 6); one thread
+each keeps that out of the comparison.
 """
 
 import argparse
