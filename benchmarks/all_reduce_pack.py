@@ -85,12 +85,7 @@ def parse_args():
                       help="Recompute the summary of an existing result file "
                       "from its runs, rewrite it and print the table; runs "
                       "nothing.")
-  args, passthrough = parser.parse_known_args()
-  bad = [a for a in passthrough if not a.startswith("--")]
-  if bad:
-    parser.error(f"unexpected arguments {bad}; trainer flags take the form "
-                 "--name=value")
-  return args, passthrough
+  return common.parse_with_trainer_flags(parser)
 
 
 def parse_sides(text: str) -> list:

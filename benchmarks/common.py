@@ -307,3 +307,45 @@ def log(message: str) -> None:
   """Progress on stderr, flushed: full runs take minutes."""
   print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr,
         flush=True)
+
+
+# The workloads both framework benchmarks run, so their numbers line up.
+TRAINER_PRESETS = {
+    "small_cnn_digits_default": {
+        "flags": ["--model=small_cnn", "--dataset=digits", "--image_size=16",
+                  "--batch_size=64", "--strategy=default"],
+        "train_steps": 150, "quick_train_steps": 30,
+    },
+    "resnet18_synthetic32_resident_default": {
+        "flags": ["--model=resnet18", "--dataset=synthetic",
+                  "--image_size=32", "--batch_size=32",
+                  "--synthetic_on_device", "--strategy=default"],
+        "train_steps": 40, "quick_train_steps": 12,
+    },
+}
+
+
+def parse_with_trainer_flags(parser: argparse.ArgumentParser):
+  """(args, trainer flags): what the parser does not know passes through."""
+  args, passthrough = parser.parse_known_args()
+  bad = [a for a in passthrough if not a.startswith("--")]
+  if bad:
+    parser.error(f"unexpected arguments {bad}; trainer flags take the form "
+                 "--name=value")
+  return args, passthrough
+
+
+def build_preset_configs(names: str, passthrough, *, quick: bool) -> dict:
+  """Preset name -> {"flags", "train_steps"}, for comma-separated `names`."""
+  configs = {}
+  for name in [c for c in names.split(",") if c]:
+    if name not in TRAINER_PRESETS:
+      raise SystemExit(f"--configs: unknown {name!r}; allowed: "
+                       f"{', '.join(TRAINER_PRESETS)}")
+    preset = TRAINER_PRESETS[name]
+    configs[name] = {
+        "flags": preset["flags"] + list(passthrough),
+        "train_steps": (preset["quick_train_steps"] if quick
+                        else preset["train_steps"]),
+    }
+  return configs

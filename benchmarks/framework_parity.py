@@ -41,19 +41,7 @@ PHASES = ("data_wait", "compute", "checkpoint_stall", "other", "step")
 # (small_cnn takes 20-160 ms a step there, resnet18 at 32x32 0.2-0.9 s,
 # depending on the load), so three interleaved repeats of both presets fit
 # about ten minutes.
-PRESETS = {
-    "small_cnn_digits_default": {
-        "flags": ["--model=small_cnn", "--dataset=digits", "--image_size=16",
-                  "--batch_size=64", "--strategy=default"],
-        "train_steps": 150, "quick_train_steps": 30,
-    },
-    "resnet18_synthetic32_resident_default": {
-        "flags": ["--model=resnet18", "--dataset=synthetic",
-                  "--image_size=32", "--batch_size=32",
-                  "--synthetic_on_device", "--strategy=default"],
-        "train_steps": 40, "quick_train_steps": 12,
-    },
-}
+PRESETS = common.TRAINER_PRESETS
 
 
 def parse_args():
@@ -66,27 +54,12 @@ def parse_args():
                       help="Recompute the summary of an existing result file "
                       "from its runs, rewrite it and print the tables; runs "
                       "nothing.")
-  args, passthrough = parser.parse_known_args()
-  bad = [a for a in passthrough if not a.startswith("--")]
-  if bad:
-    parser.error(f"unexpected arguments {bad}; trainer flags take the form "
-                 "--name=value")
-  return args, passthrough
+  return common.parse_with_trainer_flags(parser)
 
 
 def build_configs(args, passthrough) -> dict:
-  configs = {}
-  for name in [c for c in args.configs.split(",") if c]:
-    if name not in PRESETS:
-      raise SystemExit(f"--configs: unknown {name!r}; allowed: "
-                       f"{', '.join(PRESETS)}")
-    preset = PRESETS[name]
-    configs[name] = {
-        "flags": preset["flags"] + passthrough,
-        "train_steps": (preset["quick_train_steps"] if args.quick
-                        else preset["train_steps"]),
-    }
-  return configs
+  return common.build_preset_configs(args.configs, passthrough,
+                                     quick=args.quick)
 
 
 def summarize(runs: list) -> dict:

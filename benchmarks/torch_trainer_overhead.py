@@ -44,19 +44,7 @@ SIDES = ("plain_loop", "torch_parity")
 # The data of the trainer's main job (digits through the DataLoader), and
 # resident synthetic batches (no input work at all); one process each, the
 # plain loop having no DDP. Steps give several seconds of steady state.
-PRESETS = {
-    "small_cnn_digits_default": {
-        "flags": ["--model=small_cnn", "--dataset=digits", "--image_size=16",
-                  "--batch_size=64", "--strategy=default"],
-        "train_steps": 150, "quick_train_steps": 30,
-    },
-    "resnet18_synthetic32_resident_default": {
-        "flags": ["--model=resnet18", "--dataset=synthetic",
-                  "--image_size=32", "--batch_size=32",
-                  "--synthetic_on_device", "--strategy=default"],
-        "train_steps": 40, "quick_train_steps": 12,
-    },
-}
+PRESETS = common.TRAINER_PRESETS
 
 
 def parse_args():
@@ -69,27 +57,12 @@ def parse_args():
                       help="Recompute the summary of an existing result file "
                       "from its runs, rewrite it and print the table; runs "
                       "nothing.")
-  args, passthrough = parser.parse_known_args()
-  bad = [a for a in passthrough if not a.startswith("--")]
-  if bad:
-    parser.error(f"unexpected arguments {bad}; trainer flags take the form "
-                 "--name=value")
-  return args, passthrough
+  return common.parse_with_trainer_flags(parser)
 
 
 def build_configs(args, passthrough) -> dict:
-  configs = {}
-  for name in [c for c in args.configs.split(",") if c]:
-    if name not in PRESETS:
-      raise SystemExit(f"--configs: unknown {name!r}; allowed: "
-                       f"{', '.join(PRESETS)}")
-    preset = PRESETS[name]
-    configs[name] = {
-        "flags": preset["flags"] + passthrough,
-        "train_steps": (preset["quick_train_steps"] if args.quick
-                        else preset["train_steps"]),
-    }
-  return configs
+  return common.build_preset_configs(args.configs, passthrough,
+                                     quick=args.quick)
 
 
 def run_side(side: str, flags: list, scratch: str) -> dict:
