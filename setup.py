@@ -6,9 +6,9 @@ import re
 import setuptools
 
 HERE = pathlib.Path(__file__).parent
-# The version lives in exactly one place: tfoverlap/__init__.py.
+# The version lives in exactly one place: overlap_core/__init__.py.
 VERSION = re.search(r'^__version__ = "([^"]+)"',
-                    (HERE / "tfoverlap" / "__init__.py").read_text(),
+                    (HERE / "overlap_core" / "__init__.py").read_text(),
                     re.MULTILINE).group(1)
 
 setuptools.setup(
@@ -19,9 +19,10 @@ setuptools.setup(
     long_description=(HERE / "README.md").read_text(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=setuptools.find_packages(include=["tfoverlap", "tfoverlap.*",
-                                               "torch_parity", "torch_parity.*",
-                                               "flags", "flags.*"]),
+    packages=setuptools.find_packages(include=[
+        "overlap_core", "overlap_core.*", "flags", "flags.*",
+        "tfoverlap", "tfoverlap.*", "torch_parity", "torch_parity.*",
+        "overlap_compare", "overlap_compare.*"]),
     install_requires=[
         "absl-py>=2.1",
         "numpy>=1.26",
@@ -32,24 +33,27 @@ setuptools.setup(
         "tensorflow-datasets==4.9.*",
         "importlib_resources",  # tensorflow-datasets needs it at import
         "scikit-learn>=1.3",  # ships the embedded digits dataset
-        # python -m tfoverlap.compare draws its report's PNG plots (Agg, no
-        # display needed).
-        "matplotlib>=3.7",
     ],
     extras_require={
         # Pinned: 2.13.0 is the CPU wheel; a looser range pulls a CUDA build.
         # Pillow decodes TFDS and image-folder images in DataLoader workers.
         "torch": ["torch==2.13.0", "Pillow>=9"],
+        # python -m overlap_compare draws its report's PNG plots (Agg, no
+        # display needed); without them it writes the tables alone.
+        "compare": ["matplotlib>=3.7", "Pillow>=9"],
         # setuptools: tests/test_packaging.py builds the sdist and wheel
         # offline, with this environment's setuptools.
         # safetensors: tests read checkpoints with the official reader, as a
         # user without tfoverlap would.
-        "test": ["pytest>=8", "setuptools>=70.1", "safetensors>=0.4"],
+        # matplotlib: the comparison's plots are tested too.
+        "test": ["pytest>=8", "setuptools>=70.1", "safetensors>=0.4",
+                 "matplotlib>=3.7", "Pillow>=9"],
     },
     entry_points={
         "console_scripts": [
             "tfoverlap-train=tfoverlap.train:run_main",
             "tfoverlap-launch=tfoverlap.launch:run_main",
+            "tfoverlap-compare=overlap_compare.cli:run_main",
         ],
     },
 )

@@ -62,7 +62,7 @@ def main(argv):
   # pylint: disable=g-import-not-at-top
   import tensorflow as tf
   from tfoverlap import data
-  from tfoverlap.core.config import DataConfig
+  from overlap_core.runtime.config import DataConfig
   from tfoverlap.data import preprocess_cost
   # pylint: enable=g-import-not-at-top
   costs = sorted({0.0, *(float(c) for c in _COSTS.value)})

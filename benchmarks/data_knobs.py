@@ -147,7 +147,7 @@ def run_trainer_sections(steps: int, repeats: int, scratch: str) -> dict:
 
 
 def data_config(**overrides):
-  from tfoverlap.core.config import AUTOTUNE, DataConfig  # pylint: disable=g-import-not-at-top
+  from overlap_core.runtime.config import AUTOTUNE, DataConfig  # pylint: disable=g-import-not-at-top
   defaults = dict(dataset="synthetic", data_dir=None, tfds_name="mnist",
                   image_size=16, num_classes=10, batch_size=BATCH_SIZE,
                   synthetic_on_device=False, prefetch=AUTOTUNE,
@@ -224,7 +224,7 @@ def med(results: list, key: str) -> float:
 
 
 def map_parallelism_section(repeats: int, num_batches: int) -> list:
-  from tfoverlap.core.config import AUTOTUNE  # pylint: disable=g-import-not-at-top
+  from overlap_core.runtime.config import AUTOTUNE  # pylint: disable=g-import-not-at-top
   cost_ms = 1.0
   # "1, rewrite off" is what --map_parallelism=1 promises (one thread); the
   # library's "1" leaves tf.data's map_parallelization rewrite on.
@@ -319,7 +319,7 @@ def wait_after_idle(cfg, *, gap_s: float, num_batches: int,
 
 def prefetch_idle_section(repeats: int, num_batches: int) -> list:
   """Prefetch depth on the pipeline alone, and what --prefetch=0 leaves on."""
-  from tfoverlap.core.config import AUTOTUNE  # pylint: disable=g-import-not-at-top
+  from overlap_core.runtime.config import AUTOTUNE  # pylint: disable=g-import-not-at-top
   cost_ms = 1.0
   gap_s = 0.15  # longer than one batch's cost on 2 threads (about 40 ms)
   variants = {

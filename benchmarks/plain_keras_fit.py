@@ -116,8 +116,8 @@ def main(argv):
   import keras
   import tensorflow as tf
   from tfoverlap import data, models
-  from tfoverlap.core import zoo
-  from tfoverlap.core.ledger import default_warmup_steps
+  from overlap_core.runtime import zoo
+  from overlap_core.runtime.ledger import default_warmup_steps
   # pylint: enable=g-import-not-at-top
 
   keras.utils.set_random_seed(config.run.seed)

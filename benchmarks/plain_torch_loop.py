@@ -76,8 +76,8 @@ def main(argv):
   # pylint: disable=g-import-not-at-top
   import torch
   from torch.nn import functional as F
-  from tfoverlap.core import zoo
-  from tfoverlap.core.ledger import default_warmup_steps
+  from overlap_core.runtime import zoo
+  from overlap_core.runtime.ledger import default_warmup_steps
   from torch_parity import data, models
   # pylint: enable=g-import-not-at-top
 

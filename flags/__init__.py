@@ -25,8 +25,8 @@ import sys
 from absl import flags as absl_flags
 
 from flags import checkpoint, data, distribute, model, run
-from tfoverlap.core import zoo
-from tfoverlap.core.config import (AUTOTUNE, CHECKPOINT_AUTO,
+from overlap_core.runtime import zoo
+from overlap_core.runtime.config import (AUTOTUNE, CHECKPOINT_AUTO,
                                    CheckpointConfig, ConfigError,
                                    DataConfig, DistributeConfig, ModelConfig,
                                    RunConfig, TrainConfig)

@@ -2,7 +2,7 @@
 
 from absl import flags
 
-from tfoverlap.core import zoo
+from overlap_core.runtime import zoo
 
 
 def define_flags():

@@ -19,9 +19,9 @@ import dataclasses
 import math
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from tfoverlap.core.ledger import CHECKPOINT_STALL, DATA_WAIT
-from tfoverlap.core.matrix import Cell
-from tfoverlap.core.overlap_metrics import CellStats
+from overlap_core.runtime.ledger import CHECKPOINT_STALL, DATA_WAIT
+from overlap_compare.matrix import Cell
+from overlap_compare.metrics import CellStats
 
 
 class TrialFailed(RuntimeError):

@@ -10,9 +10,9 @@ import csv
 import io
 from typing import Callable, Dict, List, Sequence, Tuple
 
-from tfoverlap.core.autotune import Constraints, SearchResult, Trial
-from tfoverlap.core.ledger import CHECKPOINT_STALL, DATA_WAIT
-from tfoverlap.core.matrix import Cell
+from overlap_compare.autotune import Constraints, SearchResult, Trial
+from overlap_core.runtime.ledger import CHECKPOINT_STALL, DATA_WAIT
+from overlap_compare.matrix import Cell
 
 CSV_HEADERS = ("group", "rung", "train_steps", "cell", "samples_per_second",
                "data_wait_frac", "checkpoint_stall_frac",

@@ -1,7 +1,7 @@
 """`python -m tfoverlap.compare --autotune`: the search, run as subprocesses.
 
 For every framework and workload of the plan, successive halving
-(`tfoverlap.core.autotune`) over the matrix's cells, each trial being
+(`overlap_compare.autotune`) over the matrix's cells, each trial being
 `--repeats` trainer runs of that many steps. It writes
 `best_<framework>[_<workload>].flags` (an absl flagfile: the common trainer
 flags, the workload's and the winning cell's), autotune.md and autotune.csv.
@@ -11,10 +11,12 @@ import os
 import time
 from typing import Callable, List, Sequence
 
-from tfoverlap.core import autotune, autotune_report, overlap_metrics
-from tfoverlap.core import trainer_runs
-from tfoverlap.core.comparison import OK, UNSUPPORTED
-from tfoverlap.core.matrix import Cell, MatrixSpecError
+from overlap_compare import autotune
+from overlap_compare import autotune_report
+from overlap_compare import metrics as overlap_metrics
+from overlap_compare import trainer_runs
+from overlap_compare.comparison import OK, UNSUPPORTED
+from overlap_compare.matrix import Cell, MatrixSpecError
 
 AUTOTUNE_DIR = "autotune"
 MARKDOWN_NAME = "autotune.md"

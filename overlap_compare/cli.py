@@ -5,7 +5,7 @@
       --workloads="preprocess_cost_ms=0,1" --frameworks=tensorflow,pytorch \\
       --repeats=3 --output_dir=report -- --model=small_cnn --train_steps=60
 
-Every cell of the matrix (see `tfoverlap.core.matrix` for the grammar) runs
+Every cell of the matrix (see `overlap_compare.matrix` for the grammar) runs
 in every framework and workload, `--repeats` times, each run its own trainer
 subprocess with the same flags: those after `--`, the workload's, the
 cell's. Repeats are interleaved (a slow minute of a shared machine then
@@ -36,13 +36,18 @@ from absl import app
 from absl import flags as absl_flags
 
 import flags as tfo_flags
-from tfoverlap import compare_autotune
-from tfoverlap.core import compare_report, comparison, matrix as matrix_lib
-from tfoverlap.core import autotune, overlap_metrics, run_record, trainer_runs
-from tfoverlap.core.config import ConfigError
-from tfoverlap.core import compare_plan
-from tfoverlap.core.compare_plan import Plan
-from tfoverlap.core.matrix import Cell, MatrixSpecError
+from overlap_compare import autotune_runs as compare_autotune
+from overlap_compare import report as compare_report
+from overlap_compare import comparison
+from overlap_compare import matrix as matrix_lib
+from overlap_compare import autotune
+from overlap_compare import metrics as overlap_metrics
+from overlap_core.runtime import run_record
+from overlap_compare import trainer_runs
+from overlap_core.runtime.config import ConfigError
+from overlap_compare import plan as compare_plan
+from overlap_compare.plan import Plan
+from overlap_compare.matrix import Cell, MatrixSpecError
 
 tfo_flags.define_flags()
 
@@ -283,8 +288,14 @@ def write_report(plan: Plan, outcomes, output_dir: str, meta: dict,
       frameworks=plan.frameworks, outcomes=outcomes, noise_floor=noise_floor,
       meta=meta)
   if plots:
-    from tfoverlap.core import compare_plots  # pylint: disable=g-import-not-at-top
-    compare_plots.write_plots(result, output_dir)
+    try:
+      from overlap_compare import plots as compare_plots
+    except ImportError as e:
+      # Plotting is an extra: the tables and findings need no matplotlib.
+      print(f"{PROGRAM}: plots skipped ({e.name or e} is not installed; "
+            "pip install 'tfoverlap[compare]' draws them)", file=sys.stderr)
+    else:
+      compare_plots.write_plots(result, output_dir)
   compare_report.write_report_dir(result, output_dir)
   return result
 

@@ -11,8 +11,8 @@ Report writers and plots read a `Comparison` and nothing else.
 import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from tfoverlap.core import overlap_metrics
-from tfoverlap.core.matrix import Cell, Matrix
+from overlap_compare import metrics as overlap_metrics
+from overlap_compare.matrix import Cell, Matrix
 
 OK = "ok"
 FAILED = "failed"

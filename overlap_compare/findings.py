@@ -8,8 +8,8 @@ combining paid off. The report puts these first.
 
 from typing import List
 
-from tfoverlap.core.comparison import Comparison, GroupKey
-from tfoverlap.core.matrix import Cell
+from overlap_compare.comparison import Comparison, GroupKey
+from overlap_compare.matrix import Cell
 
 
 def _pct(value: float) -> str:

@@ -41,8 +41,8 @@ Definitions (the report prints them too):
 import dataclasses
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from tfoverlap.core.ledger import CHECKPOINT_STALL, COMPUTE, DATA_WAIT, OTHER
-from tfoverlap.core.matrix import Cell
+from overlap_core.runtime.ledger import CHECKPOINT_STALL, COMPUTE, DATA_WAIT, OTHER
+from overlap_compare.matrix import Cell
 
 # The phases that partition a step (their means add up to the step's mean).
 STEP_PHASES = (DATA_WAIT, COMPUTE, CHECKPOINT_STALL, OTHER)

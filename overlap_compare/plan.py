@@ -15,8 +15,8 @@ compare.json beside the report).
 import os
 from typing import List, Sequence, Tuple
 
-from tfoverlap.core import matrix as matrix_lib
-from tfoverlap.core.matrix import Cell, Matrix
+from overlap_compare import matrix as matrix_lib
+from overlap_compare.matrix import Cell, Matrix
 
 RUNS_DIR = "runs"
 

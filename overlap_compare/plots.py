@@ -16,9 +16,9 @@ matplotlib.use("Agg")  # before pyplot: headless hosts have no display
 import matplotlib.pyplot as plt
 from PIL import Image
 
-from tfoverlap.core import overlap_metrics
-from tfoverlap.core.compare_report import PLOT_NAMES
-from tfoverlap.core.comparison import Comparison
+from overlap_compare import metrics as overlap_metrics
+from overlap_compare.report import PLOT_NAMES
+from overlap_compare.comparison import Comparison
 
 THROUGHPUT_PNG, BREAKDOWN_PNG, EFFICIENCY_PNG = PLOT_NAMES
 # Small files: the showcase report is committed.

@@ -14,11 +14,11 @@ import os
 import statistics
 from typing import Dict, List, Optional, Sequence
 
-from tfoverlap.core import compare_findings
-from tfoverlap.core import comparison as comparison_lib
-from tfoverlap.core import overlap_metrics
-from tfoverlap.core.comparison import Comparison, GroupKey
-from tfoverlap.core.matrix import Cell
+from overlap_compare import findings as compare_findings
+from overlap_compare import comparison as comparison_lib
+from overlap_compare import metrics as overlap_metrics
+from overlap_compare.comparison import Comparison, GroupKey
+from overlap_compare.matrix import Cell
 
 REPORT_NAME = "report.md"
 RESULTS_NAME = "results.csv"

@@ -20,9 +20,9 @@ import sys
 import time
 from typing import List, Optional, Sequence
 
-from tfoverlap.core import processes
-from tfoverlap.core.comparison import FAILED, OK, UNSUPPORTED
-from tfoverlap.core.run_record import RUN_RECORD_NAME, load_run_record
+from overlap_core.runtime import processes
+from overlap_compare.comparison import FAILED, OK, UNSUPPORTED
+from overlap_core.runtime.run_record import RUN_RECORD_NAME, load_run_record
 
 # framework -> (trainer module, multi-worker launcher module)
 TRAINERS = {

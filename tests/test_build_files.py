@@ -38,8 +38,9 @@ def test_every_library_module_is_in_a_py_library():
 def test_every_test_file_is_a_py_test():
   names = set(re.findall(r'py_test\(\n    name = "(\w+)"',
                          _build_text("tests")))
-  test_files = {f[:-3] for f in os.listdir(os.path.join(ROOT, "tests"))
-                if f.startswith("test_") and f.endswith(".py")}
+  test_files = {f[:-3].replace(os.sep, "_")
+                for f in update_build.python_files(ROOT, "tests")
+                if os.path.basename(f).startswith("test_")}
   assert test_files and names == test_files
 
 
@@ -53,28 +54,30 @@ def _write(root, path, text=""):
 def _small_tree(root):
   """A project shaped like this one, small enough to reason about."""
   _write(root, "setup.py")
+  _write(root, "overlap_core/__init__.py")
+  _write(root, "overlap_core/runtime/__init__.py")
+  _write(root, "overlap_core/runtime/zoo.py")
+  _write(root, "flags/__init__.py", "from overlap_core.runtime import zoo\n")
   _write(root, "tfoverlap/__init__.py")
-  _write(root, "tfoverlap/core/__init__.py")
-  _write(root, "tfoverlap/core/zoo.py")
   _write(root, "tfoverlap/train.py",
-         "import flags as tfo_flags\nfrom tfoverlap.core import zoo\n")
-  _write(root, "flags/__init__.py", "from tfoverlap.core import zoo\n")
+         "import flags as tfo_flags\nfrom overlap_core.runtime import zoo\n")
+  _write(root, "torch_parity/__init__.py")
+  _write(root, "torch_parity/train.py", "import flags as tfo_flags\n")
   _write(root, "tests/conftest.py")
   _write(root, "tests/pytest_main.py")
-  _write(root, "tests/test_core.py", "from tfoverlap.core import zoo\n")
+  _write(root, "tests/overlap_core/test_runtime.py",
+         "from overlap_core.runtime import zoo\n")
   _write(root, "tools/update_build.py")
   update_build.write(root)
 
 
-def test_generated_libraries_follow_imports_without_a_cycle(tmp_path):
+def test_generated_libraries_follow_imports_one_way(tmp_path):
   root = str(tmp_path)
   _small_tree(root)
-  flags_build = _build_text_at(root, "flags")
-  tfoverlap_build = _build_text_at(root, "tfoverlap")
-  # flags imports only the neutral core, so it must not depend on the part
-  # of tfoverlap that imports flags back.
-  assert 'deps = ["//tfoverlap:core"]' in flags_build
-  assert '":core",\n        "//flags",' in tfoverlap_build
+  assert 'deps = ["//overlap_core"]' in _build_text_at(root, "flags")
+  assert ('deps = [\n        "//flags",\n        "//overlap_core",\n    ]'
+          in _build_text_at(root, "tfoverlap"))
+  assert "deps" not in _build_text_at(root, "overlap_core")
   assert update_build.find_problems(root) == []
 
 
@@ -98,6 +101,8 @@ def test_a_new_module_or_test_is_reported_until_regenerated(tmp_path):
   tests_build = _build_text_at(root, "tests")
   assert 'name = "test_data"' in tests_build
   assert 'args = ["$(rootpath test_data.py)"]' in tests_build
+  # A test in a folder that mirrors a package is a target too.
+  assert 'name = "overlap_core_test_runtime"' in tests_build
 
 
 def test_unknown_python_directory_is_reported(tmp_path):
@@ -112,11 +117,36 @@ def test_import_cycle_between_libraries_is_reported(tmp_path):
   root = str(tmp_path)
   _small_tree(root)
   # The core now imports flags, which imports the core.
-  _write(root, "tfoverlap/core/zoo.py", "import flags\n")
+  _write(root, "overlap_core/runtime/zoo.py", "import flags\n")
   update_build.write(root)
   problems = update_build.find_problems(root)
-  assert any("cycle" in p and "//flags" in p and "//tfoverlap:core" in p
+  assert any("cycle" in p and "//flags" in p and "//overlap_core" in p
              for p in problems)
+
+
+def test_an_import_that_runs_back_up_is_reported(tmp_path):
+  root = str(tmp_path)
+  _small_tree(root)
+  # No cycle, but the PyTorch side reaching into the TensorFlow side, even
+  # lazily inside a function, ties the two together.
+  _write(root, "tfoverlap/data.py")
+  _write(root, "torch_parity/data.py",
+         "def read():\n  from tfoverlap import data\n")
+  update_build.write(root)
+  problems = update_build.find_problems(root)
+  assert any(p.startswith("torch_parity/data.py imports tfoverlap")
+             and "not tfoverlap" in p for p in problems), problems
+
+
+def test_the_neutral_core_importing_a_framework_is_reported(tmp_path):
+  root = str(tmp_path)
+  _small_tree(root)
+  _write(root, "overlap_core/runtime/zoo.py", "import torch\n")
+  update_build.write(root)
+  problems = update_build.find_problems(root)
+  assert problems == [
+      "overlap_core/runtime/zoo.py imports torch, which overlap_core must "
+      "not: it stays free of tensorflow, keras, torch, horovod, matplotlib"]
 
 
 def test_hand_edited_or_stray_build_file_is_reported(tmp_path):
@@ -124,10 +154,11 @@ def test_hand_edited_or_stray_build_file_is_reported(tmp_path):
   _small_tree(root)
   with open(os.path.join(root, "flags", "BUILD"), "a", encoding="utf-8") as f:
     f.write("# hand edit\n")
-  _write(root, "tfoverlap/core/BUILD")
+  _write(root, "overlap_core/runtime/BUILD")
   problems = update_build.find_problems(root)
   assert any(p.startswith("flags/BUILD is stale") for p in problems)
-  assert any(p.startswith("tfoverlap/core/BUILD is not one") for p in problems)
+  assert any(p.startswith("overlap_core/runtime/BUILD is not one")
+             for p in problems)
 
 
 def test_check_mode_changes_nothing_and_fails(tmp_path):

@@ -88,7 +88,7 @@ def dists(tmp_path_factory):
 
 
 def _version_in_source():
-  with open(os.path.join(REPO_ROOT, "tfoverlap", "__init__.py"),
+  with open(os.path.join(REPO_ROOT, "overlap_core", "__init__.py"),
             encoding="utf-8") as f:
     tree = ast.parse(f.read())
   (version,) = [node.value.value for node in tree.body
@@ -103,7 +103,11 @@ def test_wheel_holds_every_package_and_nothing_else(dists):
     in_wheel = {n for n in zf.namelist() if n.endswith(".py")}
   expected = _installable_modules(source)
   assert {"flags/__init__.py", "tfoverlap/__init__.py",
-          "tfoverlap/core/__init__.py"} <= expected
+          "overlap_core/__init__.py", "overlap_core/runtime/__init__.py",
+          "overlap_core/checkpoint/__init__.py",
+          "overlap_core/planning/__init__.py",
+          "overlap_compare/__init__.py", "torch_parity/__init__.py"
+          } <= expected
   # A subdirectory without __init__.py, or a package left out of setup.py,
   # would be missing here; tests or benchmarks would be extra.
   assert in_wheel == expected
@@ -161,7 +165,7 @@ def test_installed_wheel_imports_and_its_commands_resolve(dists, tmp_path):
   check = (
       "import importlib, importlib.metadata as md, sys\n"
       "target = sys.argv[1]\n"
-      "import flags, tfoverlap, tfoverlap.core.run_record as rr\n"
+      "import flags, tfoverlap, overlap_core.runtime.run_record as rr\n"
       "for m in (flags, tfoverlap, rr):\n"
       "  assert m.__file__.startswith(target), m.__file__\n"
       "dist = md.distribution('tfoverlap')\n"

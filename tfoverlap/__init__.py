@@ -1,7 +1,8 @@
 """tfoverlap: measure and control how training overlaps combine.
 
-Importing this package imports no framework: `tfoverlap.core` is shared with
-the PyTorch side, and the TensorFlow modules are imported where they are used.
+The TensorFlow/Keras side. Importing this package imports no framework: the
+TensorFlow modules are imported where they are used, and what both sides
+share is in `overlap_core`.
 """
 
-__version__ = "0.1.0"
+from overlap_core import __version__  # noqa: F401 (declared once there)

@@ -17,7 +17,7 @@ import os
 
 import tensorflow as tf
 
-from tfoverlap.core.config import (ConfigError, DistributeConfig, RunConfig,
+from overlap_core.runtime.config import (ConfigError, DistributeConfig, RunConfig,
                                    check_all_reduce_applies,
                                    check_nccl_has_gpus)
 

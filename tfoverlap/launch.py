@@ -17,9 +17,9 @@ import sys
 from absl import app
 
 import flags as tfo_flags
-from tfoverlap.core import processes
+from overlap_core.runtime import processes
 # STOP_GRACE_S stays importable from here, where the launcher used to keep it.
-from tfoverlap.core.processes import STOP_GRACE_S, free_ports
+from overlap_core.runtime.processes import STOP_GRACE_S, free_ports
 
 tfo_flags.define_flags()
 

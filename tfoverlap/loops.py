@@ -13,8 +13,8 @@ import keras
 import tensorflow as tf
 
 from tfoverlap import steps
-from tfoverlap.core import ledger as ledger_lib
-from tfoverlap.core.loop_context import LoopContext, ScalarWindows, after_step
+from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.runtime.loop_context import LoopContext, ScalarWindows, after_step
 
 
 def run_custom_loop(ctx: LoopContext, *, train_step, iterator) -> float:

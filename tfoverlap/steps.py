@@ -10,9 +10,9 @@ import math
 import keras
 import tensorflow as tf
 
-from tfoverlap.core.config import ModelConfig
-from tfoverlap.core.evaluation import evaluation_result
-from tfoverlap.core.zoo import CLASSIFICATION, SUPER_RESOLUTION
+from overlap_core.runtime.config import ModelConfig
+from overlap_core.runtime.evaluation import evaluation_result
+from overlap_core.runtime.zoo import CLASSIFICATION, SUPER_RESOLUTION
 
 
 def apply_precision_policy(precision: str) -> None:

@@ -11,8 +11,8 @@ from absl import app
 from absl import logging
 
 import flags as tfo_flags
-from tfoverlap.core.checkpoint_files import CheckpointError
-from tfoverlap.core.config import ConfigError
+from overlap_core.checkpoint.files import CheckpointError
+from overlap_core.runtime.config import ConfigError
 
 tfo_flags.define_flags()
 PROGRAM = "tfoverlap.train"
@@ -29,7 +29,7 @@ def main(argv):
   # bad flag answer at once.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfoverlap import trainer  # pylint: disable=g-import-not-at-top
-  from tfoverlap.core import report  # pylint: disable=g-import-not-at-top
+  from overlap_core.runtime import summary as report
   try:
     record = trainer.train(config)
   except ConfigError as e:

@@ -14,11 +14,14 @@ import keras
 import tensorflow as tf
 
 from tfoverlap import checkpoint, data, distribute, loops, models, steps
-from tfoverlap.core import ledger as ledger_lib
-from tfoverlap.core import checkpointing, run_record, trace, zoo
-from tfoverlap.core.config import TrainConfig
-from tfoverlap.core.loop_context import LoopContext
-from tfoverlap.core.progress import ProgressPrinter
+from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.checkpoint import engine as checkpoint_engine
+from overlap_core.runtime import run_record
+from overlap_core.runtime import trace
+from overlap_core.runtime import zoo
+from overlap_core.runtime.config import TrainConfig
+from overlap_core.runtime.loop_context import LoopContext
+from overlap_core.runtime.progress import ProgressPrinter
 
 FRAMEWORK = "tensorflow"
 
@@ -126,7 +129,7 @@ def train(config: TrainConfig) -> dict:
         config.checkpoint, config.run.model_dir, model=model,
         optimizer=optimizer, is_chief=worker_index == 0,
         worker_index=worker_index,
-        describe_state=checkpointing.make_state_describer(
+        describe_state=checkpoint_engine.make_state_describer(
             config.data, seed=config.run.seed,
             num_train_examples=info.num_train_examples),
         agree=distribute.make_agree(strategy))

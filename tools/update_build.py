@@ -16,12 +16,30 @@ import sys
 from typing import Dict, Iterator, List, Sequence
 
 # The packages that setup.py installs, each one py_library named after it.
-LIBRARIES = ("flags", "tfoverlap", "torch_parity")
-# Parts of a library that are a py_library of their own, as {library: {target:
-# paths in it}}. The framework-neutral core is one: `flags` and `torch_parity`
-# use it, while the rest of `tfoverlap` uses `flags`, so one target for all of
-# `tfoverlap` would make a dependency cycle, which Bazel refuses.
-SPLITS = {"tfoverlap": {"core": ("__init__.py", "core")}}
+LIBRARIES = ("overlap_core", "flags", "tfoverlap", "torch_parity",
+             "overlap_compare")
+# Which libraries each may import: dependencies run one way, from the
+# framework sides and the comparison down to the neutral core. An import
+# that runs back up (overlap_core importing flags, torch_parity importing
+# tfoverlap) is a problem even where Bazel would accept it, because it ties
+# a layer to one that should be free to change above it.
+ALLOWED_DEPS = {
+    "overlap_core": (),
+    "flags": ("overlap_core",),
+    "tfoverlap": ("overlap_core", "flags",
+                  # Only the `python -m tfoverlap.compare` alias.
+                  "overlap_compare"),
+    "torch_parity": ("overlap_core", "flags"),
+    "overlap_compare": ("overlap_core", "flags"),
+}
+# Third-party modules a library must never import at module level. The
+# neutral core is shared by both frameworks and every trainer install; the
+# comparison reaches the trainers only through their command lines.
+FORBIDDEN_IMPORTS = {
+    "overlap_core": ("tensorflow", "keras", "torch", "horovod", "matplotlib"),
+    "flags": ("tensorflow", "keras", "torch", "horovod", "matplotlib"),
+    "overlap_compare": ("tensorflow", "keras", "torch", "horovod"),
+}
 TESTS_DIR = "tests"
 TOOLS_DIR = "tools"
 # Directories that hold Python but are deliberately not built, and why.
@@ -136,13 +154,8 @@ def library_targets(root: str,
   """{label: its source files relative to the root} for every library."""
   targets = {}
   for lib in libraries:
-    files = python_files(root, lib)
-    for target, paths in SPLITS.get(lib, {}).items():
-      part = [f for f in files
-              if any(f == p or f.startswith(p + os.sep) for p in paths)]
-      targets[f"//{lib}:{target}"] = [os.path.join(lib, f) for f in part]
-      files = [f for f in files if f not in part]
-    targets[_library_label(lib)] = [os.path.join(lib, f) for f in files]
+    targets[_library_label(lib)] = [os.path.join(lib, f)
+                                    for f in python_files(root, lib)]
   return targets
 
 
@@ -182,6 +195,33 @@ def find_cycle(deps: Dict[str, Sequence[str]]) -> List[str]:
       if cycle:
         return cycle
   return []
+
+
+def layering_problems(root: str, targets: Dict[str, List[str]]) -> List[str]:
+  """Imports that break ALLOWED_DEPS or FORBIDDEN_IMPORTS, one line each.
+
+  Imports inside functions count too: a lazy import still ties the layers.
+  """
+  owner = {f: label for label, files in targets.items() for f in files}
+  problems = []
+  for label, files in sorted(targets.items()):
+    lib = label.lstrip("/")
+    allowed = {_library_label(d) for d in ALLOWED_DEPS.get(lib, ())}
+    forbidden = FORBIDDEN_IMPORTS.get(lib, ())
+    for f in files:
+      for module in sorted(imported_modules(os.path.join(root, f))):
+        top = module.split(".")[0]
+        if top in forbidden:
+          problems.append(f"{f} imports {module}, which {lib} must not: "
+                          f"it stays free of {', '.join(forbidden)}")
+        for dep in {owner[m] for m in module_files(root, module)
+                    if m in owner} - {label} - allowed:
+          problems.append(
+              f"{f} imports {module}: {lib} may depend only on "
+              f"{', '.join(ALLOWED_DEPS.get(lib, ())) or 'nothing first-party'}"
+              f", not {dep.lstrip('/')} (see ALLOWED_DEPS in "
+              "tools/update_build.py)")
+  return sorted(set(problems))
 
 
 def _library_build(lib: str, targets: Dict[str, List[str]],
@@ -290,11 +330,12 @@ def find_problems(root: str) -> List[str]:
       problems.append(f"{name} is a top-level module that no BUILD file "
                       "covers: move it into a package")
   libraries = existing_libraries(root)
-  cycle = find_cycle(library_deps(root, library_targets(root, libraries)))
+  targets = library_targets(root, libraries)
+  cycle = find_cycle(library_deps(root, targets))
   if cycle:
     problems.append("the libraries import each other in a cycle, which Bazel "
-                    "refuses: " + " -> ".join(cycle) + "; split a part out "
-                    "in SPLITS in tools/update_build.py")
+                    "refuses: " + " -> ".join(cycle))
+  problems.extend(layering_problems(root, targets))
   expected = generate(root)
   for path, text in sorted(expected.items()):
     full = os.path.join(root, path)

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tfoverlap.core.config import (ConfigError, DistributeConfig, RunConfig,
+from overlap_core.runtime.config import (ConfigError, DistributeConfig, RunConfig,
                                    check_all_reduce_applies,
                                    check_nccl_has_gpus)
 

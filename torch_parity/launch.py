@@ -34,7 +34,7 @@ import threading
 from absl import app
 
 import flags as tfo_flags
-from tfoverlap.core import processes
+from overlap_core.runtime import processes
 
 tfo_flags.define_flags()
 

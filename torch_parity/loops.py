@@ -12,8 +12,8 @@ from typing import Optional
 
 import torch
 
-from tfoverlap.core import ledger as ledger_lib
-from tfoverlap.core.loop_context import LoopContext, ScalarWindows, after_step
+from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.runtime.loop_context import LoopContext, ScalarWindows, after_step
 
 
 def _wait_for_device(device: torch.device) -> None:

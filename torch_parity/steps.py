@@ -15,9 +15,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tfoverlap.core.config import ModelConfig
-from tfoverlap.core.evaluation import evaluation_result
-from tfoverlap.core.zoo import CLASSIFICATION, SUPER_RESOLUTION
+from overlap_core.runtime.config import ModelConfig
+from overlap_core.runtime.evaluation import evaluation_result
+from overlap_core.runtime.zoo import CLASSIFICATION, SUPER_RESOLUTION
 
 # Keras' defaults, which the TensorFlow side uses, where torch's differ.
 MOMENTUM = 0.9  # --optimizer=momentum, as on the TensorFlow side

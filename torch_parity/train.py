@@ -14,7 +14,7 @@ from absl import app
 from absl import logging
 
 import flags as tfo_flags
-from tfoverlap.core.config import ConfigError
+from overlap_core.runtime.config import ConfigError
 
 tfo_flags.define_flags()
 PROGRAM = "torch_parity.train"
@@ -27,7 +27,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   # torch is imported only now, after flags parsed, so --helpfull and a bad
   # flag answer at once.
-  from tfoverlap.core import report  # pylint: disable=g-import-not-at-top
+  from overlap_core.runtime import summary as report
   from torch_parity import distribute  # pylint: disable=g-import-not-at-top
   from torch_parity import launch  # pylint: disable=g-import-not-at-top
   from torch_parity import trainer  # pylint: disable=g-import-not-at-top

@@ -14,11 +14,15 @@ import time
 
 import torch
 
-from tfoverlap.core import ledger as ledger_lib
-from tfoverlap.core import checkpointing, datasets, run_record, trace, zoo
-from tfoverlap.core.config import ConfigError, TrainConfig
-from tfoverlap.core.loop_context import LoopContext
-from tfoverlap.core.progress import ProgressPrinter
+from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.checkpoint import engine as checkpoint_engine
+from overlap_core.runtime import datasets
+from overlap_core.runtime import run_record
+from overlap_core.runtime import trace
+from overlap_core.runtime import zoo
+from overlap_core.runtime.config import ConfigError, TrainConfig
+from overlap_core.runtime.loop_context import LoopContext
+from overlap_core.runtime.progress import ProgressPrinter
 from torch_parity import checkpoint, data, distribute, loops, models, steps
 
 FRAMEWORK = "pytorch"
@@ -151,7 +155,7 @@ def train(config: TrainConfig):
     checkpointer = checkpoint.build_checkpointer(
         config.checkpoint, config.run.model_dir, model=model,
         optimizer=optimizer, is_chief=strategy.rank == 0,
-        describe_state=checkpointing.make_state_describer(
+        describe_state=checkpoint_engine.make_state_describer(
             config.data, seed=config.run.seed,
             num_train_examples=info.num_train_examples),
         agree=distribute.make_agree(strategy))

@@ -33,7 +33,7 @@ import math
 import statistics
 from typing import Callable, List, Optional, Sequence
 
-from tfoverlap.core.config import CHECKPOINT_AUTO
+from overlap_core.runtime.config import CHECKPOINT_AUTO
 
 AUTO = CHECKPOINT_AUTO  # the `every_steps` that asks for the adaptive policy
 UNKNOWN = -1.0  # an estimate with no measurement yet (all-reduce safe)

@@ -34,9 +34,10 @@ import statistics
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
-from tfoverlap.core import cadence, checkpoint_files
-from tfoverlap.core.checkpoint_files import CheckpointError
-from tfoverlap.core.config import DataConfig
+from overlap_core.checkpoint import cadence
+from overlap_core.checkpoint import files as checkpoint_files
+from overlap_core.checkpoint.files import CheckpointError
+from overlap_core.runtime.config import DataConfig
 
 ON_ERROR_POLICIES = ("raise", "warn")
 IF_BUSY_POLICIES = ("wait", "skip")

@@ -31,7 +31,7 @@ from typing import Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from tfoverlap.core import tensor_file
+from overlap_core.checkpoint import tensor_file
 
 MANIFEST_NAME = "MANIFEST.json"
 STATE_NAME = "state.json"

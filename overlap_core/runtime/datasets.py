@@ -16,7 +16,7 @@ from typing import Dict, Iterable, Optional
 
 import numpy as np
 
-from tfoverlap.core.config import AUTOTUNE, ConfigError
+from overlap_core.runtime.config import AUTOTUNE, ConfigError
 
 SPLITS = ("train", "eval")
 TASKS = ("classification", "super_resolution")
@@ -90,6 +90,65 @@ def no_eval_split_error(source_name: str) -> ConfigError:
                      f"{source_name} has no {' or '.join(EVAL_SPLIT_NAMES)} "
                      "split to evaluate on; allowed: --evaluate=false or a "
                      "dataset with one")
+
+
+NEVER_DOWNLOADS = "tfoverlap never downloads"
+IMAGE_FOLDER_LAYOUT = "<data_dir>/<split>/<label>/<image>.png|jpg"
+
+
+def check_tfds_request(data_dir: str, tfds_name: str) -> ConfigError:
+  """Refuses --dataset=tfds without a local directory; else returns the
+  refusal to raise when the dataset is not prepared there."""
+  if not data_dir:
+    raise ConfigError("data_dir", data_dir,
+                      "--dataset=tfds needs the local directory the dataset "
+                      f"was prepared in ({NEVER_DOWNLOADS})")
+  return ConfigError(
+      "tfds_name", tfds_name,
+      f"not prepared under --data_dir={data_dir}; allowed: a TFDS "
+      f"dataset already built there ({NEVER_DOWNLOADS}; prepare it "
+      f"beforehand, e.g. `tfds build {tfds_name} --data_dir={data_dir}`)")
+
+
+def check_image_folder_dir(data_dir: str, is_dir: bool) -> None:
+  """Refuses --dataset=image_folder without an existing directory."""
+  if not data_dir or not is_dir:
+    raise ConfigError("data_dir", data_dir,
+                      f"allowed: an existing local directory laid out as "
+                      f"{IMAGE_FOLDER_LAYOUT}")
+
+
+def check_image_folder_splits(data_dir: str,
+                              split_sizes: Dict[str, int]) -> None:
+  """Refuses an image folder with no images in a train split."""
+  if not split_sizes.get("train"):
+    raise ConfigError("data_dir", data_dir,
+                      f"no images in a train split (found splits "
+                      f"{sorted(split_sizes)}); allowed: a directory laid "
+                      f"out as {IMAGE_FOLDER_LAYOUT} with a train split")
+
+
+def check_image_label_layout(flag: str, value, *, features: Iterable[str],
+                             splits: Iterable[str],
+                             num_classes: Optional[int]) -> None:
+  """Refuses a stored data set that is not images with class labels."""
+  features, splits = sorted(features), sorted(splits)
+  if "image" not in features or "label" not in features:
+    raise ConfigError(flag, value,
+                      f"needs features 'image' and 'label'; found {features}")
+  if "train" not in splits:
+    raise ConfigError(flag, value, f"needs a 'train' split; found {splits}")
+  if not num_classes:
+    raise ConfigError(flag, value,
+                      "needs a 'label' feature that is a ClassLabel")
+
+
+def undecodable_images_error(source_name: str, flag: str, value,
+                             reason) -> ConfigError:
+  """The refusal of a data set whose first image does not decode."""
+  return ConfigError(flag, value,
+                     f"cannot decode the images of {source_name} ({reason}); "
+                     "allowed: PNG, JPEG, GIF or BMP images")
 
 
 def eval_split_name(split_names: Iterable[str]) -> Optional[str]:

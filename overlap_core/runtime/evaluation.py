@@ -11,7 +11,7 @@ both frameworks name and average them the same way.
   # {"eval_loss": 0.1, "eval_accuracy": 0.975, "eval_examples": 360}
 """
 
-from tfoverlap.core import zoo
+from overlap_core.runtime import zoo
 
 
 def evaluation_result(task: str, *, loss_sum: float, quality_sum: float,

@@ -18,8 +18,8 @@ and the TensorBoard scalars are decided identically on both sides.
 import dataclasses
 from typing import Callable, Optional
 
-from tfoverlap.core import ledger as ledger_lib
-from tfoverlap.core.progress import ProgressPrinter
+from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.runtime.progress import ProgressPrinter
 
 
 @dataclasses.dataclass

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Dict, List
 
-from tfoverlap.core.run_record import default_model_dir
+from overlap_core.runtime.run_record import default_model_dir
 
 STOP_GRACE_S = 10.0
 POLL_INTERVAL_S = 0.2

@@ -3,7 +3,7 @@
 import sys
 import time
 
-from tfoverlap.core import ledger as ledger_lib
+from overlap_core.runtime import ledger as ledger_lib
 
 
 class ProgressPrinter:

@@ -18,8 +18,8 @@ from typing import Iterable, Optional, Tuple
 
 import numpy as np
 
-from tfoverlap import __version__
-from tfoverlap.core.config import TrainConfig
+from overlap_core import __version__
+from overlap_core.runtime.config import TrainConfig
 
 SCHEMA_VERSION = 2  # 2: the checkpoint section
 RUN_RECORD_NAME = "run.json"

@@ -1,6 +1,6 @@
 """Human-readable summaries of a run: the end-of-run breakdown table."""
 
-from tfoverlap.core import ledger as ledger_lib
+from overlap_core.runtime import ledger as ledger_lib
 
 _ROW_ORDER = (ledger_lib.DATA_WAIT, ledger_lib.COMPUTE,
               ledger_lib.CHECKPOINT_STALL, ledger_lib.OTHER, ledger_lib.STEP)

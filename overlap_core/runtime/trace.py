@@ -8,8 +8,8 @@ import json
 import os
 from typing import Iterable
 
-from tfoverlap.core.ledger import Span
-from tfoverlap.core.run_record import write_json_atomically
+from overlap_core.runtime.ledger import Span
+from overlap_core.runtime.run_record import write_json_atomically
 
 
 def trace_events(spans: Iterable[Span], *, origin_s: float, pid: int,

@@ -6,7 +6,7 @@ import pytest
 from absl.testing import flagsaver
 
 import flags as tfo_flags
-from tfoverlap.core.config import AUTOTUNE, ConfigError
+from overlap_core.runtime.config import AUTOTUNE, ConfigError
 
 from tests.helpers import run_module
 

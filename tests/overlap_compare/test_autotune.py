@@ -6,10 +6,11 @@ at each rung, and which one wins, is known exactly.
 
 import pytest
 
-from tfoverlap.core import autotune, autotune_report
-from tfoverlap.core.autotune import Constraints, TrialFailed
-from tfoverlap.core.matrix import Matrix, parse_axes
-from tfoverlap.core.overlap_metrics import CellStats
+from overlap_compare import autotune
+from overlap_compare import autotune_report
+from overlap_compare.autotune import Constraints, TrialFailed
+from overlap_compare.matrix import Matrix, parse_axes
+from overlap_compare.metrics import CellStats
 
 MATRIX = Matrix(parse_axes("a=0,1;b=0,1;c=0,1"))
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tfoverlap.core import run_record
+from overlap_core.runtime import run_record
 
 from tests.helpers import REPO_ROOT, run_module, subprocess_env
 

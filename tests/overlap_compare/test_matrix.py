@@ -2,8 +2,10 @@
 
 import pytest
 
-from tfoverlap.core import compare_plan, matrix, trainer_runs
-from tfoverlap.core.matrix import Cell, Matrix, MatrixSpecError
+from overlap_compare import plan as compare_plan
+from overlap_compare import matrix
+from overlap_compare import trainer_runs
+from overlap_compare.matrix import Cell, Matrix, MatrixSpecError
 
 KNOWN = ("prefetch", "checkpoint", "checkpoint_every", "strategy", "model_dir",
          "preprocess_cost_ms")

@@ -9,11 +9,14 @@ import csv
 
 import pytest
 
-from tfoverlap.core import compare_plots, compare_report, comparison
-from tfoverlap.core import overlap_metrics, run_record
-from tfoverlap.core.ledger import (CHECKPOINT_STALL, COMPUTE, DATA_WAIT,
+from overlap_compare import plots as compare_plots
+from overlap_compare import report as compare_report
+from overlap_compare import comparison
+from overlap_compare import metrics as overlap_metrics
+from overlap_core.runtime import run_record
+from overlap_core.runtime.ledger import (CHECKPOINT_STALL, COMPUTE, DATA_WAIT,
                                    StepLedger)
-from tfoverlap.core.matrix import Cell, Matrix, parse_axes
+from overlap_compare.matrix import Cell, Matrix, parse_axes
 
 BATCH = 32
 NUM_STEPS = 20

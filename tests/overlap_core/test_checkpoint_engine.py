@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from tfoverlap.core import cadence, checkpoint_files, checkpointing
-from tfoverlap.core import tensor_file
-from tfoverlap.core.checkpoint_files import (CheckpointError,
+from overlap_core.checkpoint import cadence
+from overlap_core.checkpoint import files as checkpoint_files
+from overlap_core.checkpoint import engine as checkpoint_engine
+from overlap_core.checkpoint import tensor_file
+from overlap_core.checkpoint.files import (CheckpointError,
                                              CorruptCheckpointError)
 
 from tests.helpers import REPO_ROOT, subprocess_env
@@ -126,7 +128,7 @@ def test_unwritable_directory_is_named(tmp_path):
 _WRITER = textwrap.dedent("""
     import sys
     import numpy as np
-    from tfoverlap.core import checkpoint_files
+    from overlap_core.checkpoint import files as checkpoint_files
     directory, start = sys.argv[1], int(sys.argv[2])
     step = start
     while True:
@@ -249,10 +251,10 @@ def test_workers_with_different_costs_agree_on_one_cadence():
 
 def _engine(directory, **kwargs):
   def snapshot(step):
-    return checkpointing.Snapshot(step=step,
+    return checkpoint_engine.Snapshot(step=step,
                                   groups={"model": _arrays(step)},
                                   state={"step": step})
-  return checkpointing.CheckpointEngine(str(directory), mode="async",
+  return checkpoint_engine.CheckpointEngine(str(directory), mode="async",
                                         take_snapshot=snapshot,
                                         log=lambda m: None, **kwargs)
 
@@ -311,9 +313,9 @@ def test_warn_policy_trains_on_and_counts_failures(tmp_path):
   blocker = tmp_path / "file"
   blocker.write_text("x")
   logged = []
-  engine = checkpointing.CheckpointEngine(
+  engine = checkpoint_engine.CheckpointEngine(
       str(blocker / "ckpts"), mode="async", every_steps=1, on_error="warn",
-      take_snapshot=lambda step: checkpointing.Snapshot(step, {"m": {}}, {}),
+      take_snapshot=lambda step: checkpoint_engine.Snapshot(step, {"m": {}}, {}),
       log=logged.append)
   for step in range(1, 4):
     if engine.is_due(step):

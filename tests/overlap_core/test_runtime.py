@@ -7,16 +7,19 @@ import sys
 import numpy as np
 import pytest
 
-from tfoverlap.core import ledger as ledger_lib
-from tfoverlap.core import report, run_record, trace, zoo
-from tfoverlap.core.config import (ConfigError, DistributeConfig,
+from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.runtime import summary as report
+from overlap_core.runtime import run_record
+from overlap_core.runtime import trace
+from overlap_core.runtime import zoo
+from overlap_core.runtime.config import (ConfigError, DistributeConfig,
                                    check_all_reduce_applies,
                                    check_nccl_has_gpus)
-from tfoverlap.core.cost_calibration import (CostCalibration,
+from overlap_core.runtime.cost_calibration import (CostCalibration,
                                              measure_iterations_per_ms)
-from tfoverlap.core.evaluation import evaluation_result
-from tfoverlap.core.loop_context import LoopContext, ScalarWindows, after_step
-from tfoverlap.core.progress import ProgressPrinter
+from overlap_core.runtime.evaluation import evaluation_result
+from overlap_core.runtime.loop_context import LoopContext, ScalarWindows, after_step
+from overlap_core.runtime.progress import ProgressPrinter
 
 from tests.helpers import REPO_ROOT
 
@@ -291,14 +294,17 @@ def test_measured_rate_is_rounds_over_clock_time():
   assert runs == [0, 1, 2, 3]  # until a second had passed
 
 
-def test_core_imports_no_framework():
-  # Every module of the core, found on disk, so a new one cannot slip by.
+def test_neutral_packages_import_no_framework():
+  # Every module of the neutral core and of the flags, found on disk, so a
+  # new one cannot slip by.
   code = ("import importlib, pkgutil, sys\n"
-          "import flags, tfoverlap.core as core\n"
-          "names = [m.name for m in pkgutil.iter_modules(core.__path__)]\n"
-          "assert len(names) >= 10, names\n"
+          "import flags, overlap_core\n"
+          "names = [m.name for m in pkgutil.walk_packages(\n"
+          "    overlap_core.__path__, 'overlap_core.')]\n"
+          "assert len(names) >= 15, names\n"
           "for name in names:\n"
-          "  importlib.import_module('tfoverlap.core.' + name)\n"
-          "bad = {'tensorflow', 'torch', 'keras'} & set(sys.modules)\n"
+          "  importlib.import_module(name)\n"
+          "bad = {'tensorflow', 'torch', 'keras', 'matplotlib'} & "
+          "set(sys.modules)\n"
           "assert not bad, bad\n")
   subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT)

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from tfoverlap.checkpoint import AsyncCheckpoint
-from tfoverlap.core import checkpoint_files, run_record
+from overlap_core.checkpoint import files as checkpoint_files
+from overlap_core.runtime import run_record
 
 from tests.helpers import REPO_ROOT, run_module, subprocess_env, wait_for_line
 

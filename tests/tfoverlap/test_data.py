@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from tfoverlap import data, distribute
-from tfoverlap.core.config import AUTOTUNE, ConfigError, DataConfig
+from overlap_core.runtime.config import AUTOTUNE, ConfigError, DataConfig
 from tfoverlap.data import device, pipeline, preprocess_cost, sources
 
 DIGITS_TRAIN, DIGITS_EVAL = 1437, 360

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from tfoverlap import distribute
-from tfoverlap.core.config import ConfigError, DistributeConfig
+from overlap_core.runtime.config import ConfigError, DistributeConfig
 
 
 def config(**overrides) -> DistributeConfig:

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tfoverlap import launch
-from tfoverlap.core import run_record
+from overlap_core.runtime import run_record
 
 from tests.helpers import (REPO_ROOT, run_module, subprocess_env,
                            wait_for_line)

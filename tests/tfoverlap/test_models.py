@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from tfoverlap import models
-from tfoverlap.core import zoo
+from overlap_core.runtime import zoo
 
 NUM_CLASSES = 10
 BATCH_SIZE = 2

@@ -8,7 +8,8 @@ import pytest
 import tensorflow as tf
 
 from tfoverlap import models
-from tfoverlap.core import run_record, trace
+from overlap_core.runtime import run_record
+from overlap_core.runtime import trace
 
 from tests.helpers import run_module
 

@@ -23,8 +23,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tfoverlap.core import checkpoint_files, run_record
-from tfoverlap.core.config import CheckpointConfig
+from overlap_core.checkpoint import files as checkpoint_files
+from overlap_core.runtime import run_record
+from overlap_core.runtime.config import CheckpointConfig
 from torch_parity.checkpoint import (CheckpointError, CheckpointMismatchError,
                                      Checkpointer, snapshot)
 

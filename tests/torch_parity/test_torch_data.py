@@ -21,8 +21,8 @@ import torch
 from PIL import Image
 
 from tfoverlap import data as tf_data
-from tfoverlap.core import datasets
-from tfoverlap.core.config import AUTOTUNE, ConfigError, DataConfig
+from overlap_core.runtime import datasets
+from overlap_core.runtime.config import AUTOTUNE, ConfigError, DataConfig
 from torch_parity import data
 from torch_parity.data import device, pipeline, preprocess_cost
 

@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from tfoverlap.core import processes, run_record
+from overlap_core.runtime import processes
+from overlap_core.runtime import run_record
 from torch_parity import launch
 
 from tests.helpers import (REPO_ROOT, run_module, subprocess_env,

@@ -18,7 +18,7 @@ import torch
 
 from tests.helpers import REPO_ROOT, subprocess_env
 from tfoverlap import models as keras_models
-from tfoverlap.core import zoo
+from overlap_core.runtime import zoo
 from torch_parity import models
 
 NUM_CLASSES = 10

@@ -12,7 +12,8 @@ import sys
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from tfoverlap.core import run_record, trace
+from overlap_core.runtime import run_record
+from overlap_core.runtime import trace
 
 from tests.helpers import REPO_ROOT, run_module, subprocess_env
 

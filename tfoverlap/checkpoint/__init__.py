@@ -7,8 +7,7 @@ Modules, one job each:
   callback      AsyncCheckpoint, the Keras callback for any model.fit
 
 The framework-neutral parts (cadence, background persist, file format,
-retention, failure policies) are in tfoverlap/core: cadence.py,
-checkpointing.py, checkpoint_files.py and tensor_file.py.
+retention, failure policies) are in overlap_core/checkpoint.
 """
 
 from tfoverlap.checkpoint.callback import AsyncCheckpoint, ResumePosition
@@ -16,7 +15,7 @@ from tfoverlap.checkpoint.checkpointer import (Checkpointer, ResumePoint,
                                                build_checkpointer,
                                                checkpoint_dir)
 from tfoverlap.checkpoint.snapshot import CheckpointMismatchError
-from tfoverlap.core.checkpoint_files import (CheckpointError,
+from overlap_core.checkpoint.files import (CheckpointError,
                                              CorruptCheckpointError)
 
 __all__ = [

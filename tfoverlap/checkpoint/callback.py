@@ -6,8 +6,9 @@ from typing import Callable, Optional, Union
 import keras
 
 from tfoverlap.checkpoint.checkpointer import Checkpointer
-from tfoverlap.core import checkpoint_files, checkpointing
-from tfoverlap.core.config import CHECKPOINT_AUTO, CheckpointConfig
+from overlap_core.checkpoint import files as checkpoint_files
+from overlap_core.checkpoint import engine as checkpoint_engine
+from overlap_core.runtime.config import CHECKPOINT_AUTO, CheckpointConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,9 +74,9 @@ class AsyncCheckpoint(keras.callbacks.Callback):
                      "a fraction between 0 and 1")
     if not isinstance(keep, int) or keep < 1:
       raise _invalid("keep", keep, "an integer >= 1")
-    if on_error not in checkpointing.ON_ERROR_POLICIES:
+    if on_error not in checkpoint_engine.ON_ERROR_POLICIES:
       raise _invalid("on_error", on_error, '"raise" or "warn"')
-    if if_busy not in checkpointing.IF_BUSY_POLICIES:
+    if if_busy not in checkpoint_engine.IF_BUSY_POLICIES:
       raise _invalid("if_busy", if_busy, '"wait" or "skip"')
     self.directory = directory
     self._config = CheckpointConfig(

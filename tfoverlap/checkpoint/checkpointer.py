@@ -12,7 +12,7 @@ One interface whatever the mode, so the loops and the ledger do not care:
   checkpointer.close()
 
 The framework-neutral work (cadence, background persist, failure and busy
-policies, the numbers for run.json) is `core.checkpointing.CheckpointEngine`;
+policies, the numbers for run.json) is `core.checkpoint_engine.CheckpointEngine`;
 this module supplies what only TensorFlow knows: the snapshot (async) or the
 TensorFlow save (sync, tf_async).
 
@@ -29,11 +29,12 @@ import shutil
 from typing import Callable, Optional
 
 from tfoverlap.checkpoint import baseline, snapshot
-from tfoverlap.core import checkpoint_files, checkpointing
-from tfoverlap.core.cadence import Agree
+from overlap_core.checkpoint import files as checkpoint_files
+from overlap_core.checkpoint import engine as checkpoint_engine
+from overlap_core.checkpoint.cadence import Agree
 # Shared with the PyTorch checkpointer, which has the same interface.
-from tfoverlap.core.checkpointing import ResumePoint, checkpoint_dir
-from tfoverlap.core.config import CheckpointConfig
+from overlap_core.checkpoint.engine import ResumePoint, checkpoint_dir
+from overlap_core.runtime.config import CheckpointConfig
 
 
 class Checkpointer:
@@ -71,7 +72,7 @@ class Checkpointer:
       self._files = None
       self._take = snapshot.SnapshotTaker(model.variables,
                                           optimizer.variables)
-      self.engine = checkpointing.CheckpointEngine(
+      self.engine = checkpoint_engine.CheckpointEngine(
           self.directory, take_snapshot=self._snapshot,
           to_host=snapshot.to_host, is_writer=is_chief, **common)
     else:
@@ -82,12 +83,12 @@ class Checkpointer:
       self._files = baseline.TFCheckpointFiles(
           write_dir, mode=cfg.mode, keep=cfg.keep, model=model,
           optimizer=optimizer)
-      self.engine = checkpointing.CheckpointEngine(
+      self.engine = checkpoint_engine.CheckpointEngine(
           write_dir, save_inline=self._files.save, **common)
 
-  def _snapshot(self, step: int) -> checkpointing.Snapshot:
+  def _snapshot(self, step: int) -> checkpoint_engine.Snapshot:
     state = {"step": step, **self._describe_state(step)}
-    return checkpointing.Snapshot(step=step, groups=self._take(), state=state)
+    return checkpoint_engine.Snapshot(step=step, groups=self._take(), state=state)
 
   def restore_latest(self) -> Optional[ResumePoint]:
     """Restores the newest good checkpoint; None when there is none.

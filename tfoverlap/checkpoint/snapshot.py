@@ -32,7 +32,7 @@ import tensorflow as tf
 
 # CheckpointMismatchError is framework-neutral (the PyTorch side raises it
 # too); it stays importable from here.
-from tfoverlap.core.checkpoint_files import (CheckpointMismatchError,
+from overlap_core.checkpoint.files import (CheckpointMismatchError,
                                              LoadedCheckpoint)
 
 MODEL_GROUP = "model"

@@ -13,10 +13,10 @@ import dataclasses
 import tensorflow as tf
 
 from tfoverlap import distribute
-from tfoverlap.core import datasets
-from tfoverlap.core.config import DataConfig
+from overlap_core.runtime import datasets
+from overlap_core.runtime.config import DataConfig
 # Shared with the PyTorch device prefetcher, so --prefetch sets one depth.
-from tfoverlap.core.datasets import (  # pylint: disable=unused-import
+from overlap_core.runtime.datasets import (  # pylint: disable=unused-import
     AUTOTUNE_DEVICE_BUFFER, device_buffer_size)
 from tfoverlap.data import pipeline
 

@@ -31,9 +31,9 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from tfoverlap.core import datasets
-from tfoverlap.core.config import AUTOTUNE, ConfigError, DataConfig
-from tfoverlap.core.datasets import SPLITS, TASKS  # pylint: disable=unused-import
+from overlap_core.runtime import datasets
+from overlap_core.runtime.config import AUTOTUNE, ConfigError, DataConfig
+from overlap_core.runtime.datasets import SPLITS, TASKS  # pylint: disable=unused-import
 from tfoverlap.data import preprocess_cost, service, sources
 
 LOW_RES_METHOD = "area"  # averages whole pixels: stays in [0, 1], no ringing

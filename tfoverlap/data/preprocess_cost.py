@@ -19,7 +19,7 @@ from typing import Callable, Tuple
 
 import tensorflow as tf
 
-from tfoverlap.core.cost_calibration import (CostCalibration,
+from overlap_core.runtime.cost_calibration import (CostCalibration,
                                              measure_iterations_per_ms)
 
 # Floats the loop updates each iteration. At 256 the executor's bookkeeping

@@ -15,14 +15,14 @@ from typing import Callable, Dict
 
 import tensorflow as tf
 
-from tfoverlap.core.config import ConfigError, DataConfig
-# The split, sizes and DatasetInfo are shared with the PyTorch pipeline.
-from tfoverlap.core.datasets import (POOL_SEED, SYNTHETIC_EVAL_EXAMPLES,
-                                     SYNTHETIC_TRAIN_EXAMPLES, DatasetInfo,
-                                     dataset_info, eval_split_name,
-                                     load_digits_splits)
-
-_NEVER_DOWNLOADS = "tfoverlap never downloads"
+from overlap_core.runtime import datasets
+from overlap_core.runtime.config import ConfigError, DataConfig
+# The split, sizes, refusals and DatasetInfo are shared with the PyTorch
+# pipeline.
+from overlap_core.runtime.datasets import (POOL_SEED, SYNTHETIC_EVAL_EXAMPLES,
+                                           SYNTHETIC_TRAIN_EXAMPLES,
+                                           DatasetInfo, dataset_info,
+                                           eval_split_name, load_digits_splits)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,15 +166,7 @@ def _synthetic_source(cfg: DataConfig) -> Source:
 def _tfds_source(cfg: DataConfig) -> Source:
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   name = cfg.tfds_name
-  if not cfg.data_dir:
-    raise ConfigError("data_dir", cfg.data_dir,
-                      "--dataset=tfds needs the local directory the dataset "
-                      f"was prepared in ({_NEVER_DOWNLOADS})")
-  missing = ConfigError(
-      "tfds_name", name,
-      f"not prepared under --data_dir={cfg.data_dir}; allowed: a TFDS "
-      f"dataset already built there ({_NEVER_DOWNLOADS}; prepare it "
-      f"beforehand, e.g. `tfds build {name} --data_dir={cfg.data_dir}`)")
+  missing = datasets.check_tfds_request(cfg.data_dir, name)
   try:
     builder = tfds.builder(name, data_dir=cfg.data_dir)
   except (ValueError, AssertionError, OSError) as e:
@@ -188,18 +180,12 @@ def _tfds_source(cfg: DataConfig) -> Source:
 
 def _image_folder_source(cfg: DataConfig) -> Source:
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  layout = "<data_dir>/<split>/<label>/<image>.png|jpg"
-  if not cfg.data_dir or not os.path.isdir(cfg.data_dir):
-    raise ConfigError("data_dir", cfg.data_dir,
-                      f"allowed: an existing local directory laid out as "
-                      f"{layout}")
+  datasets.check_image_folder_dir(cfg.data_dir,
+                                  os.path.isdir(cfg.data_dir or ""))
   builder = tfds.ImageFolder(cfg.data_dir)
-  splits = builder.info.splits
-  if "train" not in splits or not splits["train"].num_examples:
-    raise ConfigError("data_dir", cfg.data_dir,
-                      f"no images in a train split (found splits "
-                      f"{sorted(splits.keys())}); allowed: a directory laid "
-                      f"out as {layout} with a train split")
+  datasets.check_image_folder_splits(
+      cfg.data_dir, {name: split.num_examples
+                     for name, split in builder.info.splits.items()})
   return _builder_source(cfg, builder, "image_folder", "data_dir",
                          cfg.data_dir)
 
@@ -214,19 +200,13 @@ def _builder_source(cfg: DataConfig, builder, name: str, flag: str,
   """
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   features = builder.info.features
-  if "image" not in features or "label" not in features:
-    raise ConfigError(flag, value,
-                      f"needs features 'image' and 'label'; found "
-                      f"{sorted(features.keys())}")
   splits = builder.info.splits
-  if "train" not in splits:
-    raise ConfigError(flag, value,
-                      f"needs a 'train' split; found {sorted(splits.keys())}")
+  num_classes = (getattr(features["label"], "num_classes", None)
+                 if "label" in features else None)
+  datasets.check_image_label_layout(flag, value, features=features.keys(),
+                                    splits=splits.keys(),
+                                    num_classes=num_classes)
   split_names = {"train": "train", "eval": eval_split_name(splits.keys())}
-  num_classes = getattr(features["label"], "num_classes", None)
-  if not num_classes:
-    raise ConfigError(flag, value,
-                      "needs a 'label' feature that is a ClassLabel")
   image_feature = features["image"]
   encoded = isinstance(image_feature, tfds.features.Image)
   # TFDS silently caches small datasets in memory unless told not to, which
@@ -261,7 +241,6 @@ def _check_decodable(source: Source, flag: str, value) -> None:
       pass
   except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError) as e:
     reason = e.message.strip().splitlines()[0] if e.message else type(e)
-    raise ConfigError(flag, value,
-                      f"cannot decode the images of {source.name} ({reason}); "
-                      "allowed: PNG, JPEG, GIF or BMP images") from e
+    raise datasets.undecodable_images_error(source.name, flag, value,
+                                            reason) from e
 

@@ -1,4 +1,4 @@
-"""The Keras model zoo: one builder per name of `tfoverlap.core.zoo`.
+"""The Keras model zoo: one builder per name of `overlap_core.runtime.zoo`.
 
 Every model is a channels-last Keras 3 functional model whose output is
 float32 under any mixed precision policy. Classifiers map
@@ -21,7 +21,7 @@ import math
 
 import keras
 
-from tfoverlap.core import zoo
+from overlap_core.runtime import zoo
 from tfoverlap.models import edsr
 from tfoverlap.models import inception
 from tfoverlap.models import mlp
@@ -48,7 +48,7 @@ def build_model(name: str, *, image_size: int, num_classes: int,
   """Builds the zoo model `name` under the current Keras dtype policy.
 
   Args:
-    name: one of `tfoverlap.core.zoo.MODEL_NAMES`.
+    name: one of `overlap_core.runtime.zoo.MODEL_NAMES`.
     image_size: the input side in pixels for a classifier; for "edsr" the
       HIGH-resolution output side (the input side is image_size // 2).
     num_classes: number of logits; ignored by "edsr".

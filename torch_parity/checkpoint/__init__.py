@@ -8,14 +8,13 @@ Modules, one job each:
 The files are the TensorFlow side's (safetensors groups, state.json, a
 checksummed manifest, atomic commits, the newest K kept), and so is
 everything framework-neutral: cadence, background persist, failure and busy
-policies, in tfoverlap/core (cadence.py, checkpointing.py,
-checkpoint_files.py, tensor_file.py).
+policies, in overlap_core/checkpoint.
 """
 
-from tfoverlap.core.checkpoint_files import (CheckpointError,
+from overlap_core.checkpoint.files import (CheckpointError,
                                              CheckpointMismatchError,
                                              CorruptCheckpointError)
-from tfoverlap.core.checkpointing import ResumePoint, checkpoint_dir
+from overlap_core.checkpoint.engine import ResumePoint, checkpoint_dir
 from torch_parity.checkpoint.checkpointer import (Checkpointer,
                                                   build_checkpointer)
 

@@ -23,7 +23,7 @@ The modes:
   tf_async is TensorFlow's own and refused here.
 
 The framework-neutral work (cadence, background persist, failure and busy
-policies, the numbers for run.json) is `core.checkpointing.CheckpointEngine`.
+policies, the numbers for run.json) is `core.checkpoint_engine.CheckpointEngine`.
 In a multi-process run only rank 0 writes; every rank restores from rank
 0's directory, so all resume at one step, and every rank runs the cadence
 (agreeing through an all-reduce), so all agree on the steps that checkpoint.
@@ -31,10 +31,11 @@ In a multi-process run only rank 0 writes; every rank restores from rank
 
 from typing import Callable, Optional
 
-from tfoverlap.core import checkpoint_files, checkpointing
-from tfoverlap.core.cadence import Agree
-from tfoverlap.core.checkpointing import ResumePoint, checkpoint_dir
-from tfoverlap.core.config import CheckpointConfig
+from overlap_core.checkpoint import files as checkpoint_files
+from overlap_core.checkpoint import engine as checkpoint_engine
+from overlap_core.checkpoint.cadence import Agree
+from overlap_core.checkpoint.engine import ResumePoint, checkpoint_dir
+from overlap_core.runtime.config import CheckpointConfig
 from torch_parity.checkpoint import snapshot
 
 MODES = ("sync", "async")
@@ -81,20 +82,20 @@ class Checkpointer:
                   on_error=cfg.on_error, if_busy=cfg.if_busy, agree=agree,
                   is_writer=is_chief, log=log)
     if cfg.mode == "async":
-      self.engine = checkpointing.CheckpointEngine(
+      self.engine = checkpoint_engine.CheckpointEngine(
           directory, take_snapshot=self._snapshot, to_host=snapshot.to_host,
           **common)
     else:
-      self.engine = checkpointing.CheckpointEngine(
+      self.engine = checkpoint_engine.CheckpointEngine(
           directory, save_inline=self._save_inline, **common)
 
-  def _snapshot(self, step: int) -> checkpointing.Snapshot:
+  def _snapshot(self, step: int) -> checkpoint_engine.Snapshot:
     groups, extra_state = self._take()
     state = {"step": step, **self._describe_state(step), **extra_state}
-    return checkpointing.Snapshot(step=step, groups=groups, state=state)
+    return checkpoint_engine.Snapshot(step=step, groups=groups, state=state)
 
   def _save_inline(self, step: int) -> None:
-    checkpointing.write_snapshot(self.directory, self._snapshot(step),
+    checkpoint_engine.write_snapshot(self.directory, self._snapshot(step),
                                  to_host=snapshot.to_host,
                                  keep=self._cfg.keep)
 

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tfoverlap.core.checkpoint_files import (CheckpointError,
+from overlap_core.checkpoint.files import (CheckpointError,
                                              CheckpointMismatchError,
                                              LoadedCheckpoint)
 from torch_parity.checkpoint import state_layout

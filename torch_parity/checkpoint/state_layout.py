@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tfoverlap.core.checkpoint_files import CheckpointError
+from overlap_core.checkpoint.files import CheckpointError
 
 # torch dtypes the checkpoint format stores, with their NumPy dtype.
 # bfloat16 has none in NumPy itself; it goes through ml_dtypes.

@@ -65,11 +65,11 @@ Usage in a trainer:
                        world_size=world_size, skip_batches=step)
   batches = iter(loader)
   if cfg.data.prefetch_to_device:
-    depth = tfoverlap.core.datasets.device_buffer_size(cfg.data.prefetch)
+    depth = overlap_core.runtime.datasets.device_buffer_size(cfg.data.prefetch)
     batches = make_device_prefetcher(loader, device, depth)
 """
 
-from tfoverlap.core.datasets import DatasetInfo
+from overlap_core.runtime.datasets import DatasetInfo
 from torch_parity.data.device import (make_device_prefetcher,
                                       make_resident_iterator)
 from torch_parity.data.pipeline import make_loader

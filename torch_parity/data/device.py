@@ -17,7 +17,7 @@ from typing import Iterable, Iterator, Tuple
 
 import torch
 
-from tfoverlap.core.config import DataConfig
+from overlap_core.runtime.config import DataConfig
 from torch_parity.data import pipeline
 
 Batch = Tuple[torch.Tensor, ...]
@@ -34,7 +34,7 @@ def make_device_prefetcher(batches: Iterable[Batch], device,
     batches: tuples of CPU tensors, e.g. a `make_loader` DataLoader.
     device: where the step runs ("cuda", "cuda:1", "cpu", ...).
     depth: batches staged ahead of the one being consumed, >= 1; the
-      trainer passes `tfoverlap.core.datasets.device_buffer_size(prefetch)`,
+      trainer passes `overlap_core.runtime.datasets.device_buffer_size(prefetch)`,
       the depth TensorFlow's device prefetch uses.
 
   Returns:

@@ -31,8 +31,8 @@ import torch
 from torch.nn import functional as F
 from torch.utils import data as torch_data
 
-from tfoverlap.core import datasets
-from tfoverlap.core.config import AUTOTUNE, ConfigError, DataConfig
+from overlap_core.runtime import datasets
+from overlap_core.runtime.config import AUTOTUNE, ConfigError, DataConfig
 from torch_parity.data import preprocess_cost, sources
 
 # Batches each worker keeps in flight when --prefetch=autotune: DataLoader's

@@ -28,7 +28,7 @@ from typing import Tuple
 import numpy as np
 import torch
 
-from tfoverlap.core.cost_calibration import (CostCalibration,
+from overlap_core.runtime.cost_calibration import (CostCalibration,
                                              measure_iterations_per_ms)
 
 # Floats the loop updates each iteration: enough that the arithmetic, during

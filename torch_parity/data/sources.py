@@ -8,13 +8,14 @@ TensorFlow: `--cache` keeps decoded samples, and `--map_parallelism` spreads
 decoding over the loader's workers, so `decode` must be picklable (a
 module-level function, bound with `functools.partial`).
 
-- digits: the neutral split of `tfoverlap.core.datasets`, as TF reads it.
+- digits: the neutral split of `overlap_core.runtime.datasets`, as TF reads it.
 - synthetic: the same pool sizes and label range; pixel values come from
   NumPy's generator keyed by the same (pool seed, index), so they are fixed
   across runs and processes but are not TensorFlow's stateless draws.
-- tfds / image_folder: opened and checked by the TensorFlow side's own
-  `load_source` (TensorFlow is imported only here), so a missing or
-  unreadable data set is refused with the same message. TFDS records are
+- tfds / image_folder: opened through tensorflow-datasets and checked with
+  the refusals of `overlap_core.runtime.datasets`, so a missing or
+  unreadable data set is refused with the same message as on the TensorFlow
+  side (TensorFlow is imported only for these two). TFDS records are
   read once through TensorFlow when the loader is built (they offer no
   random access) and their encoded images decoded by Pillow in the workers;
   an image folder keeps file paths and reads each file when it decodes it.
@@ -27,15 +28,16 @@ Nothing here downloads.
 import dataclasses
 import functools
 import io
+import os
 from typing import Any, Callable, Dict, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
-from tfoverlap.core import datasets
-from tfoverlap.core.config import ConfigError, DataConfig
-from tfoverlap.core.datasets import DatasetInfo
+from overlap_core.runtime import datasets
+from overlap_core.runtime.config import ConfigError, DataConfig
+from overlap_core.runtime.datasets import DatasetInfo
 
 # Pillow modes whose pixels are one grey channel as TensorFlow decodes them;
 # every other mode is converted to RGB(A) first.
@@ -211,22 +213,42 @@ def _synthetic_image(index, image_size: int) -> torch.Tensor:
 
 
 def _tfds_source(cfg: DataConfig) -> Source:
-  # pylint: disable-next=g-import-not-at-top
-  from tfoverlap.data import sources as tf_sources  # imports TensorFlow
-  tf_source = tf_sources.load_source(cfg)
-  return Source(
-      name=tf_source.name, num_classes=tf_source.num_classes,
-      num_examples=dict(tf_source.num_examples),
-      read=functools.partial(_read_tf_source, tf_source),
-      decode=functools.partial(_decode_stored, image_size=cfg.image_size))
+  # TFDS records are read through TensorFlow; this is the only place the
+  # PyTorch side imports it, and only for --dataset=tfds.
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  missing = datasets.check_tfds_request(cfg.data_dir, cfg.tfds_name)
+  try:
+    builder = tfds.builder(cfg.tfds_name, data_dir=cfg.data_dir)
+  except (ValueError, AssertionError, OSError) as e:
+    # DatasetNotFoundError (a ValueError) for unknown names; other errors for
+    # unknown versions or configs: for the user all mean "not here".
+    raise missing from e
+  if not builder.is_prepared():
+    raise missing
+  split_names, num_classes = _check_layout(builder, "tfds_name",
+                                           cfg.tfds_name)
+  encoded = isinstance(builder.info.features["image"], tfds.features.Image)
 
+  def read(split, limit=None):
+    # The same records in the same order as the TensorFlow side reads them;
+    # encoded images stay encoded, to be decoded by Pillow in the workers.
+    ds = builder.as_dataset(
+        split=split_names[split], shuffle_files=False,
+        read_config=tfds.ReadConfig(try_autocache=False),
+        decoders={"image": tfds.decode.SkipDecoding()} if encoded else None)
+    if limit is not None:
+      ds = ds.take(limit)
+    images, labels = [], []
+    for example in ds.as_numpy_iterator():
+      images.append(example["image"])
+      labels.append(example["label"])
+    return images, np.asarray(labels, np.int64)
 
-def _read_tf_source(tf_source, split: str):
-  images, labels = [], []
-  for image, label in tf_source.read(split).as_numpy_iterator():
-    images.append(image)
-    labels.append(label)
-  return images, np.asarray(labels, np.int64)
+  return _checked_source(Source(
+      name=f"tfds:{cfg.tfds_name}", num_classes=num_classes,
+      num_examples=_split_sizes(builder, split_names), read=read,
+      decode=functools.partial(_decode_stored, image_size=cfg.image_size)),
+      "tfds_name", cfg.tfds_name)
 
 
 def _decode_stored(raw, image_size: int) -> torch.Tensor:
@@ -237,28 +259,62 @@ def _decode_stored(raw, image_size: int) -> torch.Tensor:
 
 
 def _image_folder_source(cfg: DataConfig) -> Source:
-  # pylint: disable-next=g-import-not-at-top
-  from tfoverlap.data import sources as tf_sources  # imports TensorFlow
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  tf_source = tf_sources.load_source(cfg)
+  datasets.check_image_folder_dir(cfg.data_dir,
+                                  os.path.isdir(cfg.data_dir or ""))
   builder = tfds.ImageFolder(cfg.data_dir)
-  split_names = {"train": "train",
-                 "eval": datasets.eval_split_name(builder.info.splits.keys())}
+  datasets.check_image_folder_splits(
+      cfg.data_dir, {name: split.num_examples
+                     for name, split in builder.info.splits.items()})
+  split_names, num_classes = _check_layout(builder, "data_dir", cfg.data_dir)
   label_feature = builder.info.features["label"]
 
-  def read(split):
+  def read(split, limit=None):
     # TFDS keeps its listing (and its fixed per-split order, which the
     # TensorFlow side reads in) only here; tensorflow-datasets is pinned.
     # pylint: disable-next=protected-access
-    examples = builder._split_examples[split_names[split]]
+    examples = builder._split_examples[split_names[split]][:limit]
     return ([example.image_path for example in examples],
             np.array([label_feature.str2int(example.label)
                       for example in examples], np.int64))
 
-  return Source(
-      name=tf_source.name, num_classes=tf_source.num_classes,
-      num_examples=dict(tf_source.num_examples), read=read,
-      decode=functools.partial(_decode_file, image_size=cfg.image_size))
+  return _checked_source(Source(
+      name="image_folder", num_classes=num_classes,
+      num_examples=_split_sizes(builder, split_names), read=read,
+      decode=functools.partial(_decode_file, image_size=cfg.image_size)),
+      "data_dir", cfg.data_dir)
+
+
+def _check_layout(builder, flag: str, value):
+  """({"train": name, "eval": name or None}, num_classes) of a TFDS builder
+  with image and label features, refused as the TensorFlow side does."""
+  features, splits = builder.info.features, builder.info.splits
+  num_classes = (getattr(features["label"], "num_classes", None)
+                 if "label" in features else None)
+  datasets.check_image_label_layout(flag, value, features=features.keys(),
+                                    splits=splits.keys(),
+                                    num_classes=num_classes)
+  return ({"train": "train", "eval": datasets.eval_split_name(splits.keys())},
+          num_classes)
+
+
+def _split_sizes(builder, split_names) -> Dict[str, int]:
+  splits = builder.info.splits
+  return {split: (splits[name].num_examples if name else 0)
+          for split, name in split_names.items()}
+
+
+def _checked_source(source: Source, flag: str, value) -> Source:
+  """Decodes the first training sample now, so a data set of files that are
+  not images fails at startup with one line instead of mid-training."""
+  raws, _ = source.read("train", limit=1)
+  try:
+    source.decode(raws[0])
+  except (OSError, ValueError) as e:  # Pillow's UnidentifiedImageError too
+    reason = str(e).strip().splitlines()[0] if str(e) else type(e).__name__
+    raise datasets.undecodable_images_error(source.name, flag, value,
+                                            reason) from e
+  return source
 
 
 def _decode_file(path: str, image_size: int) -> torch.Tensor:

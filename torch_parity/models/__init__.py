@@ -1,4 +1,4 @@
-"""The PyTorch model zoo: one builder per name of `tfoverlap.core.zoo`.
+"""The PyTorch model zoo: one builder per name of `overlap_core.runtime.zoo`.
 
 Each name builds the same architecture as `tfoverlap.models` does, with the
 same trainable parameter count at every image size, so runs of the two
@@ -11,7 +11,7 @@ low-resolution images to [B, channels, image_size, image_size].
 Module paths equal the Keras layer names with "." for "_" (the Keras layer
 "layer2_0_downsample_0" is `layer2[0].downsample[0]` here), so weights can be
 matched by name. Weights start from the distributions Keras' defaults use.
-This package imports torch and the framework-neutral `tfoverlap.core`, never
+This package imports torch and the framework-neutral `overlap_core`, never
 TensorFlow.
 
 Usage:
@@ -22,7 +22,7 @@ Usage:
 
 from torch import nn
 
-from tfoverlap.core import zoo
+from overlap_core.runtime import zoo
 from torch_parity.models import edsr
 from torch_parity.models import inception
 from torch_parity.models import mlp
@@ -49,7 +49,7 @@ def build_model(name: str, *, image_size: int, num_classes: int,
   """Builds the zoo model `name`, in training mode, on the CPU.
 
   Args:
-    name: one of `tfoverlap.core.zoo.MODEL_NAMES`.
+    name: one of `overlap_core.runtime.zoo.MODEL_NAMES`.
     image_size: the input side in pixels for a classifier; for "edsr" the
       HIGH-resolution output side (the input side is image_size // 2).
     num_classes: number of logits; ignored by "edsr".

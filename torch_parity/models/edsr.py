@@ -25,7 +25,7 @@ from torch import nn
 
 from torch_parity.models import layers
 
-UPSCALE = 2  # equals tfoverlap.core.zoo.MODELS["edsr"].upscale
+UPSCALE = 2  # equals overlap_core.runtime.zoo.MODELS["edsr"].upscale
 _NUM_RESIDUAL_BLOCKS = 16
 _NUM_FEATURES = 64
 _DIV2K_RGB_MEAN = (0.4488, 0.4371, 0.4040)
