@@ -9,7 +9,7 @@ flags, the workload's and the winning cell's), autotune.md and autotune.csv.
 
 import os
 import time
-from typing import Callable, List, Sequence
+from typing import Callable, Dict, List, Sequence
 
 from overlap_compare import autotune
 from overlap_compare import autotune_report
@@ -49,9 +49,12 @@ def flagfile_name(plan, framework: str, workload: Cell) -> str:
   return f"best_{framework}_{plan.workloads.slug(workload)}.flags"
 
 
-def make_evaluate(plan, framework: str, workload: Cell, root: str, *,
-                  timeout_s: float, log: Callable[[str], None]):
+def make_evaluate(plan, trainer: trainer_runs.Trainer, workload: Cell,
+                  root: str, *, timeout_s: float,
+                  log: Callable[[str], None]):
   """(cell, steps) -> CellStats over --repeats runs; raises TrialFailed."""
+
+  framework = trainer.framework
 
   def evaluate(cell: Cell, steps: int) -> overlap_metrics.CellStats:
     records, errors = [], []
@@ -61,7 +64,7 @@ def make_evaluate(plan, framework: str, workload: Cell, root: str, *,
                              f"r{repeat}")
       args = plan.run_args(workload, cell) + [f"--train_steps={steps}"]
       result = trainer_runs.run_trainer(
-          trainer_runs.build_command(framework, args, run_dir), run_dir,
+          trainer_runs.build_command(trainer, args, run_dir), run_dir,
           timeout_s=timeout_s)
       if result.status == UNSUPPORTED:
         raise autotune.TrialFailed(
@@ -81,7 +84,8 @@ def make_evaluate(plan, framework: str, workload: Cell, root: str, *,
   return evaluate
 
 
-def run(plan, output_dir: str, *, constraints: autotune.Constraints,
+def run(plan, output_dir: str, *, trainers: Dict[str, trainer_runs.Trainer],
+        constraints: autotune.Constraints,
         min_steps: int, max_steps: int, eta: int, timeout_s: float,
         header: Sequence, log: Callable[[str], None]) -> int:
   """Searches every framework x workload; returns the exit status.
@@ -101,8 +105,8 @@ def run(plan, output_dir: str, *, constraints: autotune.Constraints,
           f"{autotune.rung_budgets(min_steps, max_steps, eta)} steps")
       result = autotune.successive_halving(
           plan.matrix.cells(),
-          make_evaluate(plan, framework, workload, root, timeout_s=timeout_s,
-                        log=log),
+          make_evaluate(plan, trainers[framework], workload, root,
+                        timeout_s=timeout_s, log=log),
           min_steps=min_steps, max_steps=max_steps, eta=eta,
           constraints=constraints)
       flagfile = ""
@@ -113,8 +117,8 @@ def run(plan, output_dir: str, *, constraints: autotune.Constraints,
         flagfile = flagfile_name(plan, framework, workload)
         write_flagfile(os.path.join(output_dir, flagfile),
                        plan.run_args(workload, result.winner),
-                       _flagfile_comments(plan, framework, group, result,
-                                          constraints))
+                       _flagfile_comments(plan, trainers[framework], group,
+                                          result, constraints))
         log(f"auto-tune {group}: {plan.matrix.label(result.winner)}, "
             f"{result.winner_stats.samples_per_second:.0f} samples/s -> "
             f"{os.path.join(output_dir, flagfile)}")
@@ -129,17 +133,17 @@ def run(plan, output_dir: str, *, constraints: autotune.Constraints,
   return status
 
 
-def _flagfile_comments(plan, framework: str, group: str,
+def _flagfile_comments(plan, trainer: trainer_runs.Trainer, group: str,
                        result: autotune.SearchResult,
                        constraints: autotune.Constraints) -> List[str]:
   return [
-      f"Fastest cell for {group}, found by python -m tfoverlap.compare "
+      f"Fastest cell for {group}, found by python -m overlap_compare "
       f"--autotune on {time.strftime('%Y-%m-%d')}.",
       f"Matrix: {plan.matrix_spec}",
       f"Constraints: {constraints.describe()}",
       f"Measured: {result.winner_stats.samples_per_second:.0f} samples/s "
       f"at {result.budgets[-1]} steps (median of {plan.repeats} run(s)).",
-      f"Use: python -m {trainer_runs.TRAINERS[framework][0]} "
+      f"Use: python -m {trainer.train_module} "
       "--flagfile=<this file>",
   ]
 

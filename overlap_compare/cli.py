@@ -68,6 +68,10 @@ _WORKLOADS = absl_flags.DEFINE_string(
 _FRAMEWORKS = absl_flags.DEFINE_list(
     "frameworks", ["tensorflow", "pytorch"],
     "Frameworks to run every cell in: tensorflow, pytorch.")
+_TRAINERS = absl_flags.DEFINE_string(
+    "trainers", trainer_runs.DEFAULT_TRAINERS,
+    "The trainer each framework name runs, as framework=train.module:"
+    "launch.module, comma-separated; --frameworks picks among them.")
 _REPEATS = absl_flags.DEFINE_integer(
     "repeats", 3, "Runs of every cell; the report gives medians.",
     lower_bound=1)
@@ -113,7 +117,8 @@ _MAX_CHECKPOINT_STALL_FRAC = absl_flags.DEFINE_float(
     "Constraint: checkpoint stall at most this share of the step.",
     lower_bound=0.0, upper_bound=1.0)
 
-COMPARE_FLAGS = ("matrix", "workloads", "frameworks", "repeats", "output_dir",
+COMPARE_FLAGS = ("matrix", "workloads", "frameworks", "trainers", "repeats",
+                 "output_dir",
                  "run_timeout_s", "noise_floor", "plots", "title",
                  "report_only", "autotune", "autotune_min_steps",
                  "autotune_eta", "max_data_wait_frac",
@@ -149,7 +154,8 @@ def check_trainer_args(args: Sequence[str]) -> absl_flags.FlagValues:
   return values
 
 
-def validate_plan(plan: Plan) -> None:
+def validate_plan(plan: Plan, trainers: Dict[str, trainer_runs.Trainer]
+                  ) -> None:
   """Refuses what would fail in every framework, before anything runs.
 
   Raises:
@@ -162,9 +168,9 @@ def validate_plan(plan: Plan) -> None:
   for framework in plan.frameworks:
     if plan.frameworks.count(framework) > 1:
       raise MatrixSpecError(f"--frameworks names {framework!r} twice")
-    if framework not in trainer_runs.TRAINERS:
+    if framework not in trainers:
       raise MatrixSpecError(f"--frameworks: {framework!r} is not a framework"
-                            f"; allowed: {', '.join(trainer_runs.TRAINERS)}")
+                            f"; allowed: {', '.join(trainers)} (--trainers)")
   overlap = set(plan.matrix.flag_names()) & set(plan.workloads.flag_names())
   if overlap:
     raise MatrixSpecError(f"--workloads and --matrix both set "
@@ -208,7 +214,8 @@ def _outcome_line(outcome: comparison.RunOutcome, output_dir: str) -> str:
       "error": outcome.error, "wall_s": round(outcome.wall_s, 2)})
 
 
-def run_plan(plan: Plan, output_dir: str, *, timeout_s: float
+def run_plan(plan: Plan, output_dir: str, *,
+             trainers: Dict[str, trainer_runs.Trainer], timeout_s: float
              ) -> List[comparison.RunOutcome]:
   """Runs the schedule, one trainer at a time, logging progress."""
   schedule = plan.schedule()
@@ -228,7 +235,7 @@ def run_plan(plan: Plan, output_dir: str, *, timeout_s: float
         continue
       run_dir = plan.run_dir(output_dir, framework, workload, cell, repeat)
       command = trainer_runs.build_command(
-          framework, plan.run_args(workload, cell), run_dir)
+          trainers[framework], plan.run_args(workload, cell), run_dir)
       result = trainer_runs.run_trainer(command, run_dir, timeout_s=timeout_s)
       outcome = comparison.RunOutcome(
           framework, workload, cell, repeat, result.status, run_dir,
@@ -316,10 +323,14 @@ def main(argv):
     print(os.path.join(output_dir, compare_report.REPORT_NAME))
     return
   try:
+    trainers = trainer_runs.parse_trainers(_TRAINERS.value)
+  except ValueError as e:
+    tfo_flags.exit_with_usage_error(str(e))
+  try:
     plan = Plan(matrix_spec=_MATRIX.value, workloads_spec=_WORKLOADS.value,
                 frameworks=_FRAMEWORKS.value, repeats=_REPEATS.value,
                 trainer_args=trainer_args)
-    validate_plan(plan)
+    validate_plan(plan, trainers)
     max_steps = check_trainer_args(trainer_args).train_steps
     if _AUTOTUNE.value:
       compare_autotune.check_plan(plan, min_steps=_AUTOTUNE_MIN_STEPS.value,
@@ -348,7 +359,7 @@ def main(argv):
     except ValueError as e:
       tfo_flags.exit_with_usage_error(str(e))
     sys.exit(compare_autotune.run(
-        plan, output_dir, constraints=constraints,
+        plan, output_dir, trainers=trainers, constraints=constraints,
         min_steps=_AUTOTUNE_MIN_STEPS.value, max_steps=max_steps,
         eta=_AUTOTUNE_ETA.value, timeout_s=_RUN_TIMEOUT_S.value,
         header=list(header.items()), log=_log))
@@ -362,14 +373,15 @@ def main(argv):
   _log(f"{len(plan.schedule())} runs: {len(plan.matrix.cells())} cells x "
        f"{len(plan.workloads.cells())} workload(s) x {len(plan.frameworks)} "
        f"framework(s) x {plan.repeats} repeat(s) -> {output_dir}")
-  outcomes = run_plan(plan, output_dir, timeout_s=_RUN_TIMEOUT_S.value)
+  outcomes = run_plan(plan, output_dir, trainers=trainers,
+                      timeout_s=_RUN_TIMEOUT_S.value)
   meta["wall time"] = _minutes(time.perf_counter() - start)
   meta["load average at end"] = " ".join(f"{v:.1f}" for v in os.getloadavg())
   with open(os.path.join(output_dir, PLAN_NAME), "w", encoding="utf-8") as f:
     json.dump({"plan": plan.to_json(), "meta": meta}, f, indent=2)
     f.write("\n")
   write_report(plan, outcomes, output_dir, meta,
-                        noise_floor=_NOISE_FLOOR.value, plots=_PLOTS.value)
+               noise_floor=_NOISE_FLOOR.value, plots=_PLOTS.value)
   print(os.path.join(output_dir, compare_report.REPORT_NAME))
   failed = [o for o in outcomes if o.status == comparison.FAILED]
   if failed:

@@ -7,8 +7,10 @@ output goes to files in its model_dir; its run.json is read back. A run
 that exits with status 2 was refused by that trainer (a flag value it does
 not support), which is not a crash.
 
-  outcome = run_trainer(build_command("pytorch", ["--prefetch=2"], run_dir),
-                        run_dir, timeout_s=900)
+  trainers = parse_trainers(DEFAULT_TRAINERS)
+  outcome = run_trainer(
+      build_command(trainers["pytorch"], ["--prefetch=2"], run_dir),
+      run_dir, timeout_s=900)
   outcome.status, outcome.error, outcome.record
 """
 
@@ -18,17 +20,17 @@ import signal
 import subprocess
 import sys
 import time
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from overlap_core.runtime import processes
 from overlap_compare.comparison import FAILED, OK, UNSUPPORTED
 from overlap_core.runtime.run_record import RUN_RECORD_NAME, load_run_record
 
-# framework -> (trainer module, multi-worker launcher module)
-TRAINERS = {
-    "tensorflow": ("tfoverlap.train", "tfoverlap.launch"),
-    "pytorch": ("torch_parity.train", "torch_parity.launch"),
-}
+# The trainers a comparison can run, as `python -m overlap_compare
+# --trainers` takes them: framework=trainer module:launcher module. The
+# comparison knows them only by these command lines.
+DEFAULT_TRAINERS = ("tensorflow=tfoverlap.train:tfoverlap.launch,"
+                    "pytorch=torch_parity.train:torch_parity.launch")
 # Outputs that are not being compared: each adds work to the steps or the
 # process. They come first, so the user's own flags override them.
 QUIET_FLAGS = ("--progress=false", "--trace=false", "--tensorboard=false",
@@ -38,6 +40,41 @@ STOP_GRACE_S = 10.0
 STDOUT_NAME = "stdout.log"
 STDERR_NAME = "stderr.log"
 _ERROR_CHARS = 400
+
+
+@dataclasses.dataclass(frozen=True)
+class Trainer:
+  """How to start one framework's trainer.
+
+  Attributes:
+    framework: its name in the report, e.g. "pytorch".
+    train_module: `python -m <it> <flags>` runs one worker's training.
+    launch_module: `python -m <it> --num_workers=N -- <flags>` runs N.
+  """
+  framework: str
+  train_module: str
+  launch_module: str
+
+
+def parse_trainers(spec: str) -> Dict[str, Trainer]:
+  """{framework: Trainer} from "name=train.module:launch.module,...".
+
+  Raises:
+    ValueError: naming the entry that is not of that form.
+  """
+  trainers = {}
+  for entry in filter(None, (e.strip() for e in spec.split(","))):
+    name, _, modules = entry.partition("=")
+    train_module, _, launch_module = modules.partition(":")
+    if not (name and train_module and launch_module):
+      raise ValueError(f"Invalid value for argument `trainers`. Received: "
+                       f"{entry!r}; allowed: framework=train.module:"
+                       "launch.module")
+    if name in trainers:
+      raise ValueError(f"Invalid value for argument `trainers`. Received: "
+                       f"{name!r} twice; allowed: each framework once")
+    trainers[name] = Trainer(name, train_module, launch_module)
+  return trainers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,25 +91,17 @@ def _last_value(args: Sequence[str], name: str) -> Optional[str]:
   return values[-1] if values else None
 
 
-def build_command(framework: str, flag_args: Sequence[str],
+def build_command(trainer: Trainer, flag_args: Sequence[str],
                   model_dir: str) -> List[str]:
-  """The argv that runs `flag_args` in `framework`, writing to model_dir.
-
-  Raises:
-    ValueError: for a framework not in TRAINERS.
-  """
-  if framework not in TRAINERS:
-    raise ValueError(f"Invalid value for argument `framework`. Received: "
-                     f"framework={framework!r}; allowed: "
-                     f"{', '.join(TRAINERS)}")
-  trainer, launcher = TRAINERS[framework]
+  """The argv that runs `flag_args` with `trainer`, writing to model_dir:
+  its launcher when the flags ask for more than one worker."""
   num_workers = _last_value(flag_args, "num_workers")
   args = list(QUIET_FLAGS) + list(flag_args) + [f"--model_dir={model_dir}"]
   if num_workers and num_workers.isdigit() and int(num_workers) > 1:
     args = [a for a in args if not processes.has_flag([a], "num_workers")]
-    return [sys.executable, "-m", launcher, f"--num_workers={num_workers}",
-            "--", *args]
-  return [sys.executable, "-m", trainer, *args]
+    return [sys.executable, "-m", trainer.launch_module,
+            f"--num_workers={num_workers}", "--", *args]
+  return [sys.executable, "-m", trainer.train_module, *args]
 
 
 def _error_line(stderr_text: str) -> str:

@@ -17,9 +17,9 @@ import os
 
 import tensorflow as tf
 
-from overlap_core.runtime.config import (ConfigError, DistributeConfig, RunConfig,
-                                   check_all_reduce_applies,
-                                   check_nccl_has_gpus)
+from overlap_core.runtime.config import (ConfigError, DistributeConfig,
+                                         RunConfig, check_all_reduce_applies,
+                                         check_nccl_has_gpus)
 
 _IMPLEMENTATIONS = {
     "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
@@ -69,12 +69,18 @@ def mirrored_devices(num_devices: int) -> list:
   return [f"/cpu:{i}" for i in range(num_devices)]
 
 
-def _check_all_reduce(cfg: DistributeConfig) -> None:
-  """Refuses all-reduce knobs the chosen strategy would silently ignore.
+def check_strategy(cfg: DistributeConfig, *, num_gpus: int) -> None:
+  """Refuses what the strategy cannot honour in TensorFlow on this host:
+  horovod, and all-reduce knobs the strategy would silently ignore.
 
   The refusals both frameworks share (no all-reduce to tune, NCCL without
   GPUs) are the core's; MirroredStrategy's limits are TensorFlow's own.
+
+  Raises:
+    ConfigError: naming the flag, the value and what is allowed.
   """
+  if cfg.strategy == "horovod":
+    raise ConfigError("strategy", "horovod", HOROVOD_REFUSAL)
   check_all_reduce_applies(cfg)
   if cfg.strategy == "mirrored":
     if cfg.all_reduce == "ring":
@@ -85,7 +91,7 @@ def _check_all_reduce(cfg: DistributeConfig) -> None:
       raise ConfigError("all_reduce_pack_mb", cfg.all_reduce_pack_mb,
                         "MirroredStrategy packs by count, not size; allowed "
                         "with mirrored: 0 (pack size: multi_worker)")
-  check_nccl_has_gpus(cfg, num_gpus=len(_gpus()))
+  check_nccl_has_gpus(cfg, num_gpus=num_gpus)
 
 
 def communication_options(cfg: DistributeConfig):
@@ -117,9 +123,7 @@ def build_strategy(cfg: DistributeConfig) -> tf.distribute.Strategy:
     ConfigError: for horovod, a knob the strategy has no use for, or a
       multi_worker run whose TF_CONFIG does not match --num_workers.
   """
-  if cfg.strategy == "horovod":
-    raise ConfigError("strategy", "horovod", HOROVOD_REFUSAL)
-  _check_all_reduce(cfg)
+  check_strategy(cfg, num_gpus=len(_gpus()))
   if cfg.strategy == "default":
     return tf.distribute.get_strategy()
   if cfg.strategy == "one_device":

@@ -57,6 +57,11 @@ def launch(num_workers: int, worker_args: list,
   return processes.run_supervised(specs, program=PROGRAM, noun="worker")
 
 
+def _check_supported(config) -> None:
+  from tfoverlap import trainer  # pylint: disable=g-import-not-at-top
+  trainer.check_supported(config)
+
+
 def parse_launcher_flags(argv):
   """Launcher flags before `--`; the trainer's after it, validated now.
 
@@ -65,7 +70,8 @@ def parse_launcher_flags(argv):
     trainer will check it, so a bad flag exits 2 before any worker starts.
   """
   return tfo_flags.parse_launcher_argv(argv,
-                                       build_worker_args=build_worker_args)
+                                       build_worker_args=build_worker_args,
+                                       check=_check_supported)
 
 
 def main(argv):

@@ -13,17 +13,35 @@ import time
 import keras
 import tensorflow as tf
 
-from tfoverlap import checkpoint, data, distribute, loops, models, steps
-from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.checkpoint import engine as checkpoint_engine
-from overlap_core.runtime import run_record
-from overlap_core.runtime import trace
-from overlap_core.runtime import zoo
+from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.runtime import outputs, run_record, zoo
 from overlap_core.runtime.config import TrainConfig
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
+from tfoverlap import (checkpoint, data, distribute, loops, models,
+                       parallelize, steps)
 
 FRAMEWORK = "tensorflow"
+
+
+def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
+  """Refuses every flag value that has no meaning in TensorFlow.
+
+  The one place that decides what this trainer cannot honour, so that no
+  flag is ever silently ignored; the launcher calls it too, before any
+  worker starts. Most TensorFlow refusals are about the strategy.
+
+  Args:
+    config: the validated run configuration.
+    num_gpus: GPUs on this host (default: what TensorFlow sees).
+
+  Raises:
+    ConfigError: naming the flag, the value and why.
+  """
+  if num_gpus is None:
+    num_gpus = len(tf.config.list_physical_devices("GPU"))
+  distribute.check_strategy(config.distribute, num_gpus=num_gpus)
 
 
 def describe_environment(strategy: tf.distribute.Strategy) -> dict:
@@ -56,17 +74,15 @@ def _build_train_input(strategy, config: TrainConfig, spec,
   return data.distribute_input(strategy, input_fn, config.data)
 
 
-def _build_model_and_optimizer(strategy, config: TrainConfig, num_classes,
-                               channels):
+def _build_model_and_optimizer(strategy, dims, config: TrainConfig,
+                               num_classes, channels):
   steps.apply_precision_policy(config.model.precision)
-  with strategy.scope():
-    model = models.build_model(config.model.name,
-                               image_size=config.data.image_size,
-                               num_classes=num_classes, channels=channels)
-    optimizer = steps.build_optimizer(config.model)
-    # Slots exist before a restore, so a checkpoint fills them in place.
-    optimizer.build(model.trainable_variables)
-  return model, optimizer
+  return parallelize.parallelize(
+      strategy, dims,
+      build_model=lambda: models.build_model(
+          config.model.name, image_size=config.data.image_size,
+          num_classes=num_classes, channels=channels),
+      build_optimizer=lambda: steps.build_optimizer(config.model))
 
 
 def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
@@ -103,6 +119,7 @@ def train(config: TrainConfig) -> dict:
     ConfigError: for a setting this framework or host cannot honour.
   """
   start = time.perf_counter()
+  check_supported(config)
   worker_index, num_workers = (distribute.cluster_from_tf_config()
                                if config.distribute.strategy == "multi_worker"
                                else (0, 1))
@@ -111,6 +128,7 @@ def train(config: TrainConfig) -> dict:
   if config.run.deterministic:
     tf.config.experimental.enable_op_determinism()
   strategy = distribute.build_strategy(config.distribute)
+  dims = parallelize.parallel_dims(strategy, config.distribute.strategy)
   config = run_record.with_default_model_dir(config, FRAMEWORK)
   out_dir = run_record.worker_dir(config.run.model_dir, worker_index)
   os.makedirs(out_dir, exist_ok=True)
@@ -124,7 +142,7 @@ def train(config: TrainConfig) -> dict:
     spec = zoo.MODELS[config.model.name]
     info = data.describe(config.data)
     model, optimizer = _build_model_and_optimizer(
-        strategy, config, info.num_classes, info.channels)
+        strategy, dims, config, info.num_classes, info.channels)
     checkpointer = checkpoint.build_checkpointer(
         config.checkpoint, config.run.model_dir, model=model,
         optimizer=optimizer, is_chief=worker_index == 0,
@@ -179,45 +197,16 @@ def train(config: TrainConfig) -> dict:
     if config.data.data_service:
       notes.append("the tf.data service hands batches to consumers in "
                    "arrival order: the resumed data order is not exact")
-  return _write_outputs(
-      config, out_dir, ledger, strategy=strategy, model=model, final=final,
-      worker_index=worker_index, num_workers=num_workers, notes=notes,
-      checkpoint_stats=checkpointer.stats() if checkpointer else None,
-      wall_s=time.perf_counter() - start)
-
-
-def _write_outputs(config: TrainConfig, out_dir: str, ledger, *, strategy,
-                   model, final, worker_index, num_workers, notes,
-                   checkpoint_stats, wall_s) -> dict:
-  """Writes the trace and run.json of this worker; returns the record."""
-  outputs = {}
-  if config.run.trace:
-    outputs["trace"] = trace.write_chrome_trace(
-        os.path.join(out_dir, run_record.TRACE_NAME), ledger.spans,
-        origin_s=ledger.origin_s, pid=worker_index,
-        process_name=f"{FRAMEWORK} worker {worker_index}")
-  if config.run.tensorboard:
-    outputs["tensorboard"] = os.path.join(out_dir, "tensorboard")
-  outputs["run_record"] = os.path.join(out_dir, run_record.RUN_RECORD_NAME)
   phases_measured = ([ledger_lib.COMPUTE, ledger_lib.CHECKPOINT_STALL]
                      if config.run.loop == "fit" else list(ledger_lib.PHASES))
-  record = run_record.build_run_record(
-      framework=FRAMEWORK,
-      config=config.to_dict(),
+  return outputs.write_worker_outputs(
+      config, out_dir, ledger, framework=FRAMEWORK,
+      worker_index=worker_index, num_workers=num_workers,
       environment=describe_environment(strategy),
-      model_name=config.model.name,
+      strategy={**distribute.describe_strategy(strategy, config.distribute),
+                "parallel_dims": dims.describe()},
       num_params=models.num_params(model),
-      strategy=distribute.describe_strategy(strategy, config.distribute),
-      ledger_summary=ledger.summary(),
-      num_steps=len(ledger.steps),
-      wall_s=wall_s,
-      final=final,
-      weights_digest=weights_digest(model),
-      worker_index=worker_index,
-      num_workers=num_workers,
+      weights_digest=weights_digest(model), final=final,
       phases_measured=phases_measured,
-      outputs=outputs,
-      checkpoint=checkpoint_stats,
-      notes=notes)
-  run_record.write_run_record(out_dir, record)
-  return record
+      checkpoint_stats=checkpointer.stats() if checkpointer else None,
+      notes=notes, wall_s=time.perf_counter() - start)

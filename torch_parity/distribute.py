@@ -33,15 +33,15 @@ All-reduce knobs, for the strategies that have an all-reduce:
 
 import datetime
 import os
-from typing import Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from overlap_core.runtime.config import (ConfigError, DistributeConfig, RunConfig,
-                                   check_all_reduce_applies,
-                                   check_nccl_has_gpus)
+from overlap_core.planning.dims import ParallelDims
+from overlap_core.runtime.config import (ConfigError, DistributeConfig,
+                                         RunConfig, check_all_reduce_applies,
+                                         check_nccl_has_gpus)
 
 DDP_STRATEGIES = ("mirrored", "multi_worker")
 # A collective that waits this long for a peer fails instead of hanging the
@@ -149,84 +149,76 @@ def _ddp_backend(cfg: DistributeConfig, device: torch.device) -> str:
 
 
 class Strategy:
-  """One process's part in a strategy: its device, its world, its wrappers.
+  """One process's part in a run's parallelism: its device, its place in
+  the world (a validated `ParallelDims`), and how it all-reduces.
+
+  The base is one process with no all-reduce (`default`, `one_device`);
+  `DDPStrategy` and `HorovodStrategy` override the parts that differ.
+  `parallelize.parallelize` applies them to the model and optimizer.
 
   Usage:
     strategy = build_strategy(cfg)
-    model = strategy.wrap_model(model.to(strategy.device))
-    optimizer = strategy.wrap_optimizer(optimizer, model)
+    model, optimizer = parallelize.parallelize(model, optimizer, strategy)
     ...
     loss = strategy.mean_over_replicas(loss)
     strategy.close()
 
   Attributes:
+    dims: the run's degrees of parallelism; world_size = dims.world_size.
     device: where this process computes.
-    rank, world_size, local_rank: this process in the world of processes.
+    rank, local_rank: this process in the world, and on its host.
     worker_index, num_workers: the worker this process reports as, in the
       TensorFlow sense: a mirrored replica is part of worker 0, a
       multi_worker or horovod rank is a worker of its own.
     writes_outputs: whether this process writes run.json and the trace.
   """
 
-  def __init__(self, cfg: DistributeConfig, *, kind: str, device, rank=0,
-               world_size=1, local_rank=0, backend: Optional[str] = None):
+  # Which library's data parallelism run.json names, TensorFlow's way.
+  class_name = "none"
+
+  def __init__(self, cfg: DistributeConfig, *, dims: ParallelDims, device,
+               rank: int = 0, local_rank: int = 0):
     self.cfg = cfg
-    self.kind = kind  # "single", "ddp" or "horovod"
+    self.dims = dims
     self.device = device
     self.rank = rank
-    self.world_size = world_size
     self.local_rank = local_rank
-    self.backend = backend
     mirrored = cfg.strategy == "mirrored"
     self.worker_index = 0 if mirrored else rank
-    self.num_workers = 1 if mirrored else world_size
+    self.num_workers = 1 if mirrored else dims.world_size
     self.writes_outputs = rank == 0 or not mirrored
 
   @property
+  def world_size(self) -> int:
+    return self.dims.world_size
+
+  @property
   def is_distributed(self) -> bool:
-    return self.kind != "single"
+    return self.dims.world_size > 1
+
+  @property
+  def all_reduces_in_optimizer(self) -> bool:
+    """True when the gradient all-reduce finishes inside optimizer.step()
+    (Horovod), so a gradient scaler must synchronize before unscaling."""
+    return False
 
   def wrap_model(self, model: nn.Module) -> nn.Module:
-    """DDP for mirrored and multi_worker: it all-reduces gradient buckets
-    while backward still runs; the others train the module itself."""
-    if self.kind != "ddp":
-      return model
-    bucket_cap_mb = self.cfg.all_reduce_pack_mb or None  # None: DDP's 25 MB
-    return nn.parallel.DistributedDataParallel(
-        model,
-        device_ids=[self.device.index] if self.device.type == "cuda" else None,
-        bucket_cap_mb=bucket_cap_mb,
-        # Each replica keeps its own BatchNorm statistics and
-        # average_buffers() reads their mean, as TensorFlow's on-read MEAN
-        # variables do (and Horovod, which broadcasts no buffers); DDP's
-        # default would overwrite them with rank 0's before every forward.
-        # They are still synced once, at wrap time, when all are equal.
-        forward_sync_buffers=False)
+    """The module the train step calls; itself without data parallelism."""
+    return model
 
   def wrap_optimizer(self, optimizer, model: nn.Module):
-    """Horovod's DistributedOptimizer (all-reduce from backward hooks),
-    after every rank starts from rank 0's weights and optimizer state."""
-    if self.kind != "horovod":
-      return optimizer
-    import horovod.torch as hvd  # pylint: disable=g-import-not-at-top
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    if optimizer.state_dict()["state"]:
-      # Only restored state needs sharing: Horovod would fill an empty
-      # state with a zero-gradient step, which counts as Adam's first.
-      hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    return hvd.DistributedOptimizer(
-        optimizer, named_parameters=model.named_parameters())
+    """The optimizer the train step steps; itself unless it all-reduces."""
+    del model
+    return optimizer
 
   def sum_over_replicas(self, tensor: torch.Tensor) -> torch.Tensor:
     """The sum of `tensor` over every process (itself when single)."""
-    if self.kind == "ddp":
-      tensor = tensor.clone()
-      dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-      return tensor
-    if self.kind == "horovod":
-      import horovod.torch as hvd  # pylint: disable=g-import-not-at-top
-      return hvd.allreduce(tensor, op=hvd.Sum)
     return tensor
+
+  def max_over_processes(self, values):
+    """The element-wise maximum of a list of floats over every process; a
+    collective that every process must call at the same point."""
+    return list(values)
 
   def mean_over_replicas(self, tensor: torch.Tensor) -> torch.Tensor:
     if not self.is_distributed:
@@ -250,37 +242,116 @@ class Strategy:
 
   def describe(self) -> dict:
     """What run.json records about the strategy (TensorFlow's keys)."""
-    class_name = {"single": "none", "ddp": "DistributedDataParallel",
-                  "horovod": "horovod.torch.DistributedOptimizer"}[self.kind]
     local_replicas = self.world_size if self.cfg.strategy == "mirrored" else 1
     return {
         "name": self.cfg.strategy,
-        "class": class_name,
+        "class": self.class_name,
         "num_replicas": self.world_size,
         "devices": [str(self.device)] * local_replicas,
         "all_reduce": self.cfg.all_reduce,
         "all_reduce_pack_mb": self.cfg.all_reduce_pack_mb,
+        "parallel_dims": self.dims.describe(),
     }
 
   def describe_backend(self) -> str:
     """One line for run.json's notes: what carries the all-reduce."""
-    if self.kind == "ddp":
-      bucket = self.cfg.all_reduce_pack_mb or 25
-      return (f"DistributedDataParallel over {self.backend}, bucket_cap_mb "
-              f"{bucket:g}")
-    if self.kind == "horovod":
-      import horovod.torch as hvd  # pylint: disable=g-import-not-at-top
-      fusion_mb = (self.cfg.all_reduce_pack_mb or 128)
-      return (f"Horovod over {'gloo' if hvd.gloo_enabled() else 'MPI'}, "
-              f"fusion threshold {fusion_mb:g} MB")
     return f"one process on {self.device}"
 
   def close(self) -> None:
-    if self.kind == "ddp" and dist.is_initialized():
+    """Leaves the world; every process calls it at the end."""
+
+
+class DDPStrategy(Strategy):
+  """DistributedDataParallel over a torch.distributed process group."""
+
+  class_name = "DistributedDataParallel"
+
+  def __init__(self, cfg: DistributeConfig, *, backend: str, **kwargs):
+    super().__init__(cfg, **kwargs)
+    self.backend = backend
+
+  def wrap_model(self, model: nn.Module) -> nn.Module:
+    """DDP all-reduces gradient buckets while backward still runs."""
+    bucket_cap_mb = self.cfg.all_reduce_pack_mb or None  # None: DDP's 25 MB
+    return nn.parallel.DistributedDataParallel(
+        model,
+        device_ids=[self.device.index] if self.device.type == "cuda" else None,
+        bucket_cap_mb=bucket_cap_mb,
+        # Each replica keeps its own BatchNorm statistics and
+        # average_buffers() reads their mean, as TensorFlow's on-read MEAN
+        # variables do (and Horovod, which broadcasts no buffers); DDP's
+        # default would overwrite them with rank 0's before every forward.
+        # They are still synced once, at wrap time, when all are equal.
+        forward_sync_buffers=False)
+
+  def sum_over_replicas(self, tensor: torch.Tensor) -> torch.Tensor:
+    tensor = tensor.clone()
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+  def max_over_processes(self, values):
+    # NCCL reduces device tensors only; gloo reduces host ones.
+    device = self.device if self.backend == "nccl" else torch.device("cpu")
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
+
+  def describe_backend(self) -> str:
+    bucket = self.cfg.all_reduce_pack_mb or 25
+    return (f"DistributedDataParallel over {self.backend}, bucket_cap_mb "
+            f"{bucket:g}")
+
+  def close(self) -> None:
+    if dist.is_initialized():
       dist.destroy_process_group()
-    if self.kind == "horovod":
-      import horovod.torch as hvd  # pylint: disable=g-import-not-at-top
-      hvd.shutdown()
+
+
+class HorovodStrategy(Strategy):
+  """Horovod's DistributedOptimizer over the horovodrun world."""
+
+  class_name = "horovod.torch.DistributedOptimizer"
+
+  @property
+  def all_reduces_in_optimizer(self) -> bool:
+    return True
+
+  def wrap_optimizer(self, optimizer, model: nn.Module):
+    """All-reduce from backward hooks, after every rank starts from rank
+    0's weights and optimizer state."""
+    import horovod.torch as hvd  # pylint: disable=g-import-not-at-top
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    if optimizer.state_dict()["state"]:
+      # Only restored state needs sharing: Horovod would fill an empty
+      # state with a zero-gradient step, which counts as Adam's first.
+      hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    return hvd.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters())
+
+  def sum_over_replicas(self, tensor: torch.Tensor) -> torch.Tensor:
+    import horovod.torch as hvd  # pylint: disable=g-import-not-at-top
+    return hvd.allreduce(tensor, op=hvd.Sum)
+
+  def max_over_processes(self, values):
+    import horovod.torch as hvd  # pylint: disable=g-import-not-at-top
+    return hvd.allreduce(torch.tensor(values, dtype=torch.float64),
+                         op=hvd.Max).tolist()
+
+  def describe_backend(self) -> str:
+    import horovod.torch as hvd  # pylint: disable=g-import-not-at-top
+    fusion_mb = (self.cfg.all_reduce_pack_mb or 128)
+    return (f"Horovod over {'gloo' if hvd.gloo_enabled() else 'MPI'}, "
+            f"fusion threshold {fusion_mb:g} MB")
+
+  def close(self) -> None:
+    import horovod.torch as hvd  # pylint: disable=g-import-not-at-top
+    hvd.shutdown()
+
+
+def _dims(cfg: DistributeConfig, world_size: int) -> ParallelDims:
+  """Every process a data-parallel replica of the whole model (no pipeline
+  stages yet), named after the flag that sets the world."""
+  world_flag = "num_devices" if cfg.strategy == "mirrored" else "num_workers"
+  return ParallelDims.data_parallel_only(world_size, world_flag=world_flag)
 
 
 def _build_ddp(cfg: DistributeConfig) -> Strategy:
@@ -315,9 +386,8 @@ def _build_ddp(cfg: DistributeConfig) -> Strategy:
     # A world of one needs no rendezvous: an in-process store will do.
     dist.init_process_group(backend, store=dist.HashStore(), rank=0,
                             world_size=1, timeout=timeout)
-  return Strategy(cfg, kind="ddp", device=device, rank=rank,
-                  world_size=world_size, local_rank=local_rank,
-                  backend=backend)
+  return DDPStrategy(cfg, backend=backend, dims=_dims(cfg, world_size),
+                     device=device, rank=rank, local_rank=local_rank)
 
 
 def _build_horovod(cfg: DistributeConfig) -> Strategy:
@@ -341,8 +411,8 @@ def _build_horovod(cfg: DistributeConfig) -> Strategy:
   device = _device_for(hvd.local_rank())
   if device.type == "cuda":
     torch.cuda.set_device(device)
-  return Strategy(cfg, kind="horovod", device=device, rank=hvd.rank(),
-                  world_size=hvd.size(), local_rank=hvd.local_rank())
+  return HorovodStrategy(cfg, dims=_dims(cfg, hvd.size()), device=device,
+                         rank=hvd.rank(), local_rank=hvd.local_rank())
 
 
 def make_agree(strategy: Strategy):
@@ -353,24 +423,7 @@ def make_agree(strategy: Strategy):
   """
   if strategy.world_size <= 1:
     return None
-  if strategy.kind == "horovod":
-    import horovod.torch as hvd  # pylint: disable=g-import-not-at-top
-
-    def horovod_max(values):
-      return hvd.allreduce(torch.tensor(values, dtype=torch.float64),
-                           op=hvd.Max).tolist()
-
-    return horovod_max
-  # NCCL reduces device tensors only; gloo reduces host ones.
-  device = (strategy.device if strategy.backend == "nccl"
-            else torch.device("cpu"))
-
-  def ddp_max(values):
-    tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return tensor.tolist()
-
-  return ddp_max
+  return strategy.max_over_processes
 
 
 def build_strategy(cfg: DistributeConfig) -> Strategy:
@@ -390,7 +443,7 @@ def build_strategy(cfg: DistributeConfig) -> Strategy:
     return _build_horovod(cfg)
   if cfg.strategy in ("default", "one_device"):
     _check_world(cfg, _env_int("WORLD_SIZE", 1), 1)
-    return Strategy(cfg, kind="single", device=_device_for(0))
+    return Strategy(cfg, dims=_dims(cfg, 1), device=_device_for(0))
   raise ConfigError("strategy", cfg.strategy,
                     "allowed: default, one_device, mirrored, multi_worker, "
                     "horovod")

@@ -99,7 +99,7 @@ def make_train_step(model: nn.Module, optimizer, strategy, *, task: str,
   """
   device = strategy.device
   scaler = build_grad_scaler(precision, device)
-  horovod = strategy.kind == "horovod"
+  all_reduces_in_optimizer = strategy.all_reduces_in_optimizer
 
   def train_step(batch):
     inputs, targets = batch
@@ -117,7 +117,7 @@ def make_train_step(model: nn.Module, optimizer, strategy, *, task: str,
       optimizer.step()
     else:
       scaler.scale(loss).backward()
-      if horovod:
+      if all_reduces_in_optimizer:
         # Horovod's documented order with a scaler: finish the all-reduce,
         # unscale the averaged gradients, then step without a second sync.
         optimizer.synchronize()

@@ -10,51 +10,39 @@ processes, which this command starts itself. Under torchrun,
 
 import sys
 
-from absl import app
-from absl import logging
-
 import flags as tfo_flags
-from overlap_core.runtime.config import ConfigError
+from flags import entry_point
 
 tfo_flags.define_flags()
 PROGRAM = "torch_parity.train"
 
 
+def _train(config):
+  # pylint: disable=g-import-not-at-top
+  from torch_parity import distribute, launch, trainer
+  trainer.check_supported(config)
+  if (config.distribute.strategy == "mirrored" and
+      config.distribute.num_devices > 1 and not distribute.is_launched()):
+    # One process per replica, as DDP needs; this process supervises.
+    sys.exit(launch.launch_replicas(config.distribute.num_devices,
+                                    sys.argv[1:], program=PROGRAM))
+  return trainer.train(config)
+
+
+def _runtime_errors():
+  from overlap_core.checkpoint.files import CheckpointError  # pylint: disable=g-import-not-at-top
+  # A lost peer (torch.distributed's errors are RuntimeErrors, and so is
+  # CheckpointError), an exhausted device or a full disk.
+  return (RuntimeError, OSError, CheckpointError)
+
+
 def main(argv):
   del argv  # parse_or_exit refuses positional arguments
-  config = tfo_flags.to_config(tfo_flags.FLAGS)
-  if not tfo_flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
-  # torch is imported only now, after flags parsed, so --helpfull and a bad
-  # flag answer at once.
-  from overlap_core.runtime import summary as report
-  from torch_parity import distribute  # pylint: disable=g-import-not-at-top
-  from torch_parity import launch  # pylint: disable=g-import-not-at-top
-  from torch_parity import trainer  # pylint: disable=g-import-not-at-top
-  try:
-    trainer.check_supported(config)
-    if (config.distribute.strategy == "mirrored" and
-        config.distribute.num_devices > 1 and not distribute.is_launched()):
-      # One process per replica, as DDP needs; this process supervises.
-      sys.exit(launch.launch_replicas(config.distribute.num_devices,
-                                      sys.argv[1:], program=PROGRAM))
-    record = trainer.train(config)
-  except ConfigError as e:
-    tfo_flags.exit_with_usage_error(str(e))
-  except (RuntimeError, OSError) as e:
-    # A lost peer (torch.distributed's errors are RuntimeErrors), an
-    # exhausted device or a full disk: one line for the user; the traceback
-    # stays available with --verbosity=1.
-    logging.debug("training failed", exc_info=True)
-    tfo_flags.exit_with_runtime_error(PROGRAM, e)
-  if record is not None and record["worker"]["index"] == 0:
-    print(report.format_breakdown(record,
-                                  phases_measured=record["phases_measured"]))
-    print(report.format_final(record))
+  entry_point.run_trainer(PROGRAM, _train, _runtime_errors)
 
 
 def run_main():
-  app.run(main, argv=sys.argv, flags_parser=tfo_flags.parse_or_exit)
+  entry_point.run_main(main)
 
 
 if __name__ == "__main__":

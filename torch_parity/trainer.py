@@ -14,16 +14,14 @@ import time
 
 import torch
 
-from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.checkpoint import engine as checkpoint_engine
-from overlap_core.runtime import datasets
-from overlap_core.runtime import run_record
-from overlap_core.runtime import trace
-from overlap_core.runtime import zoo
+from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.runtime import datasets, outputs, run_record, zoo
 from overlap_core.runtime.config import ConfigError, TrainConfig
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
-from torch_parity import checkpoint, data, distribute, loops, models, steps
+from torch_parity import (checkpoint, data, distribute, loops, models,
+                          parallelize, steps)
 
 FRAMEWORK = "pytorch"
 
@@ -147,9 +145,9 @@ def train(config: TrainConfig):
                                num_classes=info.num_classes,
                                channels=info.channels).to(strategy.device)
     optimizer = steps.build_optimizer(config.model, model.parameters())
-    train_model = strategy.wrap_model(model)
-    optimizer = strategy.wrap_optimizer(optimizer, model)
-    # After the wrappers: Horovod's DistributedOptimizer is a new optimizer
+    train_model, optimizer = parallelize.parallelize(model, optimizer,
+                                                     strategy)
+    # After parallelize: Horovod's DistributedOptimizer is a new optimizer
     # with state of its own, the one to save and restore. Every rank
     # restores rank 0's checkpoint, so all resume from the same state.
     checkpointer = checkpoint.build_checkpointer(
@@ -217,44 +215,15 @@ def train(config: TrainConfig):
     notes = [strategy.describe_backend()]
     if restored_step:
       notes.append(f"resumed from the checkpoint of step {restored_step}")
-    return _write_outputs(
-        config, out_dir, ledger, strategy=strategy, model=model,
-        final=final, notes=notes,
+    return outputs.write_worker_outputs(
+        config, out_dir, ledger, framework=FRAMEWORK,
+        worker_index=strategy.worker_index,
+        num_workers=strategy.num_workers,
+        environment=describe_environment(strategy),
+        strategy=strategy.describe(), num_params=models.num_params(model),
+        weights_digest=weights_digest(model), final=final,
+        phases_measured=list(ledger_lib.PHASES),
         checkpoint_stats=checkpointer.stats() if checkpointer else None,
-        wall_s=time.perf_counter() - start)
+        notes=notes, wall_s=time.perf_counter() - start)
   finally:
     strategy.close()
-
-
-def _write_outputs(config: TrainConfig, out_dir: str, ledger, *, strategy,
-                   model, final, notes, checkpoint_stats, wall_s) -> dict:
-  """Writes the trace and run.json of this worker; returns the record."""
-  outputs = {}
-  if config.run.trace:
-    outputs["trace"] = trace.write_chrome_trace(
-        os.path.join(out_dir, run_record.TRACE_NAME), ledger.spans,
-        origin_s=ledger.origin_s, pid=strategy.worker_index,
-        process_name=f"{FRAMEWORK} worker {strategy.worker_index}")
-  if config.run.tensorboard:
-    outputs["tensorboard"] = os.path.join(out_dir, "tensorboard")
-  outputs["run_record"] = os.path.join(out_dir, run_record.RUN_RECORD_NAME)
-  record = run_record.build_run_record(
-      framework=FRAMEWORK,
-      config=config.to_dict(),
-      environment=describe_environment(strategy),
-      model_name=config.model.name,
-      num_params=models.num_params(model),
-      strategy=strategy.describe(),
-      ledger_summary=ledger.summary(),
-      num_steps=len(ledger.steps),
-      wall_s=wall_s,
-      final=final,
-      weights_digest=weights_digest(model),
-      worker_index=strategy.worker_index,
-      num_workers=strategy.num_workers,
-      phases_measured=list(ledger_lib.PHASES),
-      outputs=outputs,
-      checkpoint=checkpoint_stats,
-      notes=notes)
-  run_record.write_run_record(out_dir, record)
-  return record

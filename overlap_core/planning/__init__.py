@@ -7,5 +7,6 @@ graph, profiles the layers) and executes (runs the plan), from the one
 `parallelize` step of its trainer (tfoverlap/parallelize.py,
 torch_parity/parallelize.py).
 
-  dims  ParallelDims: the validated degrees of parallelism of one run
+  dims  ParallelDims: the validated degrees of parallelism of one run, and
+        where a rank sits on their mesh
 """

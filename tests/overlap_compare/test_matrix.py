@@ -116,14 +116,26 @@ def test_plan_schedule_runs_every_cell_once_per_repeat_rotated():
 
 
 def test_trainer_commands_and_the_launcher_for_several_workers():
-  command = trainer_runs.build_command("pytorch", ["--prefetch=2"], "out/r1")
+  trainers = trainer_runs.parse_trainers(trainer_runs.DEFAULT_TRAINERS)
+  assert sorted(trainers) == ["pytorch", "tensorflow"]
+  command = trainer_runs.build_command(trainers["pytorch"], ["--prefetch=2"],
+                                       "out/r1")
   assert command[1:3] == ["-m", "torch_parity.train"]
   assert command[-2:] == ["--prefetch=2", "--model_dir=out/r1"]
   # Quiet outputs come first, so the user's own flags override them.
   assert command.index("--progress=false") < command.index("--prefetch=2")
   launched = trainer_runs.build_command(
-      "tensorflow", ["--num_workers=2", "--prefetch=2"], "out/r1")
+      trainers["tensorflow"], ["--num_workers=2", "--prefetch=2"], "out/r1")
   assert launched[1:5] == ["-m", "tfoverlap.launch", "--num_workers=2", "--"]
   assert not any(a.startswith("--num_workers") for a in launched[5:])
-  with pytest.raises(ValueError, match="framework='jax'"):
-    trainer_runs.build_command("jax", [], "out")
+
+
+def test_a_third_trainer_is_one_more_entry_not_new_code():
+  trainers = trainer_runs.parse_trainers(
+      trainer_runs.DEFAULT_TRAINERS + ",jax=jax_side.train:jax_side.launch")
+  assert trainer_runs.build_command(trainers["jax"], [], "out")[1:3] == [
+      "-m", "jax_side.train"]
+  with pytest.raises(ValueError, match="'jax=jax_side.train'"):
+    trainer_runs.parse_trainers("jax=jax_side.train")
+  with pytest.raises(ValueError, match="twice"):
+    trainer_runs.parse_trainers("a=x:y,a=x:z")

@@ -1,0 +1,57 @@
+"""The trainers' shared main(): flags in, one run, its summary or one line out.
+
+Both `python -m tfoverlap.train` and `python -m torch_parity.train` are this
+function with their own `train`: the same flag parsing, the same exit
+statuses (2 for a flag or setting the trainer refuses, 1 for a run that
+failed) and the same end-of-run table. The framework is imported only inside
+`train`, after the flags parsed, so `--helpfull` and a bad flag answer at
+once.
+"""
+
+import sys
+from typing import Callable, Optional, Tuple, Type
+
+from absl import app
+from absl import logging
+
+import flags as tfo_flags
+from overlap_core.runtime import summary
+from overlap_core.runtime.config import ConfigError, TrainConfig
+
+
+def run_trainer(program: str, train: Callable[[TrainConfig], Optional[dict]],
+                runtime_errors: Callable[[], Tuple[Type[BaseException], ...]]
+                ) -> None:
+  """Runs `train` on the parsed flags and reports how it ended.
+
+  Args:
+    program: the entry point, as error lines name it ("tfoverlap.train").
+    train: runs one training from the config; returns the run record, or
+      None in a process that reports nothing (a replica other than rank 0).
+    runtime_errors: the exception types that mean "the run failed" (a lost
+      peer, an exhausted device, a full disk), called only once an error is
+      raised, so it may import the framework.
+  """
+  config = tfo_flags.to_config(tfo_flags.FLAGS)
+  if not tfo_flags.FLAGS["verbosity"].present:
+    # The frameworks log every collective they set up at INFO;
+    # --verbosity=0 brings that back.
+    logging.set_verbosity(logging.WARNING)
+  try:
+    record = train(config)
+  except ConfigError as e:
+    tfo_flags.exit_with_usage_error(str(e))
+  except runtime_errors() as e:  # pylint: disable=catching-non-exception
+    # One line for the user; the traceback stays available with
+    # --verbosity=1.
+    logging.debug("training failed", exc_info=True)
+    tfo_flags.exit_with_runtime_error(program, e)
+  if record is not None and record["worker"]["index"] == 0:
+    print(summary.format_breakdown(record,
+                                   phases_measured=record["phases_measured"]))
+    print(summary.format_final(record))
+
+
+def run_main(main: Callable) -> None:
+  """absl's app.run with the flag parser that exits 2 on a bad flag."""
+  app.run(main, argv=sys.argv, flags_parser=tfo_flags.parse_or_exit)

@@ -1,0 +1,72 @@
+"""One worker's outputs at the end of a run, written the same way by both
+trainers: the Chrome trace, the TensorBoard directory's place, and run.json.
+
+The framework sides pass in only what their framework knows (environment,
+parameter count, strategy description, weights digest); the layout of the
+files and of the record is decided here, once.
+"""
+
+import os
+from typing import Iterable, Optional
+
+from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.runtime import run_record, trace
+from overlap_core.runtime.config import TrainConfig
+
+
+def write_worker_outputs(config: TrainConfig, out_dir: str,
+                         ledger: ledger_lib.StepLedger, *, framework: str,
+                         worker_index: int, num_workers: int,
+                         environment: dict, strategy: dict, num_params: int,
+                         weights_digest: str, final: dict,
+                         phases_measured: Iterable[str],
+                         checkpoint_stats: Optional[dict], notes: list,
+                         wall_s: float) -> dict:
+  """Writes the trace (if asked for) and run.json of this worker.
+
+  Args:
+    config: the run's configuration, as it ran (model_dir filled in).
+    out_dir: this worker's directory (`run_record.worker_dir`).
+    ledger: the steps' timed phases.
+    framework: "tensorflow" or "pytorch", as run.json names it.
+    worker_index, num_workers: this worker among the run's workers.
+    environment, strategy: run.json's sections of those names.
+    num_params, weights_digest: what the framework reports of the model.
+    final: the final losses and metrics.
+    phases_measured: the ledger phases this loop really measures.
+    checkpoint_stats: `CheckpointEngine.stats()`, or None.
+    notes: plain-words notes for run.json.
+    wall_s: the run's wall time so far.
+
+  Returns:
+    The record written to `<out_dir>/run.json`.
+  """
+  outputs = {}
+  if config.run.trace:
+    outputs["trace"] = trace.write_chrome_trace(
+        os.path.join(out_dir, run_record.TRACE_NAME), ledger.spans,
+        origin_s=ledger.origin_s, pid=worker_index,
+        process_name=f"{framework} worker {worker_index}")
+  if config.run.tensorboard:
+    outputs["tensorboard"] = os.path.join(out_dir, "tensorboard")
+  outputs["run_record"] = os.path.join(out_dir, run_record.RUN_RECORD_NAME)
+  record = run_record.build_run_record(
+      framework=framework,
+      config=config.to_dict(),
+      environment=environment,
+      model_name=config.model.name,
+      num_params=num_params,
+      strategy=strategy,
+      ledger_summary=ledger.summary(),
+      num_steps=len(ledger.steps),
+      wall_s=wall_s,
+      final=final,
+      weights_digest=weights_digest,
+      worker_index=worker_index,
+      num_workers=num_workers,
+      phases_measured=phases_measured,
+      outputs=outputs,
+      checkpoint=checkpoint_stats,
+      notes=notes)
+  run_record.write_run_record(out_dir, record)
+  return record
