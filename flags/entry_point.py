@@ -52,6 +52,18 @@ def run_trainer(program: str, train: Callable[[TrainConfig], Optional[dict]],
     print(summary.format_final(record))
 
 
-def run_main(main: Callable) -> None:
-  """absl's app.run with the flag parser that exits 2 on a bad flag."""
-  app.run(main, argv=sys.argv, flags_parser=tfo_flags.parse_or_exit)
+def make_trainer_main(program: str,
+                      train: Callable[[TrainConfig], Optional[dict]],
+                      runtime_errors: Callable[[], Tuple[Type[BaseException],
+                                                         ...]]):
+  """(main, run_main) of a trainer entry point: `run_main()` parses the
+  flags (exit 2 on a bad one) and calls `main`, which is `run_trainer`."""
+
+  def main(argv):
+    del argv  # parse_or_exit refuses positional arguments
+    run_trainer(program, train, runtime_errors)
+
+  def run_main():
+    app.run(main, argv=sys.argv, flags_parser=tfo_flags.parse_or_exit)
+
+  return main, run_main

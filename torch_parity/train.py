@@ -36,14 +36,8 @@ def _runtime_errors():
   return (RuntimeError, OSError, CheckpointError)
 
 
-def main(argv):
-  del argv  # parse_or_exit refuses positional arguments
-  entry_point.run_trainer(PROGRAM, _train, _runtime_errors)
-
-
-def run_main():
-  entry_point.run_main(main)
-
+main, run_main = entry_point.make_trainer_main(PROGRAM, _train,
+                                                 _runtime_errors)
 
 if __name__ == "__main__":
   run_main()
