@@ -150,7 +150,7 @@ def test_version_is_declared_once(dists):
     for node in ast.walk(tree):
       if isinstance(node, ast.keyword) and node.arg == "version":
         assert not isinstance(node.value, ast.Constant), path
-  assert assigners == ["tfoverlap/__init__.py"]
+  assert assigners == ["overlap_core/__init__.py"]
   with open(os.path.join(source, "pyproject.toml"), encoding="utf-8") as f:
     assert not re.search(r"^\s*version\s*=", f.read(), re.MULTILINE)
 
@@ -165,13 +165,15 @@ def test_installed_wheel_imports_and_its_commands_resolve(dists, tmp_path):
   check = (
       "import importlib, importlib.metadata as md, sys\n"
       "target = sys.argv[1]\n"
-      "import flags, tfoverlap, overlap_core.runtime.run_record as rr\n"
-      "for m in (flags, tfoverlap, rr):\n"
+      "import flags, tfoverlap, torch_parity, overlap_compare\n"
+      "import overlap_core.runtime.run_record as rr\n"
+      "for m in (flags, tfoverlap, torch_parity, overlap_compare, rr):\n"
       "  assert m.__file__.startswith(target), m.__file__\n"
       "dist = md.distribution('tfoverlap')\n"
       "scripts = [e for e in dist.entry_points if e.group == 'console_scripts']\n"
       "assert sorted(e.name for e in scripts) == "
-      "['tfoverlap-launch', 'tfoverlap-train'], scripts\n"
+      "['tfoverlap-compare', 'tfoverlap-launch', 'tfoverlap-train'], "
+      "scripts\n"
       "for e in scripts:\n"
       "  assert callable(e.load()), e\n"
       "print(dist.version)\n")
