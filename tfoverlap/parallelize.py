@@ -14,7 +14,7 @@ placed before the variables are mirrored; offload decides where the
 variables of an already placed, already replicated model live.
 """
 
-from typing import Callable, Tuple
+from typing import Callable, NamedTuple
 
 import keras
 import tensorflow as tf
@@ -22,36 +22,45 @@ import tensorflow as tf
 from overlap_core.planning.dims import ParallelDims
 
 
-def parallel_dims(strategy: tf.distribute.Strategy,
-                  strategy_name: str) -> ParallelDims:
+class Parallelized(NamedTuple):
+  """A model with the run's parallelism applied.
+
+  Attributes:
+    model: the Keras model; its variables are what checkpoints save.
+    train_model: what the train step calls (here the model itself: the
+      strategy, not a wrapper, makes it data parallel).
+    optimizer: its optimizer, slots built, so a restore fills them in place.
+    dims: the run's degrees of parallelism.
+  """
+  model: keras.Model
+  train_model: keras.Model
+  optimizer: keras.optimizers.Optimizer
+  dims: ParallelDims
+
+
+def parallel_dims(strategy: tf.distribute.Strategy) -> ParallelDims:
   """The run's degrees: every replica a data-parallel copy of the model."""
-  world_flag = "num_devices" if strategy_name == "mirrored" else "num_workers"
-  return ParallelDims.data_parallel_only(strategy.num_replicas_in_sync,
-                                         world_flag=world_flag)
+  return ParallelDims.data_parallel_only(strategy.num_replicas_in_sync)
 
 
-def parallelize(strategy: tf.distribute.Strategy, dims: ParallelDims,
+def parallelize(strategy: tf.distribute.Strategy,
                 build_model: Callable[[], keras.Model],
                 build_optimizer: Callable[[], keras.optimizers.Optimizer]
-                ) -> Tuple[keras.Model, keras.optimizers.Optimizer]:
+                ) -> Parallelized:
   """Builds the model and optimizer with the run's parallelism applied.
 
   Args:
     strategy: the run's tf.distribute strategy (data parallelism).
-    dims: the run's validated degrees of parallelism.
     build_model: makes the Keras model.
     build_optimizer: makes its optimizer.
-
-  Returns:
-    (model, optimizer), their variables replicated as the strategy says and
-    the optimizer's slots built, so a checkpoint restores into them in place.
   """
+  dims = parallel_dims(strategy)
   if dims.is_pipelined:
-    raise ValueError(f"Invalid value for argument `dims`. Received: "
+    raise ValueError(f"Invalid value for argument `strategy`. Received: "
                      f"pipeline={dims.pipeline}; allowed: 1 (TensorFlow "
                      "pipeline stages are not built yet)")
   with strategy.scope():
     model = build_model()
     optimizer = build_optimizer()
     optimizer.build(model.trainable_variables)
-  return model, optimizer
+  return Parallelized(model, model, optimizer, dims)

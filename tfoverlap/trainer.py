@@ -74,11 +74,11 @@ def _build_train_input(strategy, config: TrainConfig, spec,
   return data.distribute_input(strategy, input_fn, config.data)
 
 
-def _build_model_and_optimizer(strategy, dims, config: TrainConfig,
-                               num_classes, channels):
+def _build_model_and_optimizer(strategy, config: TrainConfig, num_classes,
+                               channels) -> parallelize.Parallelized:
   steps.apply_precision_policy(config.model.precision)
   return parallelize.parallelize(
-      strategy, dims,
+      strategy,
       build_model=lambda: models.build_model(
           config.model.name, image_size=config.data.image_size,
           num_classes=num_classes, channels=channels),
@@ -128,7 +128,6 @@ def train(config: TrainConfig) -> dict:
   if config.run.deterministic:
     tf.config.experimental.enable_op_determinism()
   strategy = distribute.build_strategy(config.distribute)
-  dims = parallelize.parallel_dims(strategy, config.distribute.strategy)
   config = run_record.with_default_model_dir(config, FRAMEWORK)
   out_dir = run_record.worker_dir(config.run.model_dir, worker_index)
   os.makedirs(out_dir, exist_ok=True)
@@ -141,8 +140,8 @@ def train(config: TrainConfig) -> dict:
   try:
     spec = zoo.MODELS[config.model.name]
     info = data.describe(config.data)
-    model, optimizer = _build_model_and_optimizer(
-        strategy, dims, config, info.num_classes, info.channels)
+    model, _, optimizer, dims = _build_model_and_optimizer(
+        strategy, config, info.num_classes, info.channels)
     checkpointer = checkpoint.build_checkpointer(
         config.checkpoint, config.run.model_dir, model=model,
         optimizer=optimizer, is_chief=worker_index == 0,

@@ -15,31 +15,48 @@ the model is cut into stages first; offload moves the tensors of an already
 wrapped module, whose hooks must not see them move underneath.
 """
 
-from typing import Tuple
+from typing import Callable, NamedTuple
 
 from torch import nn
 
+from overlap_core.planning.dims import ParallelDims
 from torch_parity.distribute import Strategy
 
 
-def parallelize(model: nn.Module, optimizer,
-                strategy: Strategy) -> Tuple[nn.Module, object]:
-  """The module the train step calls and the optimizer it steps.
+class Parallelized(NamedTuple):
+  """A model with the run's parallelism applied.
+
+  Attributes:
+    model: the module itself, on this process's device; its state_dict is
+      what checkpoints save.
+    train_model: what the train step calls (DDP's wrapper, or the module).
+    optimizer: what the train step steps, and whose state checkpoints save:
+      Horovod's DistributedOptimizer is a new optimizer of its own.
+    dims: the run's degrees of parallelism.
+  """
+  model: nn.Module
+  train_model: nn.Module
+  optimizer: object
+  dims: ParallelDims
+
+
+def parallelize(strategy: Strategy, build_model: Callable[[], nn.Module],
+                build_optimizer: Callable[[nn.Module], object]
+                ) -> Parallelized:
+  """Builds the model and optimizer with the run's parallelism applied.
 
   Args:
-    model: the whole model, already on `strategy.device`.
-    optimizer: its optimizer, built on the device-resident parameters.
     strategy: this process's part in the run's parallelism.
-
-  Returns:
-    (train_model, optimizer). Checkpoints keep using `model` itself (the
-    unwrapped module) and the returned optimizer, whose state is the one to
-    save: Horovod's DistributedOptimizer is a new optimizer of its own.
+    build_model: makes the whole model (on the CPU; it is moved here).
+    build_optimizer: makes its optimizer from the device-resident module.
   """
-  if strategy.dims.is_pipelined:
+  dims = strategy.dims
+  if dims.is_pipelined:
     raise ValueError(f"Invalid value for argument `strategy`. Received: "
-                     f"pipeline={strategy.dims.pipeline}; allowed: 1 "
-                     "(PyTorch pipeline stages are not built yet)")
+                     f"pipeline={dims.pipeline}; allowed: 1 (PyTorch "
+                     "pipeline stages are not built yet)")
+  model = build_model().to(strategy.device)
+  optimizer = build_optimizer(model)
   train_model = strategy.wrap_model(model)
   optimizer = strategy.wrap_optimizer(optimizer, model)
-  return train_model, optimizer
+  return Parallelized(model, train_model, optimizer, dims)

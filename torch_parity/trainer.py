@@ -140,13 +140,13 @@ def train(config: TrainConfig):
       os.makedirs(out_dir, exist_ok=True)
     spec = zoo.MODELS[config.model.name]
     info = data.describe(config.data)
-    model = models.build_model(config.model.name,
-                               image_size=config.data.image_size,
-                               num_classes=info.num_classes,
-                               channels=info.channels).to(strategy.device)
-    optimizer = steps.build_optimizer(config.model, model.parameters())
-    train_model, optimizer = parallelize.parallelize(model, optimizer,
-                                                     strategy)
+    model, train_model, optimizer, _ = parallelize.parallelize(
+        strategy,
+        build_model=lambda: models.build_model(
+            config.model.name, image_size=config.data.image_size,
+            num_classes=info.num_classes, channels=info.channels),
+        build_optimizer=lambda module: steps.build_optimizer(
+            config.model, module.parameters()))
     # After parallelize: Horovod's DistributedOptimizer is a new optimizer
     # with state of its own, the one to save and restore. Every rank
     # restores rank 0's checkpoint, so all resume from the same state.

@@ -1,0 +1,31 @@
+"""The one parallelize step of the TensorFlow trainer."""
+
+import keras
+import tensorflow as tf
+
+from tfoverlap import parallelize
+
+
+def _build_model():
+  inputs = keras.Input((4,))
+  return keras.Model(inputs, keras.layers.Dense(2)(inputs))
+
+
+def test_variables_are_mirrored_and_the_optimizer_built(two_cpu_devices):
+  strategy = tf.distribute.MirroredStrategy(two_cpu_devices)
+  model, train_model, optimizer, dims = parallelize.parallelize(
+      strategy, _build_model, lambda: keras.optimizers.Adam())
+  assert train_model is model
+  assert (dims.world_size, dims.data_parallel, dims.pipeline) == (2, 2, 1)
+  # Mirrored: one component per replica device, so apply_gradients
+  # all-reduces; built slots, so a checkpoint restores into them in place.
+  kernel = model.trainable_variables[0].value
+  assert len(strategy.experimental_local_results(kernel)) == 2
+  assert len(optimizer.variables) > 1
+
+
+def test_the_default_strategy_is_one_replica():
+  _, _, _, dims = parallelize.parallelize(
+      tf.distribute.get_strategy(), _build_model,
+      lambda: keras.optimizers.SGD())
+  assert not dims.is_data_parallel
