@@ -7,6 +7,14 @@ graph, profiles the layers) and executes (runs the plan), from the one
 `parallelize` step of its trainer (tfoverlap/parallelize.py,
 torch_parity/parallelize.py).
 
-  dims  ParallelDims: the validated degrees of parallelism of one run, and
-        where a rank sits on their mesh
+  dims        ParallelDims: the validated degrees of parallelism of one run,
+              and where a rank sits on their mesh
+  graph       LayerGraph: layers, edges, shapes, bytes, and the cut points
+              where exactly one tensor crosses (JSON, summary, DOT)
+  profile     Profile: measured forward/backward seconds per layer at
+              several batch sizes (one JSON schema for every planner)
+  cost_model  per layer type, a polynomial fit of time against the layer's
+              configuration, with its error on held-out configurations
+  partition   pipeline stages at cut points: auto (min-max), even, explicit;
+              a StagePlan that explains itself; GPipe's bubble fraction
 """

@@ -1,0 +1,226 @@
+"""A fitted per-layer cost model: layer time from the layer's configuration.
+
+Per layer type ("conv2d", "linear", ...), a polynomial regression
+(scikit-learn `PolynomialFeatures` + `LinearRegression`) of forward and
+backward seconds against features of the layer:
+
+  flops+bytes    forward FLOPs and bytes moved at the batch (what a
+                 roofline says time follows);
+  configuration  the batch and the layer's own numbers (channels, spatial
+                 size, kernel, stride), as the study this comes from fitted.
+
+Each family tries a few (feature set, degree) candidates and keeps the one
+with the smallest error on **held-out configurations**: group k-fold where
+a group is one configuration at all its batch sizes, so the error is that
+of predicting a layer shape never profiled. The fit weighs each sample by
+1 / time^2, i.e. it minimizes relative error, so cheap layers (ReLU, add)
+are not drowned by the convolutions.
+
+  model = fit_cost_model([(graph, profile)])
+  print(model.report())
+  fwd_s, bwd_s = model.predict(graph.nodes[3], batch_size=16)
+
+scikit-learn is imported inside `fit_cost_model` only, so importing the
+planning package stays light.
+"""
+
+import dataclasses
+import statistics
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from overlap_core.planning.graph import LayerGraph, LayerNode
+from overlap_core.planning.profile import Profile
+
+_DERIVED = ("flops_per_sample", "bytes_per_sample")
+# (feature set, polynomial degree), simplest first: on a tie the simpler wins.
+CANDIDATES = (("flops+bytes", 1), ("flops+bytes", 2), ("configuration", 2))
+MIN_CONFIGS_FOR_HOLDOUT = 3
+
+
+def features(node_config: Mapping[str, float], batch_size: int,
+             feature_set: str) -> List[float]:
+  """The regression inputs of one layer at one batch."""
+  if feature_set == "flops+bytes":
+    return [batch_size * float(node_config.get("flops_per_sample", 0.0)),
+            batch_size * float(node_config.get("bytes_per_sample", 0.0))]
+  if feature_set == "configuration":
+    own = [float(v) for k, v in sorted(node_config.items())
+           if k not in _DERIVED and isinstance(v, (int, float))]
+    return [float(batch_size)] + own
+  raise ValueError(f"Invalid value for argument `feature_set`. Received: "
+                   f"{feature_set!r}; allowed: flops+bytes, configuration")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+  """One measured layer at one batch: the unit the model is fitted on."""
+  op_type: str
+  config: Mapping[str, float]
+  batch_size: int
+  forward_s: float
+  backward_s: float
+
+  @property
+  def config_key(self) -> Tuple:
+    return tuple(sorted(self.config.items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilyFit:
+  """The fit of one layer type, with its own held-out error.
+
+  Attributes:
+    op_type: the layer type.
+    feature_set, degree: the chosen candidate.
+    num_samples, num_configs: what it was fitted on.
+    holdout_error: median |predicted - measured| / measured of the total
+      (forward + backward) time over held-out configurations; None when
+      fewer than MIN_CONFIGS_FOR_HOLDOUT configurations were profiled.
+    candidate_errors: the same error for every candidate tried.
+    backward_over_forward: median measured ratio (the study saw about 2).
+  """
+  op_type: str
+  feature_set: str
+  degree: int
+  num_samples: int
+  num_configs: int
+  holdout_error: Optional[float]
+  candidate_errors: Mapping[str, Optional[float]]
+  backward_over_forward: float
+  estimator: object = dataclasses.field(repr=False, compare=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+  """Per-type fits; predicts forward and backward seconds of any layer."""
+  families: Mapping[str, FamilyFit]
+
+  def predict(self, node: LayerNode, batch_size: int) -> Tuple[float, float]:
+    """(forward_s, backward_s) of `node` at `batch_size`, never negative.
+
+    Raises:
+      KeyError: no layer of this type was profiled.
+    """
+    family = self.families.get(node.op_type)
+    if family is None:
+      raise KeyError(f"the cost model has no fit for layer type "
+                     f"{node.op_type!r} (layer {node.name!r}); profiled types:"
+                     f" {sorted(self.families)}")
+    x = [features(node.config, batch_size, family.feature_set)]
+    forward_s, backward_s = family.estimator.predict(x)[0]
+    return max(float(forward_s), 0.0), max(float(backward_s), 0.0)
+
+  def predict_graph(self, graph: LayerGraph,
+                    batch_size: int) -> Dict[str, float]:
+    """Forward + backward seconds of every node, by name."""
+    return {n.name: sum(self.predict(n, batch_size)) for n in graph.nodes}
+
+  def report(self) -> str:
+    rows = ["Cost model: per layer type, error on held-out configurations "
+            "(median |pred - meas| / meas of fwd+bwd)",
+            f"{'type':<16} {'samples':>7} {'configs':>7} {'features':<14} "
+            f"{'deg':>3} {'held-out err':>12} {'bwd/fwd':>7}"]
+    for op_type, f in sorted(self.families.items()):
+      err = ("n/a (<3 configs)" if f.holdout_error is None
+             else f"{f.holdout_error:.1%}")
+      rows.append(f"{op_type:<16} {f.num_samples:>7} {f.num_configs:>7} "
+                  f"{f.feature_set:<14} {f.degree:>3} {err:>12} "
+                  f"{f.backward_over_forward:>7.2f}")
+    return "\n".join(rows)
+
+
+def samples_from(graph: LayerGraph, profile: Profile) -> List[Sample]:
+  """Joins a profile's timings with its graph's layer configurations."""
+  by_name = {n.name: n for n in graph.nodes}
+  samples = []
+  for t in profile.timings:
+    node = by_name.get(t.layer)
+    if node is None:
+      raise ValueError(f"profile of {profile.model!r} times layer "
+                       f"{t.layer!r}, which graph {graph.name!r} lacks")
+    samples.append(Sample(node.op_type, node.config, t.batch_size,
+                          t.forward_s, t.backward_s))
+  return samples
+
+
+def fit_cost_model(measured: Sequence[Tuple[LayerGraph, Profile]] = (),
+                   samples: Sequence[Sample] = ()) -> CostModel:
+  """Fits one family per layer type on profiles (and/or raw samples).
+
+  Args:
+    measured: (graph, profile) pairs; several models may be pooled.
+    samples: further samples, e.g. a synthetic family.
+
+  Returns:
+    A CostModel whose families each report their held-out error.
+  """
+  pooled = list(samples)
+  for graph, profile in measured:
+    pooled += samples_from(graph, profile)
+  by_type: Dict[str, List[Sample]] = {}
+  for s in pooled:
+    by_type.setdefault(s.op_type, []).append(s)
+  return CostModel({t: _fit_family(t, ss) for t, ss in by_type.items()})
+
+
+def _make_estimator(degree: int):
+  from sklearn.linear_model import LinearRegression  # pylint: disable=g-import-not-at-top
+  from sklearn.pipeline import make_pipeline  # pylint: disable=g-import-not-at-top
+  from sklearn.preprocessing import PolynomialFeatures, StandardScaler  # pylint: disable=g-import-not-at-top
+  # Scaling first: FLOPs (1e9) and kernel sizes (3) in one polynomial
+  # would otherwise leave the least squares badly conditioned.
+  return make_pipeline(StandardScaler(), PolynomialFeatures(degree),
+                       LinearRegression())
+
+
+def _fit(samples: Sequence[Sample], feature_set: str, degree: int):
+  x = [features(s.config, s.batch_size, feature_set) for s in samples]
+  y = [[s.forward_s, s.backward_s] for s in samples]
+  weights = [1.0 / max(s.forward_s + s.backward_s, 1e-12) ** 2
+             for s in samples]
+  estimator = _make_estimator(degree)
+  estimator.fit(x, y, linearregression__sample_weight=weights)
+  return estimator
+
+
+def _holdout_error(samples: Sequence[Sample], feature_set: str,
+                   degree: int) -> float:
+  """Median relative error of the total over group k-fold by configuration."""
+  from sklearn.model_selection import GroupKFold  # pylint: disable=g-import-not-at-top
+  keys = sorted({s.config_key for s in samples})
+  groups = [keys.index(s.config_key) for s in samples]
+  errors = []
+  folds = GroupKFold(n_splits=min(5, len(keys)))
+  for train, test in folds.split(samples, groups=groups):
+    estimator = _fit([samples[i] for i in train], feature_set, degree)
+    for i in test:
+      s = samples[i]
+      pred = estimator.predict(
+          [features(s.config, s.batch_size, feature_set)])[0]
+      measured = s.forward_s + s.backward_s
+      predicted = max(pred[0], 0.0) + max(pred[1], 0.0)
+      errors.append(abs(predicted - measured) / max(measured, 1e-12))
+  return statistics.median(errors)
+
+
+def _fit_family(op_type: str, samples: Sequence[Sample]) -> FamilyFit:
+  num_configs = len({s.config_key for s in samples})
+  ratios = [s.backward_s / s.forward_s for s in samples if s.forward_s > 0]
+  errors: Dict[str, Optional[float]] = {}
+  if num_configs >= MIN_CONFIGS_FOR_HOLDOUT:
+    for feature_set, degree in CANDIDATES:
+      errors[f"{feature_set}/{degree}"] = _holdout_error(samples, feature_set,
+                                                         degree)
+    best = min(CANDIDATES, key=lambda c: errors[f"{c[0]}/{c[1]}"])
+  else:
+    # Too few shapes to hold one out: the simplest model, which still
+    # extrapolates to new shapes through their FLOPs and bytes.
+    best = CANDIDATES[0]
+  feature_set, degree = best
+  return FamilyFit(
+      op_type=op_type, feature_set=feature_set, degree=degree,
+      num_samples=len(samples), num_configs=num_configs,
+      holdout_error=errors.get(f"{feature_set}/{degree}"),
+      candidate_errors=errors,
+      backward_over_forward=statistics.median(ratios) if ratios else 0.0,
+      estimator=_fit(samples, feature_set, degree))

@@ -1,0 +1,102 @@
+"""The partitioner: the DP equals brute force; even and explicit splits."""
+
+import itertools
+import random
+
+import pytest
+
+from overlap_core.planning.graph import MODEL_INPUT, LayerGraph, LayerNode
+from overlap_core.planning.partition import (bubble_fraction, evaluate_cuts,
+                                             partition)
+
+
+def random_graph(rng: random.Random, num_nodes: int) -> LayerGraph:
+  """A chain where some nodes also read an earlier node (skips): fewer cuts."""
+  nodes = []
+  for i in range(num_nodes):
+    inputs = [nodes[-1].name if nodes else MODEL_INPUT]
+    if i >= 2 and rng.random() < 0.3:
+      inputs.append(nodes[rng.randrange(0, i - 1)].name)
+    nodes.append(LayerNode(
+        name=f"n{i}", op_type="conv2d", config={}, inputs=tuple(inputs),
+        output_shape=(4,), param_bytes=rng.randrange(0, 1000),
+        activation_bytes=rng.randrange(1, 5000)))
+  return LayerGraph(name="rand", batch_size=4, input_shape=(4,),
+                    input_bytes=100, nodes=tuple(nodes))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_auto_split_equals_brute_force(seed):
+  rng = random.Random(seed)
+  g = random_graph(rng, rng.randrange(3, 10))
+  times = {n.name: rng.uniform(0.1, 5.0) for n in g.nodes}
+  points = g.cut_points()
+  bandwidth = rng.choice([None, 1e3, 1e4])
+  replicas = rng.choice([1, 2])
+  for num_stages in range(1, len(points) + 2):
+    kwargs = dict(batch_size=2, bandwidth_bytes_per_s=bandwidth,
+                  replicas=replicas)
+    plan = partition(g, times, num_stages=num_stages, **kwargs)
+    brute = min(evaluate_cuts(g, times, cuts, **kwargs).bottleneck_s
+                for cuts in itertools.combinations(points, num_stages - 1))
+    # Both sides sum the same floats in the same order: exact up to the
+    # last bit of the prefix-sum difference, hence the 1e-12 relative slack.
+    assert plan.bottleneck_s == pytest.approx(brute, rel=1e-12)
+    assert len(plan.stages) == num_stages
+    assert sum(len(s.layers) for s in plan.stages) == len(g.nodes)
+
+
+def test_auto_beats_even_on_a_lopsided_chain():
+  nodes = tuple(LayerNode(f"l{i}", "linear", {}, (f"l{i-1}" if i else
+                                                   MODEL_INPUT,), (1,), 0, 0)
+                for i in range(6))
+  g = LayerGraph("chain", 1, (1,), 0, nodes)
+  times = dict(zip([n.name for n in nodes], [9.0, 1, 1, 1, 1, 1]))
+  auto = partition(g, times, num_stages=2, batch_size=1)
+  even = partition(g, times, num_stages=2, batch_size=1, mode="even")
+  assert auto.cuts == ("l0",) and auto.bottleneck_s == 9.0
+  assert even.cuts == ("l2",) and even.bottleneck_s == 11.0
+  assert "slowest/mean" in auto.table(num_microbatches=4)
+
+
+def test_transfer_is_charged_at_the_cut():
+  nodes = tuple(LayerNode(f"l{i}", "linear", {}, (f"l{i-1}" if i else
+                                                   MODEL_INPUT,), (1,), 0,
+                          [8000, 10, 10, 10][i]) for i in range(4))
+  g = LayerGraph("chain", 2, (2,), 0, nodes)
+  times = {n.name: 1.0 for n in nodes}
+  # Activations are for batch 2; at micro-batch 1 they halve: 4000 bytes
+  # forward and back at 1000 B/s is 8 s, so the cut avoids l0.
+  plan = partition(g, times, num_stages=2, batch_size=1,
+                   bandwidth_bytes_per_s=1000.0)
+  assert plan.cuts == ("l1",)
+  assert plan.stages[0].transfer_s == pytest.approx(2 * 5 / 1000)
+
+
+def test_explicit_and_bad_splits_say_why():
+  # stem -> conv_a -> conv_b -> add(conv_b, stem) -> head: one residual block.
+  inputs = {"stem": [MODEL_INPUT], "conv_a": ["stem"], "conv_b": ["conv_a"],
+            "add": ["conv_b", "stem"], "head": ["add"]}
+  g = LayerGraph("toy", 2, (2,), 8, tuple(
+      LayerNode(name, "conv2d", {}, tuple(src), (2,), 4, 8)
+      for name, src in inputs.items()))
+  times = {n.name: 1.0 for n in g.nodes}
+  plan = partition(g, times, num_stages=2, batch_size=2, mode="explicit",
+                   cut_layers=["add"])
+  assert plan.stages[0].layers == ("stem", "conv_a", "conv_b", "add")
+  with pytest.raises(ValueError, match=r"layer 'conv_a' is not a cut point "
+                     r"\(2 tensors cross after it"):
+    partition(g, times, num_stages=2, batch_size=2, mode="explicit",
+              cut_layers=["conv_a"])
+  with pytest.raises(ValueError, match="has 2 cut points, so 1 to 3 stages"):
+    partition(g, times, num_stages=4, batch_size=2)
+  with pytest.raises(ValueError, match="no layer 'nope'"):
+    partition(g, times, num_stages=2, batch_size=2, mode="explicit",
+              cut_layers=["nope"])
+
+
+def test_bubble_fraction():
+  assert bubble_fraction(1, 8) == 0.0
+  assert bubble_fraction(4, 4) == pytest.approx(3 / 7)
+  with pytest.raises(ValueError):
+    bubble_fraction(0, 4)
