@@ -24,12 +24,12 @@ import sys
 
 from absl import flags as absl_flags
 
-from flags import checkpoint, data, distribute, model, run
+from flags import checkpoint, data, distribute, model, pipeline, run
 from overlap_core.runtime import zoo
 from overlap_core.runtime.config import (AUTOTUNE, CHECKPOINT_AUTO,
                                    CheckpointConfig, ConfigError,
                                    DataConfig, DistributeConfig, ModelConfig,
-                                   RunConfig, TrainConfig)
+                                   PipelineConfig, RunConfig, TrainConfig)
 
 FLAGS = absl_flags.FLAGS
 GROUPS = {
@@ -38,6 +38,7 @@ GROUPS = {
     "data": data,
     "distribute": distribute,
     "checkpoint": checkpoint,
+    "pipeline": pipeline,
 }
 USAGE_ERROR_EXIT_CODE = 2
 RUNTIME_ERROR_EXIT_CODE = 1
@@ -225,6 +226,57 @@ def _check_distribute(values) -> None:
                       f"must divide evenly over {replicas} replicas")
 
 
+def _parse_pipeline(values) -> PipelineConfig:
+  """--pipeline_*: refuses combinations no schedule can run."""
+  stages, micro = values.pipeline_stages, values.pipeline_microbatches
+  schedule, virtual = values.pipeline_schedule, values.pipeline_virtual_stages
+  split = values.pipeline_split.strip()
+  if stages == 1:
+    for flag, value, default in (("pipeline_microbatches", micro, 1),
+                                 ("pipeline_schedule", schedule, "gpipe"),
+                                 ("pipeline_split", split, "auto"),
+                                 ("pipeline_virtual_stages", virtual, 1)):
+      if value != default:
+        raise ConfigError(flag, value, "applies only with "
+                          "--pipeline_stages of 2 or more")
+  replicas = values.num_workers
+  if values.strategy == "mirrored":
+    replicas *= values.num_devices
+  per_replica = values.batch_size // replicas
+  if per_replica % micro:
+    raise ConfigError("pipeline_microbatches", micro,
+                      f"must divide each replica's batch of {per_replica}")
+  if schedule != "gpipe" and micro < stages:
+    raise ConfigError("pipeline_microbatches", micro,
+                      f"--pipeline_schedule={schedule} needs at least as "
+                      f"many micro-batches as stages ({stages})")
+  interleaved = schedule in ("interleaved_1f1b", "zero_bubble")
+  if interleaved and virtual < 2:
+    raise ConfigError("pipeline_virtual_stages", virtual,
+                      f"--pipeline_schedule={schedule} runs 2 or more "
+                      "stages per rank")
+  if virtual > 1 and not interleaved:
+    raise ConfigError("pipeline_virtual_stages", virtual,
+                      "applies only to --pipeline_schedule=interleaved_1f1b "
+                      "or zero_bubble")
+  if interleaved and micro % stages:
+    raise ConfigError("pipeline_microbatches", micro,
+                      f"--pipeline_schedule={schedule} needs a multiple of "
+                      f"the {stages} stages")
+  cut_layers = ()
+  if split not in ("auto", "even"):
+    cut_layers = tuple(c.strip() for c in split.split(","))
+    if "" in cut_layers or len(cut_layers) != stages * virtual - 1:
+      raise ConfigError("pipeline_split", split,
+                        f"{stages * virtual} stages need "
+                        f"{stages * virtual - 1} comma-separated cut layers;"
+                        " allowed: auto, even, or layer names")
+    split = "explicit"
+  return PipelineConfig(stages=stages, microbatches=micro, schedule=schedule,
+                        split=split, cut_layers=cut_layers,
+                        virtual_stages=virtual)
+
+
 def to_config(values=FLAGS) -> TrainConfig:
   """Builds the validated run configuration from parsed flag values.
 
@@ -283,7 +335,8 @@ def to_config(values=FLAGS) -> TrainConfig:
           max_overhead_frac=_parse_fraction("checkpoint_max_overhead",
                                             values.checkpoint_max_overhead),
           on_error=values.checkpoint_on_error,
-          if_busy=values.checkpoint_if_busy))
+          if_busy=values.checkpoint_if_busy),
+      pipeline=_parse_pipeline(values))
 
 
 def flag_names(flag_values=FLAGS) -> dict:

@@ -16,7 +16,7 @@ import tensorflow as tf
 from overlap_core.checkpoint import engine as checkpoint_engine
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import outputs, run_record, zoo
-from overlap_core.runtime.config import TrainConfig
+from overlap_core.runtime.config import TrainConfig, check_not_pipelined
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
 from tfoverlap import (checkpoint, data, distribute, loops, models,
@@ -41,6 +41,7 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
   """
   if num_gpus is None:
     num_gpus = len(tf.config.list_physical_devices("GPU"))
+  check_not_pipelined(config.pipeline, "TensorFlow")
   distribute.check_strategy(config.distribute, num_gpus=num_gpus)
 
 

@@ -17,7 +17,8 @@ import torch
 from overlap_core.checkpoint import engine as checkpoint_engine
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import datasets, outputs, run_record, zoo
-from overlap_core.runtime.config import ConfigError, TrainConfig
+from overlap_core.runtime.config import (ConfigError, TrainConfig,
+                                         check_not_pipelined)
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
 from torch_parity import (checkpoint, data, distribute, loops, models,
@@ -55,6 +56,7 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
     raise ConfigError("checkpoint", "tf_async",
                       "TensorFlow's own asynchronous save has no PyTorch "
                       "counterpart; allowed: none, sync, async")
+  check_not_pipelined(config.pipeline, "PyTorch")
   distribute.check_strategy(config.distribute, num_gpus=num_gpus)
 
 

@@ -6,7 +6,7 @@ flags itself. Nothing here imports TensorFlow or PyTorch.
 """
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Tuple
 
 AUTOTUNE = -1  # the sentinel stored for "autotune" in prefetch / parallelism
 CHECKPOINT_AUTO = 0  # the `every_steps` of --checkpoint_every=auto
@@ -125,12 +125,37 @@ class CheckpointConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+  """--pipeline_*: stages 1 means the model is not pipelined."""
+  stages: int = 1
+  microbatches: int = 1
+  schedule: str = "gpipe"  # gpipe | 1f1b | interleaved_1f1b | zero_bubble
+  split: str = "auto"  # auto | even | explicit
+  cut_layers: Tuple[str, ...] = ()  # with split=explicit: S*V - 1 layers
+  virtual_stages: int = 1  # stages per rank (interleaved schedules)
+
+
+def check_not_pipelined(cfg: PipelineConfig, framework: str) -> None:
+  """Refuses --pipeline_stages > 1 until this framework's runtime exists.
+
+  Raises:
+    ConfigError: naming pipeline_stages.
+  """
+  if cfg.stages > 1:
+    raise ConfigError("pipeline_stages", cfg.stages,
+                      f"the {framework} pipeline runtime is not built yet "
+                      "(python -m torch_parity.plan plans a split offline);"
+                      " allowed: 1")
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
   run: RunConfig
   model: ModelConfig
   data: DataConfig
   distribute: DistributeConfig
   checkpoint: CheckpointConfig
+  pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
 
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)

@@ -30,6 +30,9 @@ FROZEN_SURFACE = {
     "checkpoint": ["checkpoint", "checkpoint_every", "checkpoint_if_busy",
                    "checkpoint_keep", "checkpoint_max_overhead",
                    "checkpoint_on_error"],
+    "pipeline": ["pipeline_microbatches", "pipeline_schedule",
+                 "pipeline_split", "pipeline_stages",
+                 "pipeline_virtual_stages"],
 }
 
 

@@ -1,0 +1,33 @@
+"""Pipeline-parallel flags: stages, micro-batches, schedule, split."""
+
+from absl import flags
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
+
+
+def define_flags():
+  flags.DEFINE_integer(
+      "pipeline_stages", 1,
+      "Pipeline stages the model is split into (1: not pipelined). The "
+      "world is pipeline stages x data-parallel replicas.", lower_bound=1)
+  flags.DEFINE_integer(
+      "pipeline_microbatches", 1,
+      "Micro-batches each replica's batch is split into; must divide it. "
+      "GPipe's idle bubble is (S-1)/(M+S-1).", lower_bound=1)
+  flags.DEFINE_enum(
+      "pipeline_schedule", "gpipe", list(SCHEDULES),
+      "gpipe: all forwards, then all backwards. 1f1b: one forward, one "
+      "backward (needs micro-batches >= stages). interleaved_1f1b: 1F1B "
+      "over --pipeline_virtual_stages stages per rank. zero_bubble: "
+      "backward split into input and weight gradients.")
+  flags.DEFINE_string(
+      "pipeline_split", "auto",
+      "Where stages end. auto: the split whose slowest stage is fastest "
+      "under the fitted per-layer cost model. even: about equal layer "
+      "counts at the nearest cut points. Or the comma-separated layer "
+      "names the first S-1 stages end with (see python -m "
+      "torch_parity.plan for the cut points).")
+  flags.DEFINE_integer(
+      "pipeline_virtual_stages", 1,
+      "Stages per rank for interleaved_1f1b and zero_bubble (2 or more).",
+      lower_bound=1)

@@ -1,0 +1,77 @@
+"""--pipeline_*: a validated PipelineConfig, or one line and exit 2."""
+
+import pytest
+from absl.testing import flagsaver
+
+import flags as tfo_flags
+from overlap_core.runtime.config import ConfigError, PipelineConfig
+
+from tests.helpers import run_module
+
+tfo_flags.define_flags()
+if not tfo_flags.FLAGS.is_parsed():
+  tfo_flags.FLAGS.mark_as_parsed()
+
+# Defaults: batch 64 over --strategy=mirrored x 2 devices, 32 per replica.
+
+
+def test_defaults_are_not_pipelined():
+  with flagsaver.as_parsed():
+    assert tfo_flags.to_config().pipeline == PipelineConfig()
+
+
+def test_a_valid_pipeline_becomes_a_frozen_config():
+  with flagsaver.as_parsed(pipeline_stages="2", pipeline_microbatches="4",
+                           pipeline_schedule="1f1b",
+                           pipeline_split="layer1.1.relu_4"):
+    cfg = tfo_flags.to_config().pipeline
+  assert cfg == PipelineConfig(stages=2, microbatches=4, schedule="1f1b",
+                               split="explicit",
+                               cut_layers=("layer1.1.relu_4",))
+
+
+@pytest.mark.parametrize("parsed, message", [
+    (dict(pipeline_stages="2", pipeline_microbatches="5"),
+     "--pipeline_microbatches=5: must divide each replica's batch of 32"),
+    (dict(pipeline_stages="4", pipeline_microbatches="2",
+          pipeline_schedule="1f1b"),
+     "--pipeline_schedule=1f1b needs at least as many micro-batches as "
+     "stages (4)"),
+    (dict(pipeline_stages="2", pipeline_microbatches="4",
+          pipeline_schedule="interleaved_1f1b"),
+     "--pipeline_virtual_stages=1: --pipeline_schedule=interleaved_1f1b "
+     "runs 2 or more stages per rank"),
+    (dict(pipeline_stages="4", pipeline_microbatches="8",
+          pipeline_virtual_stages="2"),
+     "--pipeline_virtual_stages=2: applies only to"),
+    (dict(pipeline_stages="4", pipeline_microbatches="16",
+          pipeline_schedule="zero_bubble", pipeline_virtual_stages="2",
+          pipeline_split="a,b"),
+     "--pipeline_split=a,b: 8 stages need 7 comma-separated cut layers"),
+    (dict(pipeline_microbatches="4"),
+     "--pipeline_microbatches=4: applies only with --pipeline_stages of 2"),
+])
+def test_bad_combinations_are_refused(parsed, message):
+  with flagsaver.as_parsed(**parsed):
+    with pytest.raises(ConfigError) as raised:
+      tfo_flags.to_config()
+  assert message in str(raised.value)
+
+
+@pytest.mark.parametrize("module, args, needle", [
+    ("tfoverlap.train", ["--pipeline_stages=3", "--pipeline_microbatches=5"],
+     "--pipeline_microbatches=5: must divide"),
+    ("tfoverlap.train", ["--pipeline_stages=2", "--pipeline_microbatches=4"],
+     "--pipeline_stages=2: the TensorFlow pipeline runtime is not built"),
+    ("torch_parity.train", ["--pipeline_stages=2",
+                            "--pipeline_microbatches=4", "--strategy=default",
+                            "--num_devices=1"],
+     "--pipeline_stages=2: the PyTorch pipeline runtime is not built"),
+])
+def test_trainers_exit_2_with_one_line(module, args, needle):
+  result = run_module(module, *args, timeout=180)
+  assert result.returncode == 2, result.stderr
+  # TensorFlow's own start-up log lines may come first; ours is one line.
+  errors = [l for l in result.stderr.splitlines() if ": error: " in l]
+  assert len(errors) == 1 and needle in errors[0], result.stderr
+  assert "Traceback" not in result.stderr
