@@ -17,4 +17,6 @@ torch_parity/parallelize.py).
               configuration, with its error on held-out configurations
   partition   pipeline stages at cut points: auto (min-max), even, explicit;
               a StagePlan that explains itself; GPipe's bubble fraction
+  report      the planning command's printout and files, shared by both
+              frameworks
 """

@@ -38,15 +38,18 @@ MIN_CONFIGS_FOR_HOLDOUT = 3
 
 
 def features(node_config: Mapping[str, float], batch_size: int,
-             feature_set: str) -> List[float]:
-  """The regression inputs of one layer at one batch."""
+             feature_set: str, keys: Sequence[str] = ()) -> List[float]:
+  """The regression inputs of one layer at one batch.
+
+  `keys` are the configuration numbers of the family (a layer lacking one,
+  such as a ReLU after a flatten that has no spatial size, reads 0).
+  """
   if feature_set == "flops+bytes":
     return [batch_size * float(node_config.get("flops_per_sample", 0.0)),
             batch_size * float(node_config.get("bytes_per_sample", 0.0))]
   if feature_set == "configuration":
-    own = [float(v) for k, v in sorted(node_config.items())
-           if k not in _DERIVED and isinstance(v, (int, float))]
-    return [float(batch_size)] + own
+    return [float(batch_size)] + [float(node_config.get(k, 0.0))
+                                  for k in keys]
   raise ValueError(f"Invalid value for argument `feature_set`. Received: "
                    f"{feature_set!r}; allowed: flops+bytes, configuration")
 
@@ -87,6 +90,7 @@ class FamilyFit:
   holdout_error: Optional[float]
   candidate_errors: Mapping[str, Optional[float]]
   backward_over_forward: float
+  config_keys: Tuple[str, ...]
   estimator: object = dataclasses.field(repr=False, compare=False)
 
 
@@ -106,7 +110,8 @@ class CostModel:
       raise KeyError(f"the cost model has no fit for layer type "
                      f"{node.op_type!r} (layer {node.name!r}); profiled types:"
                      f" {sorted(self.families)}")
-    x = [features(node.config, batch_size, family.feature_set)]
+    x = [features(node.config, batch_size, family.feature_set,
+                  family.config_keys)]
     forward_s, backward_s = family.estimator.predict(x)[0]
     return max(float(forward_s), 0.0), max(float(backward_s), 0.0)
 
@@ -173,8 +178,15 @@ def _make_estimator(degree: int):
                        LinearRegression())
 
 
-def _fit(samples: Sequence[Sample], feature_set: str, degree: int):
-  x = [features(s.config, s.batch_size, feature_set) for s in samples]
+def config_keys(samples: Sequence[Sample]) -> Tuple[str, ...]:
+  """The configuration numbers any sample of a family has, sorted."""
+  return tuple(sorted({k for s in samples for k, v in s.config.items()
+                       if k not in _DERIVED and isinstance(v, (int, float))}))
+
+
+def _fit(samples: Sequence[Sample], feature_set: str, degree: int,
+         keys: Sequence[str]):
+  x = [features(s.config, s.batch_size, feature_set, keys) for s in samples]
   y = [[s.forward_s, s.backward_s] for s in samples]
   weights = [1.0 / max(s.forward_s + s.backward_s, 1e-12) ** 2
              for s in samples]
@@ -184,7 +196,7 @@ def _fit(samples: Sequence[Sample], feature_set: str, degree: int):
 
 
 def _holdout_error(samples: Sequence[Sample], feature_set: str,
-                   degree: int) -> float:
+                   degree: int, keys: Sequence[str]) -> float:
   """Median relative error of the total over group k-fold by configuration."""
   from sklearn.model_selection import GroupKFold  # pylint: disable=g-import-not-at-top
   keys = sorted({s.config_key for s in samples})
@@ -192,11 +204,11 @@ def _holdout_error(samples: Sequence[Sample], feature_set: str,
   errors = []
   folds = GroupKFold(n_splits=min(5, len(keys)))
   for train, test in folds.split(samples, groups=groups):
-    estimator = _fit([samples[i] for i in train], feature_set, degree)
+    estimator = _fit([samples[i] for i in train], feature_set, degree, keys)
     for i in test:
       s = samples[i]
       pred = estimator.predict(
-          [features(s.config, s.batch_size, feature_set)])[0]
+          [features(s.config, s.batch_size, feature_set, keys)])[0]
       measured = s.forward_s + s.backward_s
       predicted = max(pred[0], 0.0) + max(pred[1], 0.0)
       errors.append(abs(predicted - measured) / max(measured, 1e-12))
@@ -205,12 +217,13 @@ def _holdout_error(samples: Sequence[Sample], feature_set: str,
 
 def _fit_family(op_type: str, samples: Sequence[Sample]) -> FamilyFit:
   num_configs = len({s.config_key for s in samples})
+  keys = config_keys(samples)
   ratios = [s.backward_s / s.forward_s for s in samples if s.forward_s > 0]
   errors: Dict[str, Optional[float]] = {}
   if num_configs >= MIN_CONFIGS_FOR_HOLDOUT:
     for feature_set, degree in CANDIDATES:
-      errors[f"{feature_set}/{degree}"] = _holdout_error(samples, feature_set,
-                                                         degree)
+      errors[f"{feature_set}/{degree}"] = _holdout_error(
+          samples, feature_set, degree, keys)
     best = min(CANDIDATES, key=lambda c: errors[f"{c[0]}/{c[1]}"])
   else:
     # Too few shapes to hold one out: the simplest model, which still
@@ -223,4 +236,4 @@ def _fit_family(op_type: str, samples: Sequence[Sample]) -> FamilyFit:
       holdout_error=errors.get(f"{feature_set}/{degree}"),
       candidate_errors=errors,
       backward_over_forward=statistics.median(ratios) if ratios else 0.0,
-      estimator=_fit(samples, feature_set, degree))
+      config_keys=keys, estimator=_fit(samples, feature_set, degree, keys))

@@ -1,0 +1,32 @@
+"""Flags of the planning commands only (python -m torch_parity.plan).
+
+Not a trainer group: these say how to profile and report, not how to
+train, so `define_flags()` of the package leaves them out and the trainers
+never see them.
+"""
+
+from absl import flags
+
+
+def define_flags():
+  if "plan_batch_sizes" in flags.FLAGS:
+    return
+  flags.DEFINE_list(
+      "plan_batch_sizes", [],
+      "Batch sizes to profile every layer at (default: the micro-batch, "
+      "half and double it).")
+  flags.DEFINE_integer("plan_warmup", 2, "Untimed runs per layer and batch.",
+                       lower_bound=0)
+  flags.DEFINE_integer("plan_repeats", 5,
+                       "Timed runs per layer and batch; medians are kept.",
+                       lower_bound=1)
+  flags.DEFINE_float(
+      "plan_bandwidth_gbps", 0.0,
+      "Link bandwidth between stages in GB/s for the transfer cost "
+      "(0: communication is free).", lower_bound=0.0)
+  flags.DEFINE_string(
+      "plan_profile", "",
+      "Read this profile JSON instead of measuring (the shared schema).")
+  flags.DEFINE_string(
+      "plan_output_dir", "",
+      "Write graph.json, graph.dot, profile.json and plan.txt here.")

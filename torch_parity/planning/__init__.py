@@ -1,0 +1,1 @@
+"""PyTorch side of pipeline planning: measure (layer graph, per-layer profile)."""
