@@ -6,7 +6,7 @@ flags itself. Nothing here imports TensorFlow or PyTorch.
 """
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Tuple
 
 AUTOTUNE = -1  # the sentinel stored for "autotune" in prefetch / parallelism
 CHECKPOINT_AUTO = 0  # the `every_steps` of --checkpoint_every=auto
@@ -125,12 +125,38 @@ class CheckpointConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class OffloadConfig:
+  """Which tensors leave the device between uses, and how they travel.
+
+  The default offloads nothing, so constructors that predate offload keep
+  working.
+  """
+  targets: Tuple[str, ...] = ()  # subset of ("activations", "parameters")
+  pin_memory: bool = False  # page-locked host buffers
+  non_blocking: bool = False  # copies issued with non_blocking=True
+  prefetch: bool = False  # next layer's tensors back early, on a side stream
+
+  @property
+  def enabled(self) -> bool:
+    return bool(self.targets)
+
+  @property
+  def activations(self) -> bool:
+    return "activations" in self.targets
+
+  @property
+  def parameters(self) -> bool:
+    return "parameters" in self.targets
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
   run: RunConfig
   model: ModelConfig
   data: DataConfig
   distribute: DistributeConfig
   checkpoint: CheckpointConfig
+  offload: OffloadConfig = OffloadConfig()
 
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)
