@@ -40,6 +40,10 @@ class CopyStats:
 
   def __init__(self):
     self._lock = threading.Lock()
+    self.reset()
+
+  def reset(self) -> None:
+    """Forgets every copy so far (a benchmark's warm-up steps)."""
     self._tensors = {d: 0 for d in DIRECTIONS}
     self._bytes = {d: 0 for d in DIRECTIONS}
     self._durations_s = {d: [] for d in DIRECTIONS}
