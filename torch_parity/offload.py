@@ -109,7 +109,8 @@ class ActivationOffload:
     self._layer += 1
 
   def pack(self, tensor: torch.Tensor):
-    if tensor.device != self._copier.device or _is_parameter_or_view(tensor):
+    if (tensor.device != self._copier.device or
+        tensor.layout != torch.strided or _is_parameter_or_view(tensor)):
       return tensor
     saved = _Saved(self._copier.to_host(tensor), self._layer)
     self._by_layer.setdefault(self._layer, []).append(saved)

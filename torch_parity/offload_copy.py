@@ -55,6 +55,10 @@ class Copier:
                non_blocking: bool, stats: CopyStats):
     self.device = torch.device(device)
     self.is_cuda = self.device.type == "cuda"
+    if self.is_cuda and self.device.index is None:
+      # Tensors name their device with its index; "cuda" alone would
+      # compare unequal to every one of them.
+      self.device = torch.device("cuda", torch.cuda.current_device())
     if pin_memory and not self.is_cuda:
       raise ValueError("Invalid value for argument `pin_memory`. Received: "
                        "True; pinned memory needs a CUDA device, and this "

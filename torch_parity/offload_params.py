@@ -86,6 +86,9 @@ class ParameterOffload:
     if self._recording and not self._order:
       self._order = self._recording
     self._recording = []
+    # A fetch issued ahead but never used holds weights from before the
+    # last optimizer step: never let a later forward read it.
+    self._prefetched.clear()
 
   def guard_optimizer(self, optimizer) -> None:
     """Makes the host step wait for gradients still being copied.
