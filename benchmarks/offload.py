@@ -63,10 +63,14 @@ VARIANTS = {
 GPU_MODELS = "vgg16,resnet50,inception_v3,wide_resnet50_2"
 CPU_MODELS = "small_cnn,resnet18"
 NUM_CLASSES = 10
+# Offloaded activations all sit in host memory at once (end of forward).
+# Past the host's memory the kernel kills the process, which no except
+# clause catches, so the offload search stays under this share of it.
+HOST_MEMORY_SHARE = 0.5
 # (image size, batch, measured steps, warm-up steps, repeats, batch cap)
 SETTINGS = {
-    ("cuda", False): (224, 32, 20, 3, 3, 1024),
-    ("cuda", True): (96, 32, 6, 2, 1, 512),
+    ("cuda", False): (224, 32, 20, 3, 3, 4096),
+    ("cuda", True): (96, 32, 6, 2, 1, 4096),
     ("cpu", False): (32, 8, 4, 1, 2, 0),
     ("cpu", True): (32, 4, 2, 1, 1, 0),
 }
@@ -184,14 +188,38 @@ def _fits(name, variant, batch_size, settings, device, targets) -> bool:
     return True
   except torch.cuda.OutOfMemoryError:
     return False
+  except RuntimeError as error:  # a failed pinned host allocation
+    if "out of memory" not in str(error):
+      raise
+    return False
   finally:
     model = optimizer = offloader = images = labels = None
     _free(device)
 
 
-def largest_batch(name, variant, settings, device, targets) -> dict:
+def _host_available_bytes() -> float:
+  try:
+    with open("/proc/meminfo", encoding="utf-8") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return float("inf")
+
+
+def host_batch_cap(stats: dict, batch_size: int) -> int:
+  """The largest batch whose offloaded bytes fit HOST_MEMORY_SHARE of the
+  host's available memory, from one measured step's bytes to the host."""
+  bytes_per_sample = stats["to_host"]["mb_per_step"] * 2**20 / batch_size
+  if not bytes_per_sample:
+    return 2**31
+  return int(HOST_MEMORY_SHARE * _host_available_bytes() / bytes_per_sample)
+
+
+def largest_batch(name, variant, settings, device, targets,
+                  cap: int) -> dict:
   """Doubling, then bisection between the last fit and the first OOM."""
-  cap = settings["max_batch"]
   low, high = 0, None
   size = 1
   while size <= cap:
@@ -202,7 +230,9 @@ def largest_batch(name, variant, settings, device, targets) -> dict:
       break
   if high is None:
     return {"largest_batch": low, "capped_at": cap}
-  while high - low > 1:
+  # To within a sixteenth: each trial is a whole step at a large batch,
+  # and the quick run must stay within minutes.
+  while high - low > max(1, low // 16):
     middle = (low + high) // 2
     if _fits(name, variant, middle, settings, device, targets):
       low = middle
@@ -284,9 +314,15 @@ def main():
   batches = {}
   if device_name == "cuda" and settings["max_batch"]:
     for name in names:
+      host_cap = host_batch_cap(results[name]["prefetch"],
+                                settings["batch_size"])
       batches[name] = {
-          variant: largest_batch(name, variant, settings, device, targets)
-          for variant in ("baseline", "prefetch")}
+          "baseline": largest_batch(name, "baseline", settings, device,
+                                    targets, settings["max_batch"]),
+          "prefetch": largest_batch(name, "prefetch", settings, device,
+                                    targets,
+                                    min(settings["max_batch"], host_cap)),
+          "host_memory_cap": host_cap}
       common.log(f"largest batch {name}: {batches[name]}")
   payload = {
       "benchmark": NAME, "command": common.command_line(),
