@@ -24,12 +24,14 @@ import sys
 
 from absl import flags as absl_flags
 
-from flags import checkpoint, data, distribute, model, pipeline, run
+from flags import (checkpoint, data, distribute, model, offload, pipeline,
+                   run)
 from overlap_core.runtime import zoo
 from overlap_core.runtime.config import (AUTOTUNE, CHECKPOINT_AUTO,
                                    CheckpointConfig, ConfigError,
                                    DataConfig, DistributeConfig, ModelConfig,
-                                   PipelineConfig, RunConfig, TrainConfig)
+                                   OffloadConfig, PipelineConfig, RunConfig,
+                                   TrainConfig)
 
 FLAGS = absl_flags.FLAGS
 GROUPS = {
@@ -39,6 +41,7 @@ GROUPS = {
     "distribute": distribute,
     "checkpoint": checkpoint,
     "pipeline": pipeline,
+    "offload": offload,
 }
 USAGE_ERROR_EXIT_CODE = 2
 RUNTIME_ERROR_EXIT_CODE = 1
@@ -275,6 +278,31 @@ def _parse_pipeline(values) -> PipelineConfig:
   return PipelineConfig(stages=stages, microbatches=micro, schedule=schedule,
                         split=split, cut_layers=cut_layers,
                         virtual_stages=virtual)
+def _build_offload(values) -> OffloadConfig:
+  """--offload and its knobs; the knobs alone, with nothing offloaded, would
+  change nothing, so they are refused rather than ignored."""
+  names = [n.strip() for n in values.offload if n.strip()]
+  allowed = ("allowed: none, or a comma-separated list of "
+             f"{', '.join(offload.OFFLOAD_TARGETS)}")
+  text = ",".join(values.offload)
+  if names in ([], ["none"]):
+    targets = ()
+  elif "none" in names or len(set(names)) != len(names) or any(
+      n not in offload.OFFLOAD_TARGETS for n in names):
+    raise ConfigError("offload", text, allowed)
+  else:
+    targets = tuple(n for n in offload.OFFLOAD_TARGETS if n in names)
+  knobs = {"offload_pin_memory": values.offload_pin_memory,
+           "offload_non_blocking": values.offload_non_blocking,
+           "offload_prefetch": values.offload_prefetch}
+  for name, value in knobs.items():
+    if value and not targets:
+      raise ConfigError(name, True, "applies only with --offload=" +
+                        "|".join(offload.OFFLOAD_TARGETS))
+  return OffloadConfig(targets=targets,
+                       pin_memory=values.offload_pin_memory,
+                       non_blocking=values.offload_non_blocking,
+                       prefetch=values.offload_prefetch)
 
 
 def to_config(values=FLAGS) -> TrainConfig:
@@ -336,7 +364,8 @@ def to_config(values=FLAGS) -> TrainConfig:
                                             values.checkpoint_max_overhead),
           on_error=values.checkpoint_on_error,
           if_busy=values.checkpoint_if_busy),
-      pipeline=_parse_pipeline(values))
+      pipeline=_parse_pipeline(values),
+      offload=_build_offload(values))
 
 
 def flag_names(flag_values=FLAGS) -> dict:

@@ -7,19 +7,22 @@
   2. data parallelism: the model's and optimizer's variables are created
      under the strategy's scope, so they are mirrored on every replica and
      `apply_gradients` all-reduces the gradients;
-  3. offload: where tensors live between uses (not yet).
+  3. offload: each Conv and Dense layer's input lives in host memory
+     between forward and backward (`tfoverlap.offload.apply_offload`).
 
 Why this order: a stage is the unit that gets replicated, so stages are
 placed before the variables are mirrored; offload decides where the
 variables of an already placed, already replicated model live.
 """
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import keras
 import tensorflow as tf
 
 from overlap_core.planning.dims import ParallelDims
+from overlap_core.runtime.config import OffloadConfig
+from tfoverlap import offload as offload_lib
 
 
 class Parallelized(NamedTuple):
@@ -31,11 +34,13 @@ class Parallelized(NamedTuple):
       strategy, not a wrapper, makes it data parallel).
     optimizer: its optimizer, slots built, so a restore fills them in place.
     dims: the run's degrees of parallelism.
+    offload: the `Offloader` that wrapped the model's layers, or None.
   """
   model: keras.Model
   train_model: keras.Model
   optimizer: keras.optimizers.Optimizer
   dims: ParallelDims
+  offload: Optional[offload_lib.Offloader] = None
 
 
 def parallel_dims(strategy: tf.distribute.Strategy) -> ParallelDims:
@@ -45,14 +50,15 @@ def parallel_dims(strategy: tf.distribute.Strategy) -> ParallelDims:
 
 def parallelize(strategy: tf.distribute.Strategy,
                 build_model: Callable[[], keras.Model],
-                build_optimizer: Callable[[], keras.optimizers.Optimizer]
-                ) -> Parallelized:
+                build_optimizer: Callable[[], keras.optimizers.Optimizer],
+                offload: OffloadConfig = OffloadConfig()) -> Parallelized:
   """Builds the model and optimizer with the run's parallelism applied.
 
   Args:
     strategy: the run's tf.distribute strategy (data parallelism).
     build_model: makes the Keras model.
     build_optimizer: makes its optimizer.
+    offload: what to keep in host memory between uses.
   """
   dims = parallel_dims(strategy)
   if dims.is_pipelined:
@@ -63,4 +69,6 @@ def parallelize(strategy: tf.distribute.Strategy,
     model = build_model()
     optimizer = build_optimizer()
     optimizer.build(model.trainable_variables)
-  return Parallelized(model, model, optimizer, dims)
+  # Outside the scope: the copy counter is one host variable, not mirrored.
+  offloader = offload_lib.apply_offload(model, offload)
+  return Parallelized(model, model, optimizer, dims, offloader)

@@ -20,7 +20,7 @@ from overlap_core.runtime.config import TrainConfig, check_not_pipelined
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
 from tfoverlap import (checkpoint, data, distribute, loops, models,
-                       parallelize, steps)
+                       offload, parallelize, steps)
 
 FRAMEWORK = "tensorflow"
 
@@ -43,6 +43,7 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
     num_gpus = len(tf.config.list_physical_devices("GPU"))
   check_not_pipelined(config.pipeline, "TensorFlow")
   distribute.check_strategy(config.distribute, num_gpus=num_gpus)
+  offload.check_offload(config)
 
 
 def describe_environment(strategy: tf.distribute.Strategy) -> dict:
@@ -83,7 +84,8 @@ def _build_model_and_optimizer(strategy, config: TrainConfig, num_classes,
       build_model=lambda: models.build_model(
           config.model.name, image_size=config.data.image_size,
           num_classes=num_classes, channels=channels),
-      build_optimizer=lambda: steps.build_optimizer(config.model))
+      build_optimizer=lambda: steps.build_optimizer(config.model),
+      offload=config.offload)
 
 
 def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
@@ -141,7 +143,7 @@ def train(config: TrainConfig) -> dict:
   try:
     spec = zoo.MODELS[config.model.name]
     info = data.describe(config.data)
-    model, _, optimizer, dims = _build_model_and_optimizer(
+    model, _, optimizer, dims, offloader = _build_model_and_optimizer(
         strategy, config, info.num_classes, info.channels)
     checkpointer = checkpoint.build_checkpointer(
         config.checkpoint, config.run.model_dir, model=model,
@@ -182,6 +184,9 @@ def train(config: TrainConfig) -> dict:
       raise
     if checkpointer:
       checkpointer.finish(ctx.last_step)
+    # Before evaluation, whose forward passes would count copies too.
+    offload_stats = (offloader.summary(num_steps=len(ledger.steps))
+                     if offloader else None)
     if config.run.evaluate and info.num_eval_examples:
       final.update(_evaluate(strategy, config, spec, model))
   finally:
@@ -209,4 +214,5 @@ def train(config: TrainConfig) -> dict:
       weights_digest=weights_digest(model), final=final,
       phases_measured=phases_measured,
       checkpoint_stats=checkpointer.stats() if checkpointer else None,
-      notes=notes, wall_s=time.perf_counter() - start)
+      notes=notes, wall_s=time.perf_counter() - start,
+      offload_stats=offload_stats)

@@ -22,7 +22,7 @@ from overlap_core.runtime.config import (ConfigError, TrainConfig,
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
 from torch_parity import (checkpoint, data, distribute, loops, models,
-                          parallelize, steps)
+                          offload, parallelize, steps)
 
 FRAMEWORK = "pytorch"
 
@@ -58,6 +58,7 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
                       "counterpart; allowed: none, sync, async")
   check_not_pipelined(config.pipeline, "PyTorch")
   distribute.check_strategy(config.distribute, num_gpus=num_gpus)
+  offload.check_offload(config, num_gpus=num_gpus)
 
 
 def describe_environment(strategy: distribute.Strategy) -> dict:
@@ -142,13 +143,14 @@ def train(config: TrainConfig):
       os.makedirs(out_dir, exist_ok=True)
     spec = zoo.MODELS[config.model.name]
     info = data.describe(config.data)
-    model, train_model, optimizer, _ = parallelize.parallelize(
+    model, train_model, optimizer, _, offloader = parallelize.parallelize(
         strategy,
         build_model=lambda: models.build_model(
             config.model.name, image_size=config.data.image_size,
             num_classes=info.num_classes, channels=info.channels),
         build_optimizer=lambda module: steps.build_optimizer(
-            config.model, module.parameters()))
+            config.model, module.parameters()),
+        offload=config.offload)
     # After parallelize: Horovod's DistributedOptimizer is a new optimizer
     # with state of its own, the one to save and restore. Every rank
     # restores rank 0's checkpoint, so all resume from the same state.
@@ -226,6 +228,8 @@ def train(config: TrainConfig):
         weights_digest=weights_digest(model), final=final,
         phases_measured=list(ledger_lib.PHASES),
         checkpoint_stats=checkpointer.stats() if checkpointer else None,
-        notes=notes, wall_s=time.perf_counter() - start)
+        notes=notes, wall_s=time.perf_counter() - start,
+        offload_stats=(offloader.summary(num_steps=len(ledger.steps))
+                       if offloader else None))
   finally:
     strategy.close()

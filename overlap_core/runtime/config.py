@@ -149,6 +149,31 @@ def check_not_pipelined(cfg: PipelineConfig, framework: str) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
+class OffloadConfig:
+  """Which tensors leave the device between uses, and how they travel.
+
+  The default offloads nothing, so constructors that predate offload keep
+  working.
+  """
+  targets: Tuple[str, ...] = ()  # subset of ("activations", "parameters")
+  pin_memory: bool = False  # page-locked host buffers
+  non_blocking: bool = False  # copies issued with non_blocking=True
+  prefetch: bool = False  # next layer's tensors back early, on a side stream
+
+  @property
+  def enabled(self) -> bool:
+    return bool(self.targets)
+
+  @property
+  def activations(self) -> bool:
+    return "activations" in self.targets
+
+  @property
+  def parameters(self) -> bool:
+    return "parameters" in self.targets
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
   run: RunConfig
   model: ModelConfig
@@ -156,6 +181,7 @@ class TrainConfig:
   distribute: DistributeConfig
   checkpoint: CheckpointConfig
   pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
+  offload: OffloadConfig = dataclasses.field(default_factory=OffloadConfig)
 
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)

@@ -21,7 +21,8 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
                          weights_digest: str, final: dict,
                          phases_measured: Iterable[str],
                          checkpoint_stats: Optional[dict], notes: list,
-                         wall_s: float) -> dict:
+                         wall_s: float,
+                         offload_stats: Optional[dict] = None) -> dict:
   """Writes the trace (if asked for) and run.json of this worker.
 
   Args:
@@ -37,6 +38,7 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
     checkpoint_stats: `CheckpointEngine.stats()`, or None.
     notes: plain-words notes for run.json.
     wall_s: the run's wall time so far.
+    offload_stats: the offload copies (`Offloader.summary()`), or None.
 
   Returns:
     The record written to `<out_dir>/run.json`.
@@ -67,6 +69,7 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
       phases_measured=phases_measured,
       outputs=outputs,
       checkpoint=checkpoint_stats,
-      notes=notes)
+      notes=notes,
+      offload=offload_stats)
   run_record.write_run_record(out_dir, record)
   return record

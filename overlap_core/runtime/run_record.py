@@ -105,10 +105,13 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
                      final: dict, weights_digest: str, worker_index: int,
                      num_workers: int, phases_measured: Iterable[str],
                      outputs: dict, checkpoint: Optional[dict] = None,
-                     notes: Optional[list] = None) -> dict:
+                     notes: Optional[list] = None,
+                     offload: Optional[dict] = None) -> dict:
   """Assembles the run.json payload; see README "run.json" for each field.
 
   `checkpoint` is `CheckpointEngine.stats()`, or None without checkpoints.
+  `offload` is the offload copies per direction, or None without offload
+  (a section, not a ledger phase: the copies happen inside compute).
   """
   return {
       "schema_version": SCHEMA_VERSION,
@@ -128,6 +131,7 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
       "final": final,
       "weights_digest": weights_digest,
       "checkpoint": checkpoint,
+      "offload": offload,
       "outputs": outputs,
       "notes": list(notes or []),
   }

@@ -33,6 +33,8 @@ FROZEN_SURFACE = {
     "pipeline": ["pipeline_microbatches", "pipeline_schedule",
                  "pipeline_split", "pipeline_stages",
                  "pipeline_virtual_stages"],
+    "offload": ["offload", "offload_non_blocking", "offload_pin_memory",
+                "offload_prefetch"],
 }
 
 
@@ -76,6 +78,11 @@ def test_prefetch_depth_parses(text, expected):
     ({"model": "edsr", "image_size": "33"}, "image_size"),
     ({"num_workers": "2"}, "num_workers"),
     ({"data_dir": "/"}, "data_dir"),
+    ({"offload": "activations,nope"}, "offload"),
+    ({"offload": "none,activations"}, "offload"),
+    ({"offload": "activations,activations"}, "offload"),
+    ({"offload_pin_memory": "true"}, "offload_pin_memory"),
+    ({"offload_prefetch": "true"}, "offload_prefetch"),
 ])
 def test_bad_values_name_the_flag(overrides, flag):
   with flagsaver.as_parsed(**overrides):
@@ -83,6 +90,19 @@ def test_bad_values_name_the_flag(overrides, flag):
       tfo_flags.to_config()
   assert error.value.flag == flag
   assert f"--{flag}=" in str(error.value)
+
+
+@pytest.mark.parametrize("text, targets", [
+    ("none", ()), ("activations", ("activations",)),
+    ("parameters,activations", ("activations", "parameters")),
+])
+def test_offload_targets_parse(text, targets):
+  with flagsaver.as_parsed(offload=text, offload_non_blocking="true"
+                           if targets else "false"):
+    config = tfo_flags.to_config().offload
+  assert config.targets == targets
+  assert config.enabled == bool(targets)
+  assert config.non_blocking == bool(targets)
 
 
 def test_config_is_frozen_and_serializable():

@@ -16,7 +16,7 @@ def _cfg(strategy="default"):
 
 def test_one_process_trains_the_module_itself():
   strategy = distribute.build_strategy(_cfg())
-  model, train_model, optimizer, dims = parallelize.parallelize(
+  model, train_model, optimizer, dims, _ = parallelize.parallelize(
       strategy, lambda: nn.Linear(4, 2),
       lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
   assert train_model is model and dims.world_size == 1
@@ -26,7 +26,7 @@ def test_one_process_trains_the_module_itself():
 def test_ddp_wraps_the_module_it_runs():
   strategy = distribute.build_strategy(_cfg("multi_worker"))
   try:
-    model, train_model, _, _ = parallelize.parallelize(
+    model, train_model, _, _, _ = parallelize.parallelize(
         strategy, lambda: nn.Linear(4, 2),
         lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
     assert isinstance(train_model, nn.parallel.DistributedDataParallel)

@@ -1,0 +1,152 @@
+"""PyTorch CPU offload: which tensors went to the host and came back, the
+bytes moved, and that training computes exactly what it computes without.
+
+On this CPU-only host the "device" is the CPU too, so every offload copy is
+a CPU-to-CPU copy: the hooks, counts and bytes are those of a GPU run, and
+the results must be bit-identical (a copy changes no value, and the same
+operations run in the same order).
+"""
+
+import pytest
+import torch
+from torch import nn
+
+from overlap_core.runtime import run_record
+from overlap_core.runtime.config import OffloadConfig
+from torch_parity import offload
+
+from tests.helpers import run_module
+
+BATCH = 2
+CPU = torch.device("cpu")
+
+
+def _tiny_model():
+  torch.manual_seed(0)
+  return nn.Sequential(nn.Linear(4, 8, bias=False), nn.Tanh(),
+                       nn.Linear(8, 3, bias=False))
+
+
+def _train(config, num_steps=3):
+  """(last loss, state_dict, Offloader or None) after num_steps of SGD."""
+  model = _tiny_model()
+  optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+  offloader = (offload.apply_offload(model, optimizer, config, CPU)
+               if config else None)
+  generator = torch.Generator().manual_seed(1)
+  for _ in range(num_steps):
+    inputs = torch.randn(BATCH, 4, generator=generator)
+    targets = torch.randint(0, 3, (BATCH,), generator=generator)
+    optimizer.zero_grad()
+    loss = nn.functional.cross_entropy(model(inputs), targets)
+    loss.backward()
+    optimizer.step()
+  return loss.item(), model.state_dict(), offloader
+
+
+def _assert_same_training(state, loss):
+  base_loss, base_state, _ = _train(None)
+  assert loss == base_loss
+  for name, tensor in base_state.items():
+    assert torch.equal(state[name], tensor), name
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_activations_go_to_host_and_come_back(prefetch):
+  loss, state, offloader = _train(
+      OffloadConfig(("activations",), prefetch=prefetch))
+  summary = offloader.summary(num_steps=3)
+  # Saved per step: the first Linear's input (4 floats per example), Tanh's
+  # result (8) and the second Linear's input, the same values saved again
+  # by another node (8). The weights (saved transposed) are parameters and
+  # stay put.
+  per_step_bytes = BATCH * (4 + 8 + 8) * 4
+  assert summary["to_host"]["tensors"] == 3 * 3
+  assert summary["to_host"]["bytes"] == 3 * per_step_bytes
+  # Every saved tensor came back exactly once, in backward.
+  assert summary["to_device"]["tensors"] == summary["to_host"]["tensors"]
+  assert summary["to_device"]["bytes"] == summary["to_host"]["bytes"]
+  assert summary["to_host"]["timed_copies"] == 9
+  assert summary["to_host"]["copy_ms"]["min"] >= 0
+  # With prefetch, restoring the last layer's tensors fetched the earlier
+  # layers' ahead of use: all but the first layer restored (Tanh's) are.
+  assert summary["prefetched_tensors"] == (3 * 2 if prefetch else 0)
+  _assert_same_training(state, loss)
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_parameters_live_on_host_between_uses(prefetch):
+  loss, state, offloader = _train(
+      OffloadConfig(("parameters",), prefetch=prefetch))
+  summary = offloader.summary(num_steps=3)
+  weight_bytes = (4 * 8 + 8 * 3) * 4
+  # Each weight comes to the device for its forward and for its backward;
+  # its gradient goes to the host, where the optimizer steps.
+  assert summary["to_device"]["tensors"] == 3 * 2 * 2
+  assert summary["to_device"]["bytes"] == 3 * 2 * weight_bytes
+  assert summary["to_host"]["tensors"] == 3 * 2
+  assert summary["to_host"]["bytes"] == 3 * weight_bytes
+  # The first step learns the layer order; the next two prefetch the
+  # second layer in forward and the first in backward.
+  assert summary["prefetched_tensors"] == (2 * 2 if prefetch else 0)
+  # Between steps every weight is its host copy (the device copy dropped).
+  for layer in offloader.parameters._layers:  # pylint: disable=protected-access
+    for parameter in layer.parameters(recurse=False):
+      assert not offloader.parameters._on_device(parameter)  # pylint: disable=protected-access
+  _assert_same_training(state, loss)
+
+
+def test_both_with_every_knob_trains_the_same():
+  loss, state, offloader = _train(OffloadConfig(
+      ("activations", "parameters"), non_blocking=True, prefetch=True))
+  summary = offloader.summary(num_steps=3)
+  assert summary["targets"] == ["activations", "parameters"]
+  assert summary["to_host"]["tensors"] == 3 * 3 + 3 * 2
+  _assert_same_training(state, loss)
+
+
+def test_pinning_without_cuda_is_refused():
+  with pytest.raises(ValueError, match="pin_memory"):
+    _train(OffloadConfig(("activations",), pin_memory=True))
+
+
+def _run(tmp_path, name, *args):
+  model_dir = tmp_path / name
+  result = run_module("torch_parity.train", f"--model_dir={model_dir}",
+                      "--model=small_cnn", "--strategy=default",
+                      "--batch_size=16", "--train_steps=4", "--seed=3",
+                      "--deterministic", "--evaluate=false", *args,
+                      timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result, run_record.load_run_record(str(model_dir))
+
+
+def test_trainer_records_offload_and_matches_the_plain_run(tmp_path):
+  _, plain = _run(tmp_path, "plain")
+  result, offloaded = _run(tmp_path, "offloaded",
+                           "--offload=activations,parameters",
+                           "--offload_prefetch")
+  assert plain["offload"] is None
+  section = offloaded["offload"]
+  assert section["targets"] == ["activations", "parameters"]
+  assert section["to_host"]["bytes"] > 0
+  assert section["to_device"]["tensors"] > section["to_host"]["tensors"]
+  assert section["copies_timed_with"] == "perf_counter"
+  assert offloaded["weights_digest"] == plain["weights_digest"]
+  assert offloaded["final"]["train_loss"] == plain["final"]["train_loss"]
+  assert result.stderr.count(offload.NO_GPU_NOTICE) == 1
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--offload=activations", "--offload_pin_memory"],
+     "--offload_pin_memory=True"),
+    (["--offload=parameters", "--strategy=mirrored", "--num_devices=2"],
+     "--offload=parameters"),
+])
+def test_trainer_refuses_what_it_cannot_honour(args, flag):
+  result = run_module("torch_parity.train", "--model=mlp",
+                      "--train_steps=1", *args, timeout=120)
+  assert result.returncode == 2, result.stderr
+  # The last line: TensorFlow's own start-up logging may come before it.
+  assert "Traceback" not in result.stderr
+  assert flag in result.stderr.strip().splitlines()[-1], result.stderr
