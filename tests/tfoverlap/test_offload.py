@@ -21,10 +21,12 @@ BATCH = 2
 def _tiny_model():
   keras.utils.set_random_seed(0)
   inputs = keras.layers.Input((8, 8, 3))
-  x = keras.layers.Conv2D(4, 3, padding="same", activation="relu")(inputs)
+  # Named: Keras numbers unnamed layers per process, whatever ran before.
+  x = keras.layers.Conv2D(4, 3, padding="same", activation="relu",
+                          name="conv")(inputs)
   x = keras.layers.BatchNormalization()(x)
   x = keras.layers.Flatten()(x)
-  return keras.Model(inputs, keras.layers.Dense(5)(x))
+  return keras.Model(inputs, keras.layers.Dense(5, name="logits")(x))
 
 
 def _train(config, num_steps=3):
@@ -52,7 +54,7 @@ def _train(config, num_steps=3):
 def test_weighted_layer_inputs_go_to_host_and_come_back():
   loss, weights, offloader = _train(OffloadConfig(("activations",)))
   summary = offloader.summary(num_steps=3)
-  assert offloader.layer_names == ["conv2d", "dense"]
+  assert offloader.layer_names == ["conv", "logits"]
   # Per step: the Conv's input (8*8*3 floats per example) and the Dense
   # layer's (8*8*4); BatchNorm's input stays with TensorFlow's tape.
   per_step_bytes = BATCH * (8 * 8 * 3 + 8 * 8 * 4) * 4
