@@ -84,7 +84,10 @@ def main(argv):
     with open(values.plan_profile, encoding="utf-8") as f:
       profile = profile_lib.Profile.from_json(f.read())
   else:
-    profile = profile_layers(model, make_input,
+    # Layers are timed where the trainer would run them: the first GPU,
+    # else the CPU.
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    profile = profile_layers(model, make_input, device=device,
                              batch_sizes=_batch_sizes(values, microbatch),
                              warmup=values.plan_warmup,
                              repeats=values.plan_repeats,
