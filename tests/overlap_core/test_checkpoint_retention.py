@@ -103,6 +103,21 @@ def test_the_checkpoint_just_committed_is_never_pruned(tmp_path):
   assert checkpoint_files.prune(str(tmp_path), 1, protect=40) == []
 
 
+def test_a_newer_checkpoint_that_failed_to_load_once_is_not_deleted(
+    tmp_path):
+  # A file that could not be read at restart (a flaky mount, say) makes the
+  # restore fall back; the newer checkpoint is not the retention's to judge.
+  for step in (10, 30):
+    _save(tmp_path, step, keep=5)
+  model = os.path.join(_path(tmp_path, 30), "model.safetensors")
+  os.rename(model, model + ".away")
+  assert checkpoint_files.load_latest(str(tmp_path),
+                                      warn=lambda m: None).step == 10
+  os.rename(model + ".away", model)
+  _save(tmp_path, 20, keep=1)
+  assert _good(tmp_path) == [20, 30]
+
+
 def test_nothing_is_pruned_when_nothing_verifies(tmp_path):
   for step in (10, 20):
     _save(tmp_path, step, keep=5)
