@@ -200,6 +200,8 @@ def load_checkpoint(path: str) -> LoadedCheckpoint:
 
 def verifies(path: str) -> bool:
   """Whether the checkpoint at `path` loads and verifies in full."""
+  if not os.path.isdir(path):
+    return False
   try:
     load_checkpoint(path)
   except CorruptCheckpointError:

@@ -28,7 +28,7 @@ import dataclasses
 import os
 import shutil
 import traceback
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 import pytest
