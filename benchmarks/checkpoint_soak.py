@@ -374,9 +374,10 @@ def run_campaign(framework: str, args, keep: int, reference: str,
   spare = None  # a copy of the newest good checkpoint before the last life
   damaged = set()
   while True:
-    # Drawn, but at least once per framework, so a short run covers it.
-    if good and kills_left > 0 and (rng.random() < CORRUPT_PROBABILITY
-                                    or tally.corruptions == 0):
+    # Drawn, but at least once per framework, so a short run covers it;
+    # before the last life too, whose digest then checks the fallback.
+    if good and (rng.random() < CORRUPT_PROBABILITY
+                 or tally.corruptions == 0):
       step = corrupt_newest(directory, good, keep, spare, rng, tally)
       if step is not None:
         damaged.add(step)
