@@ -3,9 +3,12 @@
   cadence      CadencePolicy: every N steps, or the smallest interval under an
                overhead bound (CheckFreq), agreed across workers
   engine       CheckpointEngine: the background persist, busy and error
-               policies, the numbers in run.json
-  files        a checkpoint on disk: atomic commit, manifest, retention,
-               fallback from a corrupt one
+               policies, the final save, the numbers in run.json
+  persist      the persist thread, every wait for it bounded
+  files        the checkpoint directory: atomic commit and overwrite, crash
+               recovery, retention by trust, fallback from a corrupt one
+  layout       one checkpoint's files: manifest, checksums, verified reads
+  durable      each filesystem step of a commit, fsynced, with a failpoint
   tensor_file  the safetensors format, read and written with NumPy
 
 Each framework side only takes the snapshot (tfoverlap/checkpoint,

@@ -15,7 +15,15 @@ Two-phase, after CheckFreq:
                blocked only for this; it is the checkpoint stall.
   2. persist   on one background thread: copy to host, serialize, write
                atomically with checksums (`checkpoint_files`), prune to the
-               newest K.
+               newest K good ones.
+
+Every wait for a persist ends by `persist_timeout_s` after its start (see
+`persist`): a hung filesystem becomes a CheckpointError under `on_error`,
+and `close()` never hangs, so a training error on the way out is the one
+reported. A run that does not restore refuses a directory holding
+checkpoints unless told to `overwrite` them. A final save never rewrites a
+checkpoint of the final step nor writes one behind the restored step: a
+finished run that is run again stays finished.
 
 Usage:
   engine = CheckpointEngine(directory, mode="async", every_steps=AUTO,
@@ -27,7 +35,6 @@ Usage:
   engine.close()                  # waits for the last persist
 """
 
-import concurrent.futures
 import dataclasses
 import os
 import statistics
@@ -36,12 +43,14 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from overlap_core.checkpoint import cadence
 from overlap_core.checkpoint import files as checkpoint_files
+from overlap_core.checkpoint import persist
 from overlap_core.checkpoint.files import CheckpointError
 from overlap_core.runtime.config import DataConfig
 
 ON_ERROR_POLICIES = ("raise", "warn")
 IF_BUSY_POLICIES = ("wait", "skip")
 CHECKPOINT_DIR_NAME = "checkpoints"
+DEFAULT_PERSIST_TIMEOUT_S = 600.0
 _ERRORS_KEPT = 5
 
 
@@ -85,7 +94,7 @@ def write_snapshot(directory: str, snapshot: Snapshot, *,
             for group, values in snapshot.groups.items()}
   checkpoint_files.write_checkpoint(directory, snapshot.step, groups,
                                     snapshot.state)
-  checkpoint_files.prune(directory, keep)
+  checkpoint_files.prune(directory, keep, protect=snapshot.step)
 
 
 def make_state_describer(data: DataConfig, *, seed: int,
@@ -142,6 +151,17 @@ class CheckpointEngine:
     agree: combines the workers' cost estimates (see cadence); None alone.
     first_step: the first step this process runs.
     log: where decisions and warnings go.
+    persist_timeout_s: the longest a persist may run before it counts as
+      failed (under `on_error`); every wait for it ends by then.
+    restoring: whether this run restores from `directory`. A run that does
+      not refuses a directory that holds checkpoints (whatever `on_error`).
+    overwrite: with `restoring=False`, delete those checkpoints instead.
+    resolve_hint: what the refusal tells the user to do.
+
+  Raises:
+    ValueError: a bad argument.
+    CheckpointDirectoryInUseError: `restoring=False`, no `overwrite`, and
+      checkpoints in `directory`.
   """
 
   def __init__(self, directory: str, *, mode: str,
@@ -153,7 +173,10 @@ class CheckpointEngine:
                to_host: Callable[[Any], Any] = lambda value: value,
                save_inline: Optional[Callable[[int], None]] = None,
                agree: Optional[cadence.Agree] = None, first_step: int = 1,
-               log: Callable[[str], None] = checkpoint_files.warn_to_stderr):
+               log: Callable[[str], None] = checkpoint_files.warn_to_stderr,
+               persist_timeout_s: float = DEFAULT_PERSIST_TIMEOUT_S,
+               restoring: bool = True, overwrite: bool = False,
+               resolve_hint: str = checkpoint_files.DEFAULT_RESOLVE_HINT):
     if on_error not in ON_ERROR_POLICIES:
       raise ValueError(f"on_error={on_error!r}: allowed: "
                        f"{', '.join(ON_ERROR_POLICIES)}")
@@ -179,11 +202,7 @@ class CheckpointEngine:
     self.policy = cadence.CadencePolicy(
         every_steps, max_overhead_frac=max_overhead_frac,
         first_step=first_step, log=log)
-    self._executor = (concurrent.futures.ThreadPoolExecutor(
-        max_workers=1, thread_name_prefix="checkpoint-persist")
-                      if take_snapshot is not None and is_writer else None)
-    self._future: Optional[concurrent.futures.Future] = None
-    self._future_step = 0
+    self._persists = persist.PersistThread(timeout_s=persist_timeout_s)
     self._last_mark: Optional[float] = None
     self._stall_in_step_s = 0.0
     self.stall_s: List[float] = []
@@ -200,18 +219,14 @@ class CheckpointEngine:
     self.last_persisted_step: Optional[int] = None
     self.restore_info: Dict[str, Any] = {}
     if is_writer:
-      self._prepare_directory()
-
-  def _prepare_directory(self) -> None:
-    try:
-      checkpoint_files.check_writable(self.directory)
-    except CheckpointError as e:
-      self._fail(e)
-      return
-    removed = checkpoint_files.remove_stale_temporaries(self.directory)
-    if removed:
-      self._log(f"removed {len(removed)} unfinished checkpoint "
-                f"write(s) left in {self.directory}")
+      try:
+        checkpoint_files.prepare_directory(
+            directory, restoring=restoring, overwrite=overwrite,
+            resolve=resolve_hint, log=log)
+      except checkpoint_files.CheckpointDirectoryInUseError:
+        raise  # a usage error, whatever the on_error policy
+      except CheckpointError as e:
+        self._fail(e)
 
   def restart_at(self, first_step: int) -> None:
     """Tells the cadence the first step this process runs (after a restore)."""
@@ -229,7 +244,7 @@ class CheckpointEngine:
   @property
   def busy(self) -> bool:
     """Whether a persist is running now."""
-    return self._future is not None and not self._future.done()
+    return self._persists.busy
 
   def is_due(self, step: int) -> bool:
     """Whether to checkpoint after `step`; call once per step, every worker.
@@ -274,20 +289,44 @@ class CheckpointEngine:
       self.policy.observe_persist(0.0)
       return True
     if self.busy:
+      if self._persists.timed_out:
+        self._fail(CheckpointError(
+            f"checkpoint of step {step} skipped: the persist of step "
+            f"{self._persists.step} is still running, past its "
+            f"{self._persists.timeout_s:g} s limit"))
+        return False
       if self.if_busy == "skip":
         self.num_skipped_busy += 1
         return False
       wait_start = time.perf_counter()
-      concurrent.futures.wait([self._future])
+      finished = self._wait_for_persist()
       self.num_busy_waits += 1
       self.busy_wait_s += time.perf_counter() - wait_start
+      if not finished:
+        return False
     self._collect()
     snapshot = self._take_snapshot(step)
     self.num_saved += 1
     self.last_saved_step = step
-    self._future_step = step
-    self._future = self._executor.submit(self._persist, snapshot)
+    self._persists.start(step, lambda: self._persist(snapshot))
     return True
+
+  def _wait_for_persist(self) -> bool:
+    """Waits for the running persist until its deadline; False on time-out.
+
+    A time-out is a failure under the `on_error` policy, reported once per
+    persist; the persist thread is left running, and saves fail at once
+    while it does.
+    """
+    already_timed_out = self._persists.timed_out
+    if self._persists.wait():
+      return True
+    if not already_timed_out:
+      self._fail(CheckpointError(
+          f"checkpoint of step {self._persists.step} failed: its persist "
+          f"did not finish within {self._persists.timeout_s:g} s "
+          "(persist_timeout_s); the filesystem may be hung"))
+    return False
 
   def _persist(self, snapshot: Snapshot) -> float:
     """Runs on the persist thread; returns how long it took."""
@@ -298,20 +337,18 @@ class CheckpointEngine:
 
   def _collect(self) -> None:
     """Books a finished persist on the training thread (the policy's)."""
-    if self._future is None or not self._future.done():
+    finished = self._persists.take_finished()
+    if finished is None:
       return
-    future, self._future = self._future, None
-    error = future.exception()
-    if error is None:
-      persist_s = future.result()
-      self.persist_s.append(persist_s)
-      self.policy.observe_persist(persist_s)
-      self.num_persisted += 1
-      self.last_persisted_step = self._future_step
+    step, outcome = finished
+    if isinstance(outcome, BaseException):
+      self._fail(CheckpointError(
+          f"checkpoint of step {step} failed while persisting: {outcome}"))
       return
-    self._fail(CheckpointError(
-        f"checkpoint of step {self._future_step} failed while persisting: "
-        f"{error}"))
+    self.persist_s.append(outcome)
+    self.policy.observe_persist(outcome)
+    self.num_persisted += 1
+    self.last_persisted_step = step
 
   def _fail(self, error: CheckpointError) -> None:
     self.num_failed += 1
@@ -322,14 +359,17 @@ class CheckpointEngine:
               "(--checkpoint_on_error=warn)")
 
   def finish(self, last_step: int) -> None:
-    """Saves the final state unless `last_step` was just saved, then closes.
+    """Saves the final state unless it is on disk already, then closes.
 
     Runs after the training loop, so its time is not in the ledger; a
     finished run then always resumes as finished. The busy policy does not
-    apply: the final state is never skipped.
+    apply: the final state is never skipped. Nothing is saved when
+    `last_step` was just saved, is not after the restored step (nothing was
+    trained: the state is the restored one, not that of `last_step`), or
+    already has a checkpoint that verifies.
     """
     try:
-      if self.last_saved_step != last_step and last_step > 0:
+      if self._final_save_needed(last_step):
         self.if_busy, if_busy = "wait", self.if_busy
         num_stalls = len(self.stall_s)
         try:
@@ -343,19 +383,35 @@ class CheckpointEngine:
     finally:
       self.close()
 
+  def _final_save_needed(self, last_step: int) -> bool:
+    if last_step <= 0 or last_step == self.last_saved_step:
+      return False
+    restored_step = self.restore_info.get("step")
+    if restored_step is not None and last_step <= restored_step:
+      if last_step < restored_step:
+        self._log(f"the run ends at step {last_step}, before the restored "
+                  f"step {restored_step}: nothing was trained, and the "
+                  "checkpoints stay as they are")
+      return False
+    # Only the files of two-phase checkpoints are read here: a baseline
+    # saves on every worker, and all of them must decide alike.
+    if self._take_snapshot is not None and self.is_writer:
+      return not checkpoint_files.verifies(os.path.join(
+          self.directory, checkpoint_files.checkpoint_dir_name(last_step)))
+    return True
+
   def wait_until_finished(self) -> None:
-    """Blocks until the running persist, if any, is on disk."""
-    if self._future is not None:
-      concurrent.futures.wait([self._future])
-    self._collect()
+    """Blocks until the running persist, if any, is on disk, or times out.
+
+    Raises:
+      CheckpointError: the persist failed or timed out (on_error="raise").
+    """
+    if self._wait_for_persist():
+      self._collect()
 
   def close(self) -> None:
-    """Waits for the last persist and stops the persist thread."""
-    try:
-      self.wait_until_finished()
-    finally:
-      if self._executor is not None:
-        self._executor.shutdown(wait=True)
+    """Waits (bounded) for the last persist; its failure follows on_error."""
+    self.wait_until_finished()
 
   def stats(self) -> dict:
     """What run.json reports about checkpoints."""

@@ -1,87 +1,95 @@
-"""The on-disk checkpoint: atomic commits, checksums, retention, fallback.
+"""The checkpoint directory: atomic commits, retention, crash recovery.
 
-A checkpoint of step S is one directory, `ckpt-<S, 10 digits>/`:
+What one checkpoint holds, and how it is verified, is `layout`. Here is
+what a directory of them may hold, and why a crash at any moment leaves a
+good one:
 
-  <group>.safetensors   one per group of arrays ("model", "optimizer", ...)
-  state.json            step, epoch, data position and the like
-  MANIFEST.json         written last: step, and each file's size and SHA-256
+  ckpt-<S, 10 digits>        a committed checkpoint of step S
+  .tmp-ckpt-<S>-<id>         a write of step S in progress
+  .old-ckpt-<S>-<id>         the previous ckpt-S while an overwrite of step S
+                             puts the new one in place
+  .trash-ckpt-<S>-<id>       a checkpoint being deleted
+  .tmp-ckpt-probe-<id>       the probe file of `check_writable`
 
-It is written under a temporary name, every file is fsynced, then the
-directory is renamed into place and its parent fsynced. A directory named
-`ckpt-*` is therefore complete or absent, whatever moment the writer is
-killed at; what a kill can leave behind is a `.tmp-*` directory, which
-`remove_stale_temporaries` deletes. Bit rot or truncation after the commit
-is caught by the checksums: `load_latest` skips such a checkpoint, with a
-warning, and falls back to the previous one.
+A commit writes and fsyncs every file under the temporary name, renames it
+to `ckpt-S` and fsyncs the directory. An overwrite of an existing `ckpt-S`
+first renames that one to the `.old-` name; the new one takes its place,
+and only then is the old one deleted. A crash between the two renames leaves
+no `ckpt-S` but two complete copies, and `remove_stale_temporaries`, which
+every writer runs before it writes, promotes the new one (or, failing that,
+the old one) back to `ckpt-S` after verifying it in full. A deletion first
+renames the checkpoint to a `.trash-` name, so a half-deleted directory is
+never taken for a checkpoint. Each step is one call in `durable`, where a
+test can crash the process at any of them.
 
-Retention keeps the newest K complete checkpoints; pruning runs only after a
-commit, so the last complete checkpoint is never removed before a newer one
-is complete.
+Retention is by trust, not by number: `prune` never removes the checkpoint
+just committed, counts towards `keep` only checkpoints that pass a cheap
+check (a sound manifest, every file of its stated size) and that this
+process has not found corrupt on load, and never removes a checkpoint newer
+than the one just committed. So it never leaves fewer good checkpoints than
+min(keep, the good ones before the save).
+
+Bit rot or truncation after the commit is caught on load: `load_latest`
+skips such a checkpoint with a warning and falls back to the previous one.
 """
 
+import collections
 import dataclasses
-import hashlib
-import json
 import os
 import re
-import shutil
 import sys
 import uuid
 from typing import Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from overlap_core.checkpoint import tensor_file
+from overlap_core.checkpoint import durable
+from overlap_core.checkpoint import layout
+# Re-exported: both framework sides import these from here.
+from overlap_core.checkpoint.layout import (  # pylint: disable=unused-import
+    FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, STATE_NAME, TENSOR_SUFFIX,
+    CheckpointError, CheckpointMismatchError, CorruptCheckpointError,
+    LoadedCheckpoint, read_manifest)
 
-MANIFEST_NAME = "MANIFEST.json"
-STATE_NAME = "state.json"
-TENSOR_SUFFIX = ".safetensors"
-FORMAT_NAME = "tfoverlap-checkpoint"
-FORMAT_VERSION = 1
 _CHECKPOINT_DIR = re.compile(r"^ckpt-(\d{10})$")
+_PENDING = re.compile(r"^\.(tmp|old)-ckpt-(\d{10})-[0-9a-f]+$")
 _TEMP_PREFIX = ".tmp-ckpt-"
+_OLD_PREFIX = ".old-ckpt-"
 _TRASH_PREFIX = ".trash-ckpt-"
+DEFAULT_RESOLVE_HINT = ("give a different --model_dir, or overwrite them "
+                        "explicitly (overwrite=True)")
+
+# Checkpoints this process found corrupt on load (real path -> reason).
+# A flipped byte passes retention's cheap check; this keeps such a
+# checkpoint from counting as good until a new commit replaces it.
+_known_corrupt: Dict[str, str] = {}
 
 
-class CheckpointError(RuntimeError):
-  """A checkpoint could not be written, or none could be read."""
-
-
-class CorruptCheckpointError(CheckpointError):
-  """A checkpoint whose files do not match its manifest."""
-
-
-class CheckpointMismatchError(CheckpointError):
-  """A checkpoint whose variables do not fit the model being restored."""
+class CheckpointDirectoryInUseError(CheckpointError):
+  """A run that does not restore found checkpoints where it would write."""
 
 
 @dataclasses.dataclass(frozen=True)
-class LoadedCheckpoint:
-  step: int
-  path: str
-  groups: Dict[str, Dict[str, np.ndarray]]  # group -> name -> array
-  state: dict
+class Recovery:
+  """What `recover` did with what killed writers left behind."""
+  promoted: List[str]  # complete copies renamed back to their ckpt-S
+  removed: List[str]  # unfinished writes, leftover copies, trash
 
 
 def checkpoint_dir_name(step: int) -> str:
   return f"ckpt-{step:010d}"
 
 
-def _fsync_dir(path: str) -> None:
-  fd = os.open(path, os.O_RDONLY)
-  try:
-    os.fsync(fd)
-  finally:
-    os.close(fd)
+def _path(directory: str, step: int) -> str:
+  return os.path.join(directory, checkpoint_dir_name(step))
 
 
-def _write_json(path: str, payload) -> tuple:
-  data = (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode()
-  with open(path, "wb") as f:
-    f.write(data)
-    f.flush()
-    os.fsync(f.fileno())
-  return hashlib.sha256(data).hexdigest(), len(data)
+def _side_name(prefix: str, step: int) -> str:
+  return f"{prefix}{step:010d}-{uuid.uuid4().hex[:8]}"
+
+
+def warn_to_stderr(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
 
 
 def check_writable(directory: str) -> None:
@@ -92,7 +100,7 @@ def check_writable(directory: str) -> None:
   """
   probe = os.path.join(directory, f"{_TEMP_PREFIX}probe-{uuid.uuid4().hex}")
   try:
-    os.makedirs(directory, exist_ok=True)
+    durable.makedirs(directory)
     with open(probe, "wb") as f:
       f.write(b"probe")
       f.flush()
@@ -106,7 +114,7 @@ def check_writable(directory: str) -> None:
 def write_checkpoint(directory: str, step: int,
                      groups: Mapping[str, Mapping[str, np.ndarray]],
                      state: Mapping) -> str:
-  """Writes and atomically commits the checkpoint of `step`.
+  """Writes and atomically commits (or overwrites) the checkpoint of `step`.
 
   Args:
     directory: the checkpoint directory (created if missing).
@@ -118,48 +126,39 @@ def write_checkpoint(directory: str, step: int,
     The committed checkpoint's path.
 
   Raises:
-    OSError: the write failed; nothing of it is left behind.
+    OSError: the write failed; nothing of it is left behind, and an
+      existing checkpoint of `step` is still in place.
   """
-  os.makedirs(directory, exist_ok=True)
-  final = os.path.join(directory, checkpoint_dir_name(step))
-  temp = os.path.join(directory,
-                      f"{_TEMP_PREFIX}{step:010d}-{uuid.uuid4().hex[:8]}")
-  os.mkdir(temp)
+  durable.makedirs(directory)
+  temp = os.path.join(directory, _side_name(_TEMP_PREFIX, step))
+  durable.mkdir(temp)
   try:
-    files = {}
-    for group, arrays in groups.items():
-      name = group + TENSOR_SUFFIX
-      digest, size = tensor_file.write_tensor_file(
-          os.path.join(temp, name), arrays, metadata={"group": group})
-      files[name] = {"sha256": digest, "bytes": size}
-    digest, size = _write_json(os.path.join(temp, STATE_NAME), dict(state))
-    files[STATE_NAME] = {"sha256": digest, "bytes": size}
-    _write_json(os.path.join(temp, MANIFEST_NAME), {
-        "format": FORMAT_NAME, "version": FORMAT_VERSION, "step": step,
-        "groups": sorted(groups), "files": files})
-    _fsync_dir(temp)
-    _replace_dir(temp, final)
+    layout.write_files(temp, step, groups, state)
+    final = _path(directory, step)
+    _commit(temp, final, step)
   except BaseException:
-    shutil.rmtree(temp, ignore_errors=True)
+    durable.remove_tree(temp)
     raise
-  _fsync_dir(directory)
+  _known_corrupt.pop(os.path.realpath(final), None)
   return final
 
 
-def _replace_dir(source: str, target: str) -> None:
-  """Renames `source` to `target`, moving an existing `target` aside first.
-
-  A directory cannot be renamed over a non-empty one; the old one is moved
-  to a trash name (not a `ckpt-*` name, so never loaded) and deleted after.
-  """
-  if not os.path.exists(target):
-    os.rename(source, target)
+def _commit(temp: str, final: str, step: int) -> None:
+  """Puts the complete `temp` at `final`, keeping any old one until then."""
+  if not os.path.lexists(final):
+    durable.rename(temp, final)
     return
-  trash = os.path.join(os.path.dirname(target),
-                       _TRASH_PREFIX + uuid.uuid4().hex[:8])
-  os.rename(target, trash)
-  os.rename(source, target)
-  shutil.rmtree(trash, ignore_errors=True)
+  # A directory cannot be renamed over a non-empty one. The old one moves
+  # to a name recovery knows, and is deleted only once the new one is in.
+  old = os.path.join(os.path.dirname(final), _side_name(_OLD_PREFIX, step))
+  durable.rename(final, old)
+  try:
+    durable.rename(temp, final)
+  except BaseException:
+    if not os.path.lexists(final):
+      durable.rename(old, final)
+    raise
+  durable.remove_tree(old)
 
 
 def list_checkpoints(directory: str) -> List[int]:
@@ -169,63 +168,45 @@ def list_checkpoints(directory: str) -> List[int]:
   steps = []
   for name in os.listdir(directory):
     match = _CHECKPOINT_DIR.match(name)
-    if match and os.path.exists(os.path.join(directory, name, MANIFEST_NAME)):
+    if match and os.path.exists(os.path.join(directory, name,
+                                             layout.MANIFEST_NAME)):
       steps.append(int(match.group(1)))
   return sorted(steps)
 
 
-def read_manifest(path: str) -> dict:
-  try:
-    with open(os.path.join(path, MANIFEST_NAME), encoding="utf-8") as f:
-      manifest = json.load(f)
-  except (OSError, ValueError) as e:
-    raise CorruptCheckpointError(f"{path}: unreadable manifest: {e}") from e
-  if manifest.get("format") != FORMAT_NAME:
-    raise CorruptCheckpointError(f"{path}: not a {FORMAT_NAME} manifest")
-  return manifest
-
-
-def _verified_bytes(path: str, name: str, expected: dict) -> bytes:
-  file_path = os.path.join(path, name)
-  try:
-    with open(file_path, "rb") as f:
-      data = f.read()
-  except OSError as e:
-    raise CorruptCheckpointError(f"{file_path}: {e.strerror or e}") from e
-  if len(data) != expected["bytes"]:
-    raise CorruptCheckpointError(
-        f"{file_path}: {len(data)} bytes, the manifest says "
-        f"{expected['bytes']} (truncated?)")
-  if hashlib.sha256(data).hexdigest() != expected["sha256"]:
-    raise CorruptCheckpointError(f"{file_path}: checksum mismatch")
-  return data
+def _step_of(path: str) -> Optional[int]:
+  match = _CHECKPOINT_DIR.match(os.path.basename(os.path.normpath(path)))
+  return int(match.group(1)) if match else None
 
 
 def load_checkpoint(path: str) -> LoadedCheckpoint:
-  """Reads one checkpoint directory, verifying every checksum.
+  """Reads one checkpoint directory, verifying everything in it.
 
   Raises:
-    CorruptCheckpointError: a file is missing, truncated or altered.
+    CorruptCheckpointError: a file is missing, truncated, altered or
+      malformed, or the steps of name, manifest and state disagree.
   """
-  manifest = read_manifest(path)
-  groups = {}
-  for group in manifest["groups"]:
-    name = group + TENSOR_SUFFIX
-    _verified_bytes(path, name, manifest["files"].get(name, {"bytes": -1,
-                                                             "sha256": ""}))
-    try:
-      groups[group], _ = tensor_file.read_tensor_file(
-          os.path.join(path, name))
-    except tensor_file.TensorFileError as e:
-      raise CorruptCheckpointError(str(e)) from e
-  state = json.loads(_verified_bytes(path, STATE_NAME,
-                                     manifest["files"][STATE_NAME]))
-  return LoadedCheckpoint(step=int(manifest["step"]), path=path,
-                          groups=groups, state=state)
+  try:
+    return layout.read_checkpoint(path, expected_step=_step_of(path))
+  except CorruptCheckpointError as e:
+    _known_corrupt[os.path.realpath(path)] = str(e)
+    raise
+  except (KeyError, TypeError, ValueError) as e:
+    # The reader checks each field before use; this net keeps any case it
+    # missed a fallback, not a crash of the restore.
+    _known_corrupt[os.path.realpath(path)] = str(e)
+    raise CorruptCheckpointError(f"{path}: malformed: {e!r}") from e
 
 
-def warn_to_stderr(message: str) -> None:
-  print(message, file=sys.stderr, flush=True)
+def verifies(path: str) -> bool:
+  """Whether the checkpoint at `path` loads and verifies in full."""
+  if not os.path.isdir(path):
+    return False
+  try:
+    load_checkpoint(path)
+  except CorruptCheckpointError:
+    return False
+  return True
 
 
 def load_latest(directory: str, *,
@@ -240,47 +221,176 @@ def load_latest(directory: str, *,
   Raises:
     CheckpointError: checkpoints exist but none of them verifies.
   """
-  steps = list_checkpoints(directory)
   failures = []
-  for step in reversed(steps):
-    path = os.path.join(directory, checkpoint_dir_name(step))
+  for step in reversed(list_checkpoints(directory)):
     try:
-      loaded = load_checkpoint(path)
+      return load_checkpoint(_path(directory, step))
     except CorruptCheckpointError as e:
       failures.append(str(e))
       warn(f"warning: skipping corrupt checkpoint: {e}")
-      continue
-    return loaded
   if failures:
     raise CheckpointError(f"no checkpoint in {directory} verifies: "
                           + "; ".join(failures))
   return None
 
 
-def prune(directory: str, keep: int) -> List[int]:
-  """Deletes all but the newest `keep` committed checkpoints; their steps."""
+def _counts_as_good(directory: str, step: int) -> bool:
+  path = _path(directory, step)
+  return (os.path.realpath(path) not in _known_corrupt
+          and layout.looks_complete(path, expected_step=step))
+
+
+def prune(directory: str, keep: int, *,
+          protect: Optional[int] = None) -> List[int]:
+  """Deletes checkpoints beyond the newest `keep` good ones; their steps.
+
+  Args:
+    directory: the checkpoint directory.
+    keep: how many good checkpoints to keep (< 1: delete nothing).
+    protect: the step just committed: never deleted, and nothing newer is.
+
+  Returns:
+    The deleted steps. Nothing is deleted when no checkpoint is good.
+  """
   steps = list_checkpoints(directory)
-  doomed = steps[:-keep] if keep > 0 else []
+  if keep < 1 or not steps:
+    return []
+  kept = [protect] if protect in steps else []
+  for step in reversed(steps):
+    if len(kept) >= keep:
+      break
+    if step not in kept and _counts_as_good(directory, step):
+      kept.append(step)
+  if not kept:
+    return []
+  # What is newer than the commit is not judged here: it may be good on a
+  # check this cheap one cannot make.
+  limit = protect if protect is not None else max(kept)
+  doomed = [step for step in steps if step not in kept and step < limit]
   for step in doomed:
-    # Renamed away first: a half-deleted directory must not look committed.
-    path = os.path.join(directory, checkpoint_dir_name(step))
-    trash = os.path.join(directory, _TRASH_PREFIX + uuid.uuid4().hex[:8])
-    os.rename(path, trash)
-    shutil.rmtree(trash, ignore_errors=True)
+    _remove_checkpoint(directory, step)
   return doomed
 
 
-def remove_stale_temporaries(directory: str) -> List[str]:
-  """Deletes what killed writers left behind; call before writing starts."""
+def _remove_checkpoint(directory: str, step: int) -> None:
+  # Renamed away first: a half-deleted directory must not look committed.
+  path = _path(directory, step)
+  trash = os.path.join(directory, _side_name(_TRASH_PREFIX, step))
+  durable.rename(path, trash)
+  _known_corrupt.pop(os.path.realpath(path), None)
+  durable.remove_tree(trash)
+
+
+def recover(directory: str) -> Recovery:
+  """Finishes or undoes what killed writers left; call before writing starts.
+
+  Where a `ckpt-S` is missing but a complete copy of it is left (the new
+  one of an interrupted overwrite, or a write killed just before its
+  rename), the copy that verifies is promoted to `ckpt-S`, the newer write
+  first. Everything else left over is deleted.
+  """
   if not os.path.isdir(directory):
-    return []
-  removed = []
-  for name in os.listdir(directory):
-    if name.startswith((_TEMP_PREFIX, _TRASH_PREFIX)):
-      path = os.path.join(directory, name)
-      if os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)
-      else:
-        os.unlink(path)
+    return Recovery([], [])
+  promoted, removed = [], []
+  pending = collections.defaultdict(list)  # step -> [(kind, name)]
+  for name in sorted(os.listdir(directory)):
+    match = _PENDING.match(name)
+    if match:
+      pending[int(match.group(2))].append((match.group(1), name))
+    elif name.startswith((_TEMP_PREFIX, _TRASH_PREFIX)):
+      durable.remove_tree(os.path.join(directory, name))
       removed.append(name)
-  return removed
+  for step, entries in sorted(pending.items()):
+    final = _path(directory, step)
+    # A finished new write is newer than the old copy it was to replace.
+    entries.sort(key=lambda entry: entry[0] != "tmp")
+    for _, name in entries:
+      source = os.path.join(directory, name)
+      if not os.path.lexists(final) and _copy_verifies(source, step):
+        durable.rename(source, final)
+        promoted.append(name)
+      else:
+        durable.remove_tree(source)
+        removed.append(name)
+  return Recovery(promoted, removed)
+
+
+def _copy_verifies(path: str, step: int) -> bool:
+  try:
+    layout.read_checkpoint(path, expected_step=step)
+  except CorruptCheckpointError:
+    return False
+  return True
+
+
+def remove_stale_temporaries(directory: str) -> List[str]:
+  """`recover`, returning the names it deleted (kept for older callers)."""
+  return recover(directory).removed
+
+
+def refuse_existing_checkpoints(directory: str, *,
+                                resolve: str = DEFAULT_RESOLVE_HINT) -> None:
+  """Refuses a run that would not restore the checkpoints in `directory`.
+
+  Its saves would mix with another run's checkpoints, and a later restore
+  would silently resume whichever is newest.
+
+  Raises:
+    CheckpointDirectoryInUseError: one line naming the directory and
+      `resolve`, what the user can do about it.
+  """
+  steps = list_checkpoints(directory)
+  if steps:
+    raise CheckpointDirectoryInUseError(
+        f"{directory} already holds checkpoints (steps {steps[0]}.."
+        f"{steps[-1]}) and this run does not restore them: {resolve}")
+
+
+def prepare_directory(directory: str, *, restoring: bool = True,
+                      overwrite: bool = False,
+                      resolve: str = DEFAULT_RESOLVE_HINT,
+                      log: Callable[[str], None] = warn_to_stderr) -> None:
+  """Readies `directory` for a writer: writable, recovered, and, for a run
+  that does not restore, free of another run's checkpoints.
+
+  Args:
+    directory: the checkpoint directory (created if missing).
+    restoring: whether the run restores from it.
+    overwrite: for a run that does not restore, delete the checkpoints there
+      instead of refusing to start.
+    resolve: what the refusal tells the user to do.
+    log: where what was recovered or removed is reported.
+
+  Raises:
+    CheckpointError: not writable, or recovery failed.
+    CheckpointDirectoryInUseError: see `refuse_existing_checkpoints`.
+  """
+  check_writable(directory)
+  try:
+    recovery = recover(directory)
+  except OSError as e:
+    raise CheckpointError(f"cannot recover the checkpoints in {directory}: "
+                          f"{e}") from e
+  if recovery.promoted:
+    log(f"completed {len(recovery.promoted)} checkpoint commit(s) a killed "
+        f"writer left in {directory}")
+  if recovery.removed:
+    log(f"removed {len(recovery.removed)} unfinished checkpoint write(s) "
+        f"left in {directory}")
+  if restoring:
+    return
+  if not overwrite:
+    refuse_existing_checkpoints(directory, resolve=resolve)
+    return
+  removed = remove_checkpoints(directory)
+  if removed:
+    log(f"overwrite: removed the {len(removed)} checkpoint(s) of an earlier "
+        f"run from {directory}")
+
+
+def remove_checkpoints(directory: str) -> List[int]:
+  """Deletes every committed checkpoint (an explicit overwrite); the steps."""
+  steps = list_checkpoints(directory)
+  for step in steps:
+    _remove_checkpoint(directory, step)
+  return steps

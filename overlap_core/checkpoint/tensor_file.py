@@ -113,28 +113,75 @@ def read_tensor_file(path: str) -> Tuple[Dict[str, np.ndarray],
 
   Raises:
     TensorFileError: the file is truncated or its header is malformed.
+    OSError: the file cannot be read.
   """
   with open(path, "rb") as f:
-    blob = f.read()
+    return parse_tensor_bytes(f.read(), source=path)
+
+
+def parse_tensor_bytes(blob: bytes, *, source: str = "<bytes>"
+                       ) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
+  """Parses the bytes of a safetensors file; the arrays are views of them.
+
+  Whoever checksummed `blob` then uses exactly the bytes it checked. Every
+  field of the header is checked before it is used, so a damaged file is
+  one TensorFileError naming `source`, never a KeyError or a reshape error.
+
+  Returns:
+    (name -> read-only array, metadata).
+
+  Raises:
+    TensorFileError: truncated, or a header that is not what was written.
+  """
   if len(blob) < 8:
-    raise TensorFileError(f"{path}: truncated ({len(blob)} bytes)")
+    raise TensorFileError(f"{source}: truncated ({len(blob)} bytes)")
   (header_len,) = struct.unpack("<Q", blob[:8])
   if 8 + header_len > len(blob):
-    raise TensorFileError(f"{path}: header of {header_len} bytes runs past "
+    raise TensorFileError(f"{source}: header of {header_len} bytes runs past "
                           f"the end of the file ({len(blob)} bytes)")
   try:
-    header = json.loads(blob[8:8 + header_len])
-  except ValueError as e:
-    raise TensorFileError(f"{path}: unreadable header: {e}") from e
+    header = json.loads(bytes(blob[8:8 + header_len]))
+  except ValueError as e:  # UnicodeDecodeError is a ValueError too
+    raise TensorFileError(f"{source}: unreadable header: {e}") from e
+  if not isinstance(header, dict):
+    raise TensorFileError(f"{source}: the header is not a JSON object")
   metadata = header.pop(_METADATA_KEY, {})
+  if not (isinstance(metadata, dict) and all(
+      isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
+    raise TensorFileError(f"{source}: metadata is not string pairs")
   data = memoryview(blob)[8 + header_len:]
   arrays = {}
   for name, entry in header.items():
-    begin, end = entry["data_offsets"]
-    if end > len(data) or begin > end:
-      raise TensorFileError(f"{path}: tensor {name!r} lies past the end of "
-                            "the file")
-    dtype = _numpy_dtype(_NUMPY_NAMES[entry["dtype"]])
-    arrays[name] = np.frombuffer(data[begin:end], dtype=dtype).reshape(
-        tuple(entry["shape"]))
+    dtype, shape, begin, end = _checked_entry(source, name, entry, len(data))
+    arrays[name] = np.frombuffer(data[begin:end], dtype=dtype).reshape(shape)
   return arrays, metadata
+
+
+def _checked_entry(source: str, name: str, entry, data_len: int):
+  """(dtype, shape, begin, end) of one header entry, or TensorFileError."""
+  def bad(what: str) -> TensorFileError:
+    return TensorFileError(f"{source}: tensor {name!r}: {what}")
+
+  if not isinstance(entry, dict):
+    raise bad("header entry is not an object")
+  dtype_name = entry.get("dtype")
+  if dtype_name not in _NUMPY_NAMES:
+    raise bad(f"unknown dtype {dtype_name!r}")
+  shape, offsets = entry.get("shape"), entry.get("data_offsets")
+  if not (isinstance(shape, list) and all(_is_count(d) for d in shape)):
+    raise bad(f"shape {shape!r} is not a list of sizes")
+  if not (isinstance(offsets, list) and len(offsets) == 2
+          and all(_is_count(o) for o in offsets)):
+    raise bad(f"data_offsets {offsets!r} is not [begin, end]")
+  begin, end = offsets
+  if end > data_len or begin > end:
+    raise bad("lies past the end of the file")
+  dtype = _numpy_dtype(_NUMPY_NAMES[dtype_name])
+  if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != end - begin:
+    raise bad(f"{end - begin} bytes do not hold shape {tuple(shape)} of "
+              f"{dtype_name}")
+  return dtype, tuple(shape), begin, end
+
+
+def _is_count(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -1,5 +1,7 @@
 """The framework-neutral checkpoint core: file format, commits, cadence."""
 
+import concurrent.futures
+import contextlib
 import json
 import os
 import random
@@ -7,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import ml_dtypes
@@ -21,7 +24,7 @@ from overlap_core.checkpoint import tensor_file
 from overlap_core.checkpoint.files import (CheckpointError,
                                              CorruptCheckpointError)
 
-from tests.helpers import REPO_ROOT, subprocess_env
+from tests.helpers import REPO_ROOT, subprocess_env, wait_for_line
 
 
 def _arrays(step: int) -> dict:
@@ -128,25 +131,31 @@ def test_unwritable_directory_is_named(tmp_path):
 _WRITER = textwrap.dedent("""
     import sys
     import numpy as np
+    from overlap_core.checkpoint import engine as checkpoint_engine
     from overlap_core.checkpoint import files as checkpoint_files
     directory, start = sys.argv[1], int(sys.argv[2])
+    checkpoint_files.recover(directory)  # what every writer does first
     step = start
     while True:
       step += 1
+      print("begin", step, flush=True)
       arrays = {"w": np.full((512, 512), step, np.float32),
                 "v": np.full((256, 512), -step, np.float64)}
-      checkpoint_files.write_checkpoint(directory, step, {"model": arrays},
-                                        {"step": step})
-      checkpoint_files.prune(directory, keep=2)
-      print(step, flush=True)
+      checkpoint_engine.write_snapshot(
+          directory, checkpoint_engine.Snapshot(step, {"model": arrays},
+                                                {"step": step}),
+          to_host=lambda value: value, keep=2)
+      print("committed", step, flush=True)
 """)
 
 
 def test_sigkill_at_random_moments_never_leaves_a_bad_checkpoint(tmp_path):
-  # A writer committing ~3 MB checkpoints in a loop is killed 25 times at
-  # random moments (mid-file, mid-rename, mid-prune). After every kill the
-  # newest checkpoint must verify and hold its own step's values, and the
-  # step count must never go backwards.
+  # A writer committing ~3 MB checkpoints in a loop is killed 25 times, each
+  # after a random number (0-5) of its progress lines past its first
+  # commit, so the kills land at the start of a write, in its middle, and
+  # in the renames and prunes. After every kill and restart (recovery
+  # first), the newest checkpoint must verify and hold its own step's
+  # values, at least `keep` must remain, and the step never goes backwards.
   rng = random.Random(1234)
   directory = str(tmp_path / "ckpts")
   last_step = 0
@@ -155,19 +164,25 @@ def test_sigkill_at_random_moments_never_leaves_a_bad_checkpoint(tmp_path):
         [sys.executable, "-c", _WRITER, directory, str(last_step)],
         cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.PIPE,
         text=True)
-    writer.stdout.readline()  # at least one commit in this life
-    time.sleep(rng.uniform(0.0, 0.25))
-    writer.send_signal(signal.SIGKILL)
-    writer.wait()
-    writer.stdout.close()
+    try:
+      wait_for_line(writer.stdout, "committed", timeout=120)
+      for _ in range(rng.randint(0, 5)):
+        writer.stdout.readline()
+      writer.send_signal(signal.SIGKILL)
+    finally:
+      writer.kill()
+      writer.wait()
+      writer.stdout.close()
+    checkpoint_files.recover(directory)
     loaded = checkpoint_files.load_latest(
         directory, warn=lambda m: pytest.fail(f"corrupt after kill: {m}"))
     assert loaded.step > last_step
     assert np.all(loaded.groups["model"]["w"] == loaded.step)
     assert np.all(loaded.groups["model"]["v"] == -loaded.step)
+    if last_step:
+      assert len(checkpoint_files.list_checkpoints(directory)) >= 2
     last_step = loaded.step
-    checkpoint_files.remove_stale_temporaries(directory)
-    assert len(checkpoint_files.list_checkpoints(directory)) <= 3
+    assert not [n for n in os.listdir(directory) if n.startswith(".")]
 
 
 # --- cadence -----------------------------------------------------------------
@@ -324,3 +339,118 @@ def test_warn_policy_trains_on_and_counts_failures(tmp_path):
   engine.close()
   assert engine.stats()["num_failed"] == 4  # the directory, then 3 saves
   assert any("cannot write checkpoints" in m for m in logged)
+
+
+# --- bounded waits -------------------------------------------------------------
+
+
+def _run_bounded(body, limit_s=120):
+  """Runs `body` on a thread; a hang fails the test instead of freezing it.
+
+  The limit is not a timing claim: a correct engine returns within about
+  its tiny persist_timeout_s, a broken one never.
+  """
+  outcome = {}
+
+  def run():
+    try:
+      outcome["value"] = body()
+    except BaseException as e:  # pylint: disable=broad-except
+      outcome["error"] = e
+
+  thread = threading.Thread(target=run, daemon=True)
+  thread.start()
+  thread.join(timeout=limit_s)
+  assert not thread.is_alive(), "the engine hung on a blocked persist"
+  if "error" in outcome:
+    raise outcome["error"]
+  return outcome.get("value")
+
+
+def _blocked_writer():
+  """to_host that blocks until released: a persist hung in the filesystem."""
+  release = threading.Event()
+
+  def to_host(value):
+    release.wait()
+    return value
+
+  return to_host, release
+
+
+def test_a_hung_persist_raises_on_close_instead_of_hanging(tmp_path):
+  to_host, release = _blocked_writer()
+  engine = _engine(tmp_path, every_steps=1, to_host=to_host,
+                   persist_timeout_s=0.2)
+  try:
+    engine.save(1)
+    with pytest.raises(CheckpointError, match="step 1 failed: its persist "
+                       "did not finish within 0.2 s"):
+      _run_bounded(engine.close)
+    assert engine.stats()["num_failed"] == 1
+  finally:
+    release.set()
+
+
+def test_a_hung_persist_under_warn_trains_on_and_fails_each_checkpoint(
+    tmp_path):
+  to_host, release = _blocked_writer()
+  logged = []
+  engine = checkpoint_engine.CheckpointEngine(
+      str(tmp_path), mode="async", every_steps=1, on_error="warn",
+      to_host=to_host, persist_timeout_s=0.2, log=logged.append,
+      take_snapshot=lambda step: checkpoint_engine.Snapshot(
+          step, {"model": _arrays(step)}, {"step": step}))
+
+  def train():
+    for step in range(1, 6):
+      if engine.is_due(step):
+        engine.save(step)
+    engine.finish(5)
+
+  try:
+    _run_bounded(train)
+    stats = engine.stats()
+    # Step 2 waited for step 1's persist until its deadline; 3, 4, 5 and the
+    # final save failed at once while it still hung; close did not wait.
+    assert stats["num_failed"] == 5 and stats["num_persisted"] == 0
+    assert "did not finish within 0.2 s" in stats["errors"][0]
+    assert "still running" in stats["errors"][-1]
+    assert checkpoint_files.list_checkpoints(str(tmp_path)) == []
+  finally:
+    release.set()
+  # Released, the persist of step 1 completes whole; the engine books it.
+  # (Its deadline has passed, so the engine's own waits return at once.)
+  future = engine._persists._future  # pylint: disable=protected-access
+  _run_bounded(lambda: concurrent.futures.wait([future]))
+  engine.wait_until_finished()
+  assert engine.stats()["num_persisted"] == 1, engine.stats()["errors"]
+  assert checkpoint_files.load_latest(str(tmp_path)).step == 1
+
+
+def test_the_training_error_is_reported_not_hidden_by_a_hung_persist(
+    tmp_path):
+  to_host, release = _blocked_writer()
+  engine = _engine(tmp_path, every_steps=1, to_host=to_host,
+                   persist_timeout_s=0.2)
+
+  def failing_training_loop():
+    engine.save(1)
+    try:
+      raise RuntimeError("the training error")
+    except BaseException:
+      # What both trainers do on the way out.
+      with contextlib.suppress(Exception):
+        engine.close()
+      raise
+
+  try:
+    with pytest.raises(RuntimeError, match="the training error"):
+      _run_bounded(failing_training_loop)
+  finally:
+    release.set()
+
+
+def test_persist_timeout_must_be_positive(tmp_path):
+  with pytest.raises(ValueError, match="persist_timeout_s=0"):
+    _engine(tmp_path, persist_timeout_s=0)
