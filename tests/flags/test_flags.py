@@ -73,6 +73,11 @@ def test_prefetch_depth_parses(text, expected):
     ({"model": "edsr", "image_size": "33"}, "image_size"),
     ({"num_workers": "2"}, "num_workers"),
     ({"data_dir": "/"}, "data_dir"),
+    # Checked by CheckpointConfig, which names the flag it came from.
+    ({"checkpoint_every": "0"}, "checkpoint_every"),
+    ({"checkpoint_every": "often"}, "checkpoint_every"),
+    ({"checkpoint_keep": "0"}, "checkpoint_keep"),
+    ({"checkpoint_max_overhead": "1.5"}, "checkpoint_max_overhead"),
 ])
 def test_bad_values_name_the_flag(overrides, flag):
   with flagsaver.as_parsed(**overrides):
@@ -98,6 +103,8 @@ def test_config_is_frozen_and_serializable():
     (["--dataset=image_folder"], ["--data_dir", "image_folder"]),
     (["--no_such_flag=1"], ["no_such_flag"]),
     (["stray_positional"], ["stray_positional"]),
+    (["--checkpoint=async", "--checkpoint_keep=0"],
+     ["--checkpoint_keep=0", "allowed: an integer >= 1"]),
 ])
 def test_trainer_exits_2_with_one_line(args, names):
   result = run_module("tfoverlap.train", *args, timeout=120)
