@@ -27,11 +27,12 @@ from absl import flags as absl_flags
 from flags import (checkpoint, data, distribute, model, offload, pipeline,
                    run)
 from overlap_core.runtime import zoo
-from overlap_core.runtime.config import (AUTOTUNE, CHECKPOINT_AUTO,
-                                   CheckpointConfig, ConfigError,
-                                   DataConfig, DistributeConfig, ModelConfig,
-                                   OffloadConfig, PipelineConfig, RunConfig,
-                                   TrainConfig)
+from overlap_core.runtime.config import (AUTOTUNE, CheckpointConfig,
+                                         ConfigError, DataConfig,
+                                         DistributeConfig, ModelConfig,
+                                         OffloadConfig, PipelineConfig,
+                                         RunConfig, TrainConfig,
+                                         every_steps_from)
 
 FLAGS = absl_flags.FLAGS
 GROUPS = {
@@ -155,27 +156,6 @@ def _parse_depth(name: str, text: str, minimum: int) -> int:
   if value is None or value < minimum:
     raise ConfigError(name, text,
                       f"allowed: autotune or an integer >= {minimum}")
-  return value
-
-
-def _parse_every(text: str) -> int:
-  """--checkpoint_every: a positive step count, or auto (CHECKPOINT_AUTO)."""
-  if text.strip().lower() == "auto":
-    return CHECKPOINT_AUTO
-  try:
-    value = int(text)
-  except ValueError:
-    value = 0
-  if value < 1:
-    raise ConfigError("checkpoint_every", text,
-                      "allowed: auto or an integer >= 1")
-  return value
-
-
-def _parse_fraction(name: str, value: float) -> float:
-  if not 0 < value < 1:
-    raise ConfigError(name, value, "allowed: a fraction between 0 and 1, "
-                      "e.g. 0.03 for 3%")
   return value
 
 
@@ -358,12 +338,14 @@ def to_config(values=FLAGS) -> TrainConfig:
           all_reduce_pack_mb=values.all_reduce_pack_mb),
       checkpoint=CheckpointConfig(
           mode=values.checkpoint,
-          every_steps=_parse_every(values.checkpoint_every),
+          every_steps=every_steps_from(
+              values.checkpoint_every,
+              checkpoint.CONFIG_NAMES["every_steps"]),
           keep=values.checkpoint_keep,
-          max_overhead_frac=_parse_fraction("checkpoint_max_overhead",
-                                            values.checkpoint_max_overhead),
+          max_overhead_frac=values.checkpoint_max_overhead,
           on_error=values.checkpoint_on_error,
-          if_busy=values.checkpoint_if_busy),
+          if_busy=values.checkpoint_if_busy,
+          names=checkpoint.CONFIG_NAMES),
       pipeline=_parse_pipeline(values),
       offload=_build_offload(values))
 

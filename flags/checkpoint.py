@@ -1,6 +1,19 @@
-"""Checkpoint flags: mode, cadence, retention and failure policy."""
+"""Checkpoint flags: mode, cadence, retention and failure policy.
+
+`CheckpointConfig` validates their values (see `flags.to_config`); these
+are the names its errors give them.
+"""
 
 from absl import flags
+
+CONFIG_NAMES = {
+    "mode": "--checkpoint",
+    "every_steps": "--checkpoint_every",
+    "keep": "--checkpoint_keep",
+    "max_overhead_frac": "--checkpoint_max_overhead",
+    "on_error": "--checkpoint_on_error",
+    "if_busy": "--checkpoint_if_busy",
+}
 
 
 def define_flags():
@@ -20,8 +33,8 @@ def define_flags():
       "checkpoint_max_overhead", 0.03,
       "With --checkpoint_every=auto: the largest fraction of training time "
       "checkpoints may cost (0.03 = 3%).")
-  flags.DEFINE_integer("checkpoint_keep", 3, "Newest checkpoints kept.",
-                       lower_bound=1)
+  flags.DEFINE_integer("checkpoint_keep", 3,
+                       "Newest checkpoints kept (1 or more).")
   flags.DEFINE_enum(
       "checkpoint_on_error", "raise", ["raise", "warn"],
       "When a save fails (an unwritable directory, a full disk): raise "

@@ -10,6 +10,11 @@
   layout       one checkpoint's files: manifest, checksums, verified reads
   durable      each filesystem step of a commit, fsynced, with a failpoint
   tensor_file  the safetensors format, read and written with NumPy
+  checkpointer Checkpointer: the interface the training loops call, which
+               each framework subclasses with its snapshot and restore;
+               the refusal of another run's checkpoints
+  mismatch     whether a checkpoint fits a model: the first tensor that
+               differs, named
 
 Each framework side only takes the snapshot (tfoverlap/checkpoint,
 torch_parity/checkpoint) and restores it; everything here is framework-free.

@@ -6,7 +6,8 @@ flags itself. Nothing here imports TensorFlow or PyTorch.
 """
 
 import dataclasses
-from typing import Optional, Tuple
+import re
+from typing import Mapping, Optional, Tuple
 
 AUTOTUNE = -1  # the sentinel stored for "autotune" in prefetch / parallelism
 CHECKPOINT_AUTO = 0  # the `every_steps` of --checkpoint_every=auto
@@ -114,14 +115,116 @@ def check_nccl_has_gpus(cfg: DistributeConfig, *, num_gpus: int) -> None:
                       "auto or ring")
 
 
+CHECKPOINT_MODES = ("none", "sync", "tf_async", "async")
+ON_ERROR_POLICIES = ("raise", "warn")
+IF_BUSY_POLICIES = ("wait", "skip")
+
+
+class ArgumentError(ConfigError):
+  """A ConfigError about a Python argument rather than a flag.
+
+  The same message less the flag's dashes, with the value as Python writes
+  it: `keep=0: allowed: an integer >= 1`.
+  """
+
+  def __init__(self, argument: str, value, allowed: str):
+    super().__init__(argument, value, allowed)
+    self.args = (f"{argument}={value!r}: {allowed}",)
+
+
+def setting_error(name: str, value, allowed: str) -> ConfigError:
+  """The error for a setting as the user spelled it: `--flag` or argument."""
+  if name.startswith("--"):
+    return ConfigError(name[2:], value, allowed)
+  return ArgumentError(name, value, allowed)
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def every_steps_from(value, name: str = "every") -> int:
+  """A checkpoint interval as users write it, as `every_steps` stores it.
+
+  Args:
+    value: "auto" (any case), or a number of steps >= 1 (an int, or its
+      text as a flag gives it).
+    name: the setting as the user spelled it, for the error.
+
+  Returns:
+    CHECKPOINT_AUTO for "auto", else the number of steps.
+
+  Raises:
+    ConfigError: naming `name`, for anything else (0 included: it would
+      read as "never", which is --checkpoint=none).
+  """
+  if isinstance(value, str):
+    text = value.strip().lower()
+    if text == "auto":
+      return CHECKPOINT_AUTO
+    steps = int(text) if re.fullmatch(r"[+]?\d+", text) else 0
+  else:
+    steps = value if _is_int(value) else 0
+  if steps < 1:
+    raise setting_error(name, value, 'allowed: "auto" or an integer >= 1')
+  return steps
+
+
+def _one_of(choices) -> str:
+  return "allowed: " + ", ".join(choices)
+
+
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
+  """How a run checkpoints; every field is checked when it is built.
+
+  The one place checkpoint settings are validated, for the flags, the Keras
+  callback and the checkpointers alike. A value that is not allowed raises
+  ConfigError (a ValueError) naming the setting as the caller spells it,
+  the value received and what is allowed.
+
+  Usage:
+    CheckpointConfig(mode="async", every_steps=every_steps_from("auto"),
+                     keep=3, names={"keep": "--checkpoint_keep"})
+
+  Args (besides the fields):
+    names: field -> the name the user gave it ("--checkpoint_keep" for a
+      flag, "keep" for an argument); a field not named is called by its
+      own name. Not stored.
+  """
   mode: str  # none | sync | tf_async | async
   every_steps: int  # CHECKPOINT_AUTO = the adaptive cadence chooses
   keep: int
   max_overhead_frac: float = 0.03  # the bound of the adaptive cadence
   on_error: str = "raise"  # raise | warn
   if_busy: str = "wait"  # wait | skip: a persist still runs when due
+  names: dataclasses.InitVar[Optional[Mapping[str, str]]] = None
+
+  def __post_init__(self, names: Optional[Mapping[str, str]]):
+    def name(field: str) -> str:
+      return (names or {}).get(field, field)
+
+    if self.mode not in CHECKPOINT_MODES:
+      raise setting_error(name("mode"), self.mode, _one_of(CHECKPOINT_MODES))
+    if not _is_int(self.every_steps) or self.every_steps < 0:
+      raise setting_error(name("every_steps"), self.every_steps,
+                          f"allowed: {CHECKPOINT_AUTO} (auto) or an integer "
+                          ">= 1")
+    if not _is_int(self.keep) or self.keep < 1:
+      raise setting_error(name("keep"), self.keep,
+                          "allowed: an integer >= 1")
+    fraction = self.max_overhead_frac
+    if (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
+        or not 0 < fraction < 1):
+      raise setting_error(name("max_overhead_frac"), fraction,
+                          "allowed: a fraction between 0 and 1, e.g. 0.03 "
+                          "for 3%")
+    if self.on_error not in ON_ERROR_POLICIES:
+      raise setting_error(name("on_error"), self.on_error,
+                          _one_of(ON_ERROR_POLICIES))
+    if self.if_busy not in IF_BUSY_POLICIES:
+      raise setting_error(name("if_busy"), self.if_busy,
+                          _one_of(IF_BUSY_POLICIES))
 
 
 @dataclasses.dataclass(frozen=True)

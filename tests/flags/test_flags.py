@@ -83,6 +83,11 @@ def test_prefetch_depth_parses(text, expected):
     ({"offload": "activations,activations"}, "offload"),
     ({"offload_pin_memory": "true"}, "offload_pin_memory"),
     ({"offload_prefetch": "true"}, "offload_prefetch"),
+    # Checked by CheckpointConfig, which names the flag it came from.
+    ({"checkpoint_every": "0"}, "checkpoint_every"),
+    ({"checkpoint_every": "often"}, "checkpoint_every"),
+    ({"checkpoint_keep": "0"}, "checkpoint_keep"),
+    ({"checkpoint_max_overhead": "1.5"}, "checkpoint_max_overhead"),
 ])
 def test_bad_values_name_the_flag(overrides, flag):
   with flagsaver.as_parsed(**overrides):
@@ -121,6 +126,8 @@ def test_config_is_frozen_and_serializable():
     (["--dataset=image_folder"], ["--data_dir", "image_folder"]),
     (["--no_such_flag=1"], ["no_such_flag"]),
     (["stray_positional"], ["stray_positional"]),
+    (["--checkpoint=async", "--checkpoint_keep=0"],
+     ["--checkpoint_keep=0", "allowed: an integer >= 1"]),
 ])
 def test_trainer_exits_2_with_one_line(args, names):
   result = run_module("tfoverlap.train", *args, timeout=120)

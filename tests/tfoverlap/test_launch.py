@@ -120,7 +120,19 @@ def test_every_worker_resumes_from_the_chiefs_checkpoint(tmp_path):
 
 
 def test_async_checkpoints_have_one_writer_one_cadence_one_resume_step(
-    tmp_path):
+    tmp_path, tmp_path_factory):
+  # With --deterministic the job is as deterministic as one process: the
+  # all-reduce sums two workers' gradients in one order, and the data and
+  # the seeds are the same in every run. So a resumed job must end where an
+  # uninterrupted one does, not only with both workers agreeing.
+  uninterrupted = tmp_path_factory.mktemp("uninterrupted_two_workers")
+  expected = run_module("tfoverlap.launch", "--num_workers=2", "--",
+                        *TINY_RUN, "--deterministic", "--train_steps=50",
+                        f"--model_dir={uninterrupted}", timeout=300)
+  assert expected.returncode == 0, expected.stderr[-3000:]
+  expected_digest = run_record.load_run_record(
+      str(uninterrupted))["weights_digest"]
+
   args = [*TINY_RUN, "--deterministic", "--checkpoint=async",
           "--checkpoint_every=auto", f"--model_dir={tmp_path}"]
   first = run_module("tfoverlap.launch", "--num_workers=2", "--", *args,
@@ -147,4 +159,5 @@ def test_async_checkpoints_have_one_writer_one_cadence_one_resume_step(
   assert chief["checkpoint"]["restore"]["step"] == last
   assert other["checkpoint"]["restore"]["step"] == last
   assert chief["steps"] == other["steps"] == 50 - last
-  assert chief["weights_digest"] == other["weights_digest"]
+  assert (chief["weights_digest"] == other["weights_digest"]
+          == expected_digest)

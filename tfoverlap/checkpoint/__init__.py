@@ -6,23 +6,26 @@ Modules, one job each:
   baseline      TensorFlow's own checkpoint (sync, tf_async)
   callback      AsyncCheckpoint, the Keras callback for any model.fit
 
-The framework-neutral parts (cadence, background persist, file format,
-retention, failure policies) are in overlap_core/checkpoint.
+The framework-neutral parts (the Checkpointer interface, cadence,
+background persist, file format, retention, failure policies, the "does not
+fit" check) are in overlap_core/checkpoint.
 """
 
-from tfoverlap.checkpoint.callback import AsyncCheckpoint, ResumePosition
-from tfoverlap.checkpoint.checkpointer import (Checkpointer, ResumePoint,
-                                               build_checkpointer,
-                                               checkpoint_dir)
-from tfoverlap.checkpoint.snapshot import CheckpointMismatchError
+from overlap_core.checkpoint.checkpointer import CheckpointsExistError
+from overlap_core.checkpoint.engine import ResumePoint, checkpoint_dir
 from overlap_core.checkpoint.files import (CheckpointError,
-                                             CorruptCheckpointError)
+                                           CheckpointMismatchError,
+                                           CorruptCheckpointError)
+from tfoverlap.checkpoint.callback import AsyncCheckpoint, ResumePosition
+from tfoverlap.checkpoint.checkpointer import (Checkpointer,
+                                               build_checkpointer)
 
 __all__ = [
     "AsyncCheckpoint",
     "CheckpointError",
     "CheckpointMismatchError",
     "Checkpointer",
+    "CheckpointsExistError",
     "CorruptCheckpointError",
     "ResumePoint",
     "ResumePosition",

@@ -2,19 +2,14 @@
 
 One interface whatever the mode, so the loops and the ledger do not care:
 
-  checkpointer = Checkpointer(cfg, checkpoint_dir(model_dir), model=m,
-                              optimizer=o, is_chief=True)
-  restored = checkpointer.restore_latest()     # None, or a ResumePoint
-  for step in ...:
-    train_step()
-    if checkpointer.is_due(step):
-      checkpointer.save(step)                  # the checkpoint stall
-  checkpointer.close()
+  checkpointer = Checkpointer(cfg, directory, model=m, optimizer=o)
+  ... the loop of `overlap_core.checkpoint.checkpointer`
 
-The framework-neutral work (cadence, background persist, failure and busy
-policies, the numbers for run.json) is `core.checkpoint_engine.CheckpointEngine`;
-this module supplies what only TensorFlow knows: the snapshot (async) or the
-TensorFlow save (sync, tf_async).
+The interface and its delegation to the engine (cadence, background
+persist, failure and busy policies, the numbers for run.json) are
+`overlap_core.checkpoint.checkpointer.Checkpointer`, shared with PyTorch;
+this subclass supplies what only TensorFlow knows: the snapshot and its
+restore (async), or the TensorFlow save (sync, tf_async).
 
 In a multi-worker run only the chief writes. Every worker restores from the
 chief's directory, so all resume at one step, and every worker runs the
@@ -26,124 +21,75 @@ scratch directory that `close` removes.
 
 import os
 import shutil
-from typing import Callable, Optional
+from typing import Optional
 
-from tfoverlap.checkpoint import baseline, snapshot
-from overlap_core.checkpoint import files as checkpoint_files
-from overlap_core.checkpoint import engine as checkpoint_engine
-from overlap_core.checkpoint.cadence import Agree
-# Shared with the PyTorch checkpointer, which has the same interface.
-from overlap_core.checkpoint.engine import ResumePoint, checkpoint_dir
+from overlap_core.checkpoint import checkpointer as shared
+from overlap_core.checkpoint.engine import ResumePoint
+from overlap_core.checkpoint.files import LoadedCheckpoint
 from overlap_core.runtime.config import CheckpointConfig
+from tfoverlap.checkpoint import baseline, snapshot
 
 
-class Checkpointer:
+class Checkpointer(shared.Checkpointer):
   """Saves and restores model, optimizer, seed states and data position.
 
   Args:
     cfg: the checkpoint configuration.
     directory: where the chief writes and every worker restores from.
     model, optimizer: built Keras objects (the optimizer's slots exist).
-    is_chief: whether this process writes.
     worker_index: this worker's index (names a baseline's scratch directory).
-    describe_state: step -> JSON-able state stored with the checkpoint
-      (epoch, data position); async mode only.
-    agree: the workers' all-reduce maximum for the adaptive cadence.
-    log: where cadence decisions and warnings go.
+    **kwargs: is_chief, describe_state (async mode only), agree, log: as
+      `overlap_core.checkpoint.checkpointer.Checkpointer`.
   """
 
+  MODES = ("sync", "tf_async", "async")
+
   def __init__(self, cfg: CheckpointConfig, directory: str, *, model,
-               optimizer, is_chief: bool = True, worker_index: int = 0,
-               describe_state: Callable[[int], dict] = lambda step: {},
-               agree: Optional[Agree] = None,
-               log: Callable[[str], None] = checkpoint_files.warn_to_stderr):
-    self._cfg = cfg
+               optimizer, worker_index: int = 0, **kwargs):
+    super().__init__(cfg, directory, **kwargs)
     self._model = model
     self._optimizer = optimizer
-    self._describe_state = describe_state
-    self._log = log
-    self.directory = directory
+    self._files = None
     self._scratch = None
-    common = dict(mode=cfg.mode, every_steps=cfg.every_steps,
-                  max_overhead_frac=cfg.max_overhead_frac, keep=cfg.keep,
-                  on_error=cfg.on_error, if_busy=cfg.if_busy, agree=agree,
-                  log=log)
     if cfg.mode == "async":
-      self._files = None
-      self._take = snapshot.SnapshotTaker(model.variables,
-                                          optimizer.variables)
-      self.engine = checkpoint_engine.CheckpointEngine(
-          self.directory, take_snapshot=self._snapshot,
-          to_host=snapshot.to_host, is_writer=is_chief, **common)
-    else:
-      if not is_chief:
-        self._scratch = os.path.join(directory,
-                                     f"scratch-worker-{worker_index}")
-      write_dir = self._scratch or self.directory
-      self._files = baseline.TFCheckpointFiles(
-          write_dir, mode=cfg.mode, keep=cfg.keep, model=model,
-          optimizer=optimizer)
-      self.engine = checkpoint_engine.CheckpointEngine(
-          write_dir, save_inline=self._files.save, **common)
+      self._taker = snapshot.SnapshotTaker(model.variables,
+                                           optimizer.variables)
+      self._start_engine()
+      return
+    if not self.is_chief:
+      self._scratch = os.path.join(directory,
+                                   f"scratch-worker-{worker_index}")
+    write_dir = self._scratch or directory
+    self._files = baseline.TFCheckpointFiles(
+        write_dir, mode=cfg.mode, keep=cfg.keep, model=model,
+        optimizer=optimizer)
+    # Every worker saves: the save is a collective over replicated variables.
+    self._start_engine(write_dir, is_writer=True,
+                       save_inline=self._files.save)
 
-  def _snapshot(self, step: int) -> checkpoint_engine.Snapshot:
-    state = {"step": step, **self._describe_state(step)}
-    return checkpoint_engine.Snapshot(step=step, groups=self._take(), state=state)
+  def _take(self):
+    return self._taker(), {}
 
-  def restore_latest(self) -> Optional[ResumePoint]:
-    """Restores the newest good checkpoint; None when there is none.
+  def _to_host(self, value):
+    return snapshot.to_host(value)
 
-    Raises:
-      CheckpointError: checkpoints exist but none verifies.
-      CheckpointMismatchError: the newest good one does not fit the model.
-    """
-    if self._cfg.mode == "async":
-      loaded = checkpoint_files.load_latest(self.directory, warn=self._log)
-      if loaded is None:
-        return None
-      snapshot.restore(loaded, model_variables=self._model.variables,
-                       optimizer_variables=self._optimizer.variables)
-      point = ResumePoint(step=loaded.step, state=loaded.state,
-                          path=loaded.path)
-    else:
-      step = self._files.restore_latest(self.directory)
-      if not step:
-        return None
-      point = ResumePoint(step=step, state={"step": step},
-                          path=self.directory)
-    self.engine.resumed_from(point.step, point.path)
-    return point
+  def _assign(self, loaded: LoadedCheckpoint) -> None:
+    snapshot.restore(loaded, model_variables=self._model.variables,
+                     optimizer_variables=self._optimizer.variables)
 
-  def is_due(self, step: int) -> bool:
-    return self.engine.is_due(step)
+  def _restore_point(self) -> Optional[ResumePoint]:
+    if self._files is None:
+      return super()._restore_point()
+    step = self._files.restore_latest(self.directory)
+    if not step:
+      return None
+    return ResumePoint(step=step, state={"step": step}, path=self.directory)
 
-  def save(self, step: int) -> bool:
-    return self.engine.save(step)
-
-  def finish(self, last_step: int) -> None:
-    """Saves the final state (unless just saved) and closes."""
-    try:
-      self.engine.finish(last_step)
-    finally:
-      self.close()
-
-  def close(self) -> None:
-    """Waits for the last write; a failed one raises per on_error."""
-    try:
-      self.engine.close()
-    finally:
-      if self._files is not None:
-        self._files.wait()
-      if self._scratch is not None:
-        shutil.rmtree(self._scratch, ignore_errors=True)
-
-  def stats(self) -> dict:
-    return self.engine.stats()
+  def _release(self) -> None:
+    if self._files is not None:
+      self._files.wait()
+    if self._scratch is not None:
+      shutil.rmtree(self._scratch, ignore_errors=True)
 
 
-def build_checkpointer(cfg: CheckpointConfig, model_dir: str,
-                       **kwargs) -> Optional[Checkpointer]:
-  """The run's Checkpointer, or None for --checkpoint=none."""
-  if cfg.mode == "none":
-    return None
-  return Checkpointer(cfg, checkpoint_dir(model_dir), **kwargs)
+build_checkpointer = Checkpointer.for_run

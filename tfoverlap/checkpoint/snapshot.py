@@ -30,10 +30,8 @@ from typing import Dict, List, Sequence
 import numpy as np
 import tensorflow as tf
 
-# CheckpointMismatchError is framework-neutral (the PyTorch side raises it
-# too); it stays importable from here.
-from overlap_core.checkpoint.files import (CheckpointMismatchError,
-                                             LoadedCheckpoint)
+from overlap_core.checkpoint import mismatch
+from overlap_core.checkpoint.files import LoadedCheckpoint
 
 MODEL_GROUP = "model"
 OPTIMIZER_GROUP = "optimizer"
@@ -95,38 +93,9 @@ def to_host(tensor) -> np.ndarray:
   return tensor.numpy()
 
 
-def _describe(name: str, array_or_variable) -> str:
-  shape = tuple(array_or_variable.shape)
-  dtype = np.dtype(array_or_variable.dtype.name
-                   if hasattr(array_or_variable.dtype, "name")
-                   else array_or_variable.dtype)
-  return f"{name!r} {shape} {dtype}"
-
-
-def _check_group(loaded: LoadedCheckpoint, group: str,
-                 variables: Sequence) -> None:
-  """Raises unless the group's arrays fit `variables` one to one."""
-  stored = list(loaded.groups.get(group, {}).items())
-  for index, variable in enumerate(variables):
-    raw = _raw(variable)
-    if index >= len(stored):
-      raise CheckpointMismatchError(
-          f"{loaded.path} does not fit: {group} variable {index} "
-          f"{_describe(_path(variable), raw)} is missing from the "
-          f"checkpoint, which has {len(stored)} {group} variables")
-    name, array = stored[index]
-    if (tuple(raw.shape) != array.shape
-        or raw.dtype.as_numpy_dtype != array.dtype):
-      raise CheckpointMismatchError(
-          f"{loaded.path} does not fit: {group} variable {index} of the "
-          f"model is {_describe(_path(variable), raw)}, the checkpoint has "
-          f"{_describe(name, array)}")
-  if len(stored) > len(variables):
-    name, array = stored[len(variables)]
-    raise CheckpointMismatchError(
-        f"{loaded.path} does not fit: the checkpoint has {len(stored)} "
-        f"{group} variables, the model {len(variables)}; the first extra "
-        f"is {_describe(name, array)}")
+def _specs(variables: Sequence) -> List[mismatch.TensorSpec]:
+  return [(_path(v), tuple(_raw(v).shape),
+           np.dtype(_raw(v).dtype.as_numpy_dtype)) for v in variables]
 
 
 def restore(loaded: LoadedCheckpoint, *, model_variables: Sequence,
@@ -140,7 +109,11 @@ def restore(loaded: LoadedCheckpoint, *, model_variables: Sequence,
   groups = ((MODEL_GROUP, model_variables),
             (OPTIMIZER_GROUP, optimizer_variables))
   for group, variables in groups:
-    _check_group(loaded, group, variables)
+    # By position: a path carries Keras's per-process layer numbers.
+    mismatch.check_fits(
+        loaded.path, f"{group} variable", _specs(variables),
+        mismatch.stored_specs(loaded.groups.get(group, {})),
+        compare_names=False)
   for group, variables in groups:
     for variable, array in zip(variables, loaded.groups[group].values()):
       _raw(variable).assign(array)

@@ -36,9 +36,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from overlap_core.checkpoint import mismatch
 from overlap_core.checkpoint.files import (CheckpointError,
-                                             CheckpointMismatchError,
-                                             LoadedCheckpoint)
+                                           CheckpointMismatchError,
+                                           LoadedCheckpoint)
 from torch_parity.checkpoint import state_layout
 from torch_parity.checkpoint.state_layout import (from_array, numpy_dtype,
                                                   unwrap_model)
@@ -179,34 +180,15 @@ class SnapshotTaker:
     return groups, state
 
 
-def _describe(name: str, shape, dtype) -> str:
-  return f"{name!r} {tuple(shape)} {dtype}"
-
-
 def _check_model(loaded: LoadedCheckpoint, model: nn.Module) -> None:
   """Raises unless the stored tensors are the model's, one to one, in
   state_dict order, with equal names, shapes and dtypes."""
   expected = [(name, tuple(t.shape), numpy_dtype(t.dtype, name))
               for name, t in model.state_dict().items()]
-  stored = list(loaded.groups.get(MODEL_GROUP, {}).items())
-  for index, (name, shape, dtype) in enumerate(expected):
-    if index >= len(stored):
-      raise CheckpointMismatchError(
-          f"{loaded.path} does not fit: model tensor {index} "
-          f"{_describe(name, shape, dtype)} is missing from the checkpoint, "
-          f"which has {len(stored)} model tensors")
-    stored_name, array = stored[index]
-    if (stored_name, array.shape, array.dtype) != (name, shape, dtype):
-      raise CheckpointMismatchError(
-          f"{loaded.path} does not fit: model tensor {index} of the model "
-          f"is {_describe(name, shape, dtype)}, the checkpoint has "
-          f"{_describe(stored_name, array.shape, array.dtype)}")
-  if len(stored) > len(expected):
-    name, array = stored[len(expected)]
-    raise CheckpointMismatchError(
-        f"{loaded.path} does not fit: the checkpoint has {len(stored)} model "
-        f"tensors, the model {len(expected)}; the first extra is "
-        f"{_describe(name, array.shape, array.dtype)}")
+  mismatch.check_fits(
+      loaded.path, "model tensor", expected,
+      mismatch.stored_specs(loaded.groups.get(MODEL_GROUP, {})),
+      compare_names=True)
 
 
 def _rebuild_optimizer_state(loaded: LoadedCheckpoint, model: nn.Module,
@@ -257,13 +239,15 @@ def _rebuild_optimizer_state(loaded: LoadedCheckpoint, model: nn.Module,
         continue
       name = f"{names.get(index, f'param{index}')}.{slot}"
       if parameter is None or value.shape != parameter.shape:
+        stored_side = mismatch.describe(name, value.shape,
+                                        numpy_dtype(value.dtype))
         model_side = ("no such parameter" if parameter is None else
-                      _describe(names[index], parameter.shape,
-                                numpy_dtype(parameter.dtype)))
+                      mismatch.describe(names[index], parameter.shape,
+                                        numpy_dtype(parameter.dtype)))
         raise CheckpointMismatchError(
             f"{loaded.path} does not fit: the optimizer's parameter "
             f"{index} is {model_side}, the checkpoint's state for it is "
-            f"{_describe(name, value.shape, numpy_dtype(value.dtype))}")
+            f"{stored_side}")
   return saved_state
 
 
