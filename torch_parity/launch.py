@@ -21,7 +21,7 @@ died.
 
 Horovod (`--strategy=horovod`): `horovodrun -np N -H localhost:N --gloo`
 starts the ranks; it stops the others when one dies, and the launcher names
-that rank the same way.
+that rank the same way. It does not depend on a writable HOME.
 """
 
 import os
@@ -122,9 +122,13 @@ def horovodrun_command(num_workers: int, worker_args: list) -> list:
   horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
   if not os.path.exists(horovodrun):
     horovodrun = shutil.which("horovodrun") or "horovodrun"
+  # --disable-cache: horovodrun would otherwise keep the results of its
+  # start-up checks under $HOME/.horovod, failing where HOME is read-only
+  # (a sandbox, a shared cluster home). The cache only saves the ssh checks
+  # of remote hosts, and every rank here is on localhost.
   return [horovodrun, "-np", str(num_workers), "-H",
-          f"localhost:{num_workers}", "--gloo", sys.executable, "-m",
-          TRAINER_MODULE] + worker_args
+          f"localhost:{num_workers}", "--gloo", "--disable-cache",
+          sys.executable, "-m", TRAINER_MODULE] + worker_args
 
 
 def describe_horovod_exit(code: int) -> str:

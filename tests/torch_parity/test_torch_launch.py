@@ -53,8 +53,9 @@ def test_ranks_get_the_torchrun_environment():
 def test_horovodrun_runs_the_trainer_on_localhost_with_gloo():
   command = launch.horovodrun_command(2, ["--model=mlp"])
   assert os.path.basename(command[0]) == "horovodrun"
-  assert command[1:6] == ["-np", "2", "-H", "localhost:2", "--gloo"]
-  assert command[6:] == [sys.executable, "-m", "torch_parity.train",
+  assert command[1:7] == ["-np", "2", "-H", "localhost:2", "--gloo",
+                         "--disable-cache"]
+  assert command[7:] == [sys.executable, "-m", "torch_parity.train",
                          "--model=mlp"]
 
 
@@ -226,3 +227,20 @@ def test_killed_horovod_rank_ends_the_job_with_a_clear_message(tmp_path):
   last = stderr.strip().splitlines()[-1]
   assert last.startswith("torch_parity.launch: rank 1 was killed by SIGKILL")
   assert ended_s < DEAD_RANK_BOUND_S
+
+
+def test_horovod_launch_needs_no_writable_home(tmp_path):
+  # Tests run as root, where a chmod-ed directory stays writable; a HOME
+  # beneath a regular file cannot be created by anyone (ENOTDIR), as a
+  # read-only HOME cannot be written (Bazel's sandbox, a shared cluster home).
+  blocker = tmp_path / "file"
+  blocker.write_text("not a directory")
+  home = blocker / "home"
+  with pytest.raises(NotADirectoryError):
+    os.makedirs(home / ".horovod")
+  result = run_module("torch_parity.launch", "--num_workers=2", "--",
+                      "--strategy=horovod", *TINY_RUN, "--train_steps=2",
+                      "--evaluate=false", f"--model_dir={tmp_path / 'run'}",
+                      timeout=300, HOME=str(home))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert run_record.load_run_record(str(tmp_path / "run"))["steps"] == 2
