@@ -8,6 +8,9 @@ cluster, `--strategy=multi_worker`, the same `--model_dir`, and an equal share
 of the host's cores. If any worker fails or is killed, the others are stopped
 (SIGTERM, then SIGKILL after a grace period) and the launcher exits non-zero
 naming the worker: a dead peer never leaves the job hanging in a collective.
+A worker alive but stuck ends the job too: every collective gives up after
+180 s (`TFOVERLAP_COLLECTIVE_TIMEOUT_S`), and the launcher names the worker
+that gave up as "timed out after N s waiting for a peer".
 """
 
 import json
@@ -51,7 +54,9 @@ def launch(num_workers: int, worker_args: list,
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   specs = [
       processes.ProcessSpec(argv=[sys.executable, "-m", module] + worker_args,
-                            env=dict(env, TF_CONFIG=tf_config(ports, index)))
+                            env=dict(env, TF_CONFIG=tf_config(ports, index)),
+                            record_path=processes.record_path(worker_args,
+                                                              index))
       for index in range(num_workers)
   ]
   return processes.run_supervised(specs, program=PROGRAM, noun="worker")

@@ -29,7 +29,7 @@ def main(argv):
   # bad flag answer at once.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfoverlap import trainer  # pylint: disable=g-import-not-at-top
-  from overlap_core.runtime import summary as report
+  from overlap_core.runtime import failure, summary as report, waits
   try:
     record = trainer.train(config)
   except ConfigError as e:
@@ -39,7 +39,8 @@ def main(argv):
     # cannot be saved or restored: one line for the user; the traceback
     # stays available with --verbosity=1.
     logging.debug("training failed", exc_info=True)
-    tfo_flags.exit_with_runtime_error(PROGRAM, e)
+    failure.record_failure(config, e, framework="tensorflow")
+    tfo_flags.exit_with_runtime_error(PROGRAM, waits.explain(e))
   if record["worker"]["index"] == 0:
     print(report.format_breakdown(record,
                                   phases_measured=record["phases_measured"]))

@@ -19,6 +19,10 @@ killed, the others are stopped (SIGTERM, then SIGKILL after a grace period)
 and the launcher exits non-zero with one line naming the rank and how it
 died.
 
+A rank alive but stuck ends the job too: every collective gives up after
+180 s (`TFOVERLAP_COLLECTIVE_TIMEOUT_S`), and the launcher names the rank
+that gave up as "timed out after N s waiting for a peer".
+
 Horovod (`--strategy=horovod`): `horovodrun -np N -H localhost:N --gloo`
 starts the ranks; it stops the others when one dies, and the launcher names
 that rank the same way. It does not depend on a writable HOME.
@@ -30,10 +34,12 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 
 from absl import app
 
 import flags as tfo_flags
+from overlap_core.runtime import failure
 from overlap_core.runtime import processes
 
 tfo_flags.define_flags()
@@ -47,11 +53,6 @@ _HOROVOD_EXIT = re.compile(r"^Process (\d+) exit with status code (\d+)")
 _SIGNAL_EXIT_BASE = 128  # a shell reports a process killed by N as 128 + N
 
 
-def _last_value(args: list, name: str):
-  values = [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
-  return values[-1] if values else None
-
-
 def build_worker_args(trainer_args: list, num_workers: int) -> list:
   """The trainer flags every rank runs with.
 
@@ -60,7 +61,7 @@ def build_worker_args(trainer_args: list, num_workers: int) -> list:
   """
   args = [a for a in trainer_args
           if not processes.has_flag([a], "num_workers")]
-  if _last_value(args, "strategy") != "horovod":
+  if processes.flag_value(args, "strategy") != "horovod":
     args.append("--strategy=multi_worker")
   args.append(f"--num_workers={num_workers}")
   return processes.add_job_defaults(args, framework=FRAMEWORK,
@@ -91,14 +92,20 @@ def torchrun_env(base_env: dict, *, rank: int, world_size: int,
 
 
 def launch_ranks(num_ranks: int, worker_args: list, *,
-                 program: str = PROGRAM) -> int:
-  """Starts `num_ranks` DDP ranks of the trainer and supervises them."""
+                 program: str = PROGRAM, one_worker: bool = False) -> int:
+  """Starts `num_ranks` DDP ranks of the trainer and supervises them.
+
+  `one_worker`: the ranks are the replicas of one worker (mirrored), and
+  only rank 0 writes a run.json.
+  """
   master_port = processes.free_ports(1)[0]
   specs = [
       processes.ProcessSpec(
           argv=[sys.executable, "-m", TRAINER_MODULE] + worker_args,
           env=torchrun_env(os.environ, rank=rank, world_size=num_ranks,
-                           master_port=master_port))
+                           master_port=master_port),
+          record_path=(None if one_worker and rank else
+                       processes.record_path(worker_args, rank)))
       for rank in range(num_ranks)
   ]
   return processes.run_supervised(specs, program=program, noun="rank")
@@ -113,7 +120,7 @@ def launch_replicas(num_devices: int, trainer_args: list, *,
   """
   args = processes.add_job_defaults(trainer_args, framework=FRAMEWORK,
                                     num_processes=num_devices)
-  return launch_ranks(num_devices, args, program=program)
+  return launch_ranks(num_devices, args, program=program, one_worker=True)
 
 
 def horovodrun_command(num_workers: int, worker_args: list) -> list:
@@ -153,6 +160,7 @@ def launch_horovod(num_workers: int, worker_args: list) -> int:
   config = tfo_flags.to_config(tfo_flags.FLAGS)
   env = dict(os.environ, **distribute.horovod_env(config.distribute))
   env["OMP_NUM_THREADS"] = str(processes.cpu_share(num_workers))
+  started_s = time.time()
   process = subprocess.Popen(
       horovodrun_command(num_workers, worker_args), env=env,
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -177,7 +185,10 @@ def launch_horovod(num_workers: int, worker_args: list) -> int:
   if failures:
     # The ranks horovodrun stopped afterwards (SIGTERM) come later.
     rank, status = failures[0]
-    print(f"{PROGRAM}: rank {rank} {describe_horovod_exit(status)}; "
+    cause = failure.recorded_cause(processes.record_path(worker_args, rank),
+                                   since_s=started_s)
+    how = describe_horovod_exit(status) + (f" ({cause})" if cause else "")
+    print(f"{PROGRAM}: rank {rank} {how}; "
           "horovodrun stopped the other rank(s)", file=sys.stderr, flush=True)
   else:
     print(f"{PROGRAM}: horovodrun {processes.describe_exit(code)}",

@@ -27,7 +27,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   # torch is imported only now, after flags parsed, so --helpfull and a bad
   # flag answer at once.
-  from overlap_core.runtime import summary as report
+  from overlap_core.runtime import failure, summary as report, waits
   from torch_parity import distribute  # pylint: disable=g-import-not-at-top
   from torch_parity import launch  # pylint: disable=g-import-not-at-top
   from torch_parity import trainer  # pylint: disable=g-import-not-at-top
@@ -46,7 +46,8 @@ def main(argv):
     # exhausted device or a full disk: one line for the user; the traceback
     # stays available with --verbosity=1.
     logging.debug("training failed", exc_info=True)
-    tfo_flags.exit_with_runtime_error(PROGRAM, e)
+    failure.record_failure(config, e, framework="pytorch")
+    tfo_flags.exit_with_runtime_error(PROGRAM, waits.explain(e))
   if record is not None and record["worker"]["index"] == 0:
     print(report.format_breakdown(record,
                                   phases_measured=record["phases_measured"]))

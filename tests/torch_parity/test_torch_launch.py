@@ -19,6 +19,7 @@ from torch_parity import launch
 
 from tests.helpers import (REPO_ROOT, run_module, subprocess_env,
                            wait_for_line)
+from tests.stuck_peer import STOPPED_LINE, stuck_peer_env
 
 # small_cnn has BatchNorm, whose statistics every rank must end up sharing.
 TINY_RUN = ["--model=small_cnn", "--dataset=synthetic", "--image_size=8",
@@ -244,3 +245,38 @@ def test_horovod_launch_needs_no_writable_home(tmp_path):
                       timeout=300, HOME=str(home))
   assert result.returncode == 0, result.stderr[-3000:]
   assert run_record.load_run_record(str(tmp_path / "run"))["steps"] == 2
+
+
+# Long enough that no healthy collective comes near it on a loaded 2-core
+# machine (the slowest is the first, while the other rank still starts:
+# seconds), short enough for a test.
+STUCK_TIMEOUT_S = 60
+# Start-up of two ranks on a loaded host, plus the timeout, plus the
+# launcher's grace for stopping the other rank; without the timeout the job
+# never ends and this bound fails the test.
+STUCK_JOB_BOUND_S = 240 + STUCK_TIMEOUT_S + processes.STOP_GRACE_S
+
+
+def test_stuck_rank_ends_the_job_after_the_collective_timeout(tmp_path):
+  model_dir = tmp_path / "run"
+  result = subprocess.run(
+      [sys.executable, "-m", "torch_parity.launch", "--num_workers=2", "--",
+       *TINY_RUN, "--train_steps=100000", f"--model_dir={model_dir}"],
+      capture_output=True, text=True, timeout=STUCK_JOB_BOUND_S,
+      cwd=REPO_ROOT, check=False,
+      env=stuck_peer_env(tmp_path, package="torch_parity", after_steps=6,
+                         timeout_s=STUCK_TIMEOUT_S))
+  assert STOPPED_LINE in result.stdout, result.stderr[-3000:]
+  assert result.returncode == 1
+  said = f"timed out after {STUCK_TIMEOUT_S} s waiting for a peer"
+  assert (f"torch_parity.train: error: CollectiveTimeoutError: {said}"
+          in result.stderr)
+  summary = [line for line in result.stderr.splitlines()
+             if line.startswith("torch_parity.launch: rank ")]
+  assert summary == [f"torch_parity.launch: rank 0 exited with status 1 "
+                     f"({said}); stopping the other 1 rank(s)"], summary
+  record = run_record.load_run_record(str(model_dir))
+  assert record["status"] == "failed"
+  assert record["worker"] == {"index": 0, "num_workers": 2}
+  assert record["timeout"]["kind"] == "collective_timeout"
+  assert record["timeout"]["timeout_s"] == STUCK_TIMEOUT_S
