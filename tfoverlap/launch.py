@@ -11,6 +11,10 @@ naming the worker: a dead peer never leaves the job hanging in a collective.
 A worker alive but stuck ends the job too: every collective gives up after
 180 s (`TFOVERLAP_COLLECTIVE_TIMEOUT_S`), and the launcher names the worker
 that gave up as "timed out after N s waiting for a peer".
+
+Each worker's gRPC server listens on all interfaces, not only on localhost:
+TensorFlow binds it to 0.0.0.0 and offers no bind address. The launcher
+says so in one line, with the ports.
 """
 
 import json
@@ -20,6 +24,7 @@ import sys
 from absl import app
 
 import flags as tfo_flags
+from overlap_core.runtime import network
 from overlap_core.runtime import processes
 # STOP_GRACE_S stays importable from here, where the launcher used to keep it.
 from overlap_core.runtime.processes import STOP_GRACE_S, free_ports
@@ -28,6 +33,15 @@ tfo_flags.define_flags()
 
 FRAMEWORK = "tensorflow"
 PROGRAM = "tfoverlap.launch"
+
+
+def exposure_warning(ports: list) -> str:
+  """The one line that says what the workers expose to the network."""
+  return network.exposure_warning(
+      PROGRAM, "each worker's TensorFlow gRPC server",
+      "ports " + ", ".join(str(p) for p in ports),
+      "TensorFlow binds it to 0.0.0.0 and offers no bind address; run on "
+      "a host whose firewall closes these ports to others")
 
 
 def tf_config(ports: list, index: int) -> str:
@@ -59,6 +73,7 @@ def launch(num_workers: int, worker_args: list,
                                                               index))
       for index in range(num_workers)
   ]
+  print(exposure_warning(ports), file=sys.stderr, flush=True)
   return processes.run_supervised(specs, program=PROGRAM, noun="worker")
 
 

@@ -43,6 +43,7 @@ from overlap_core.runtime.config import (ConfigError, DistributeConfig, RunConfi
                                    check_all_reduce_applies,
                                    check_nccl_has_gpus)
 from overlap_core.runtime import waits
+from torch_parity import rendezvous
 
 DDP_STRATEGIES = ("mirrored", "multi_worker")
 HOROVOD_REFUSAL_NCCL = ("this Horovod was built without NCCL "
@@ -307,8 +308,8 @@ def _build_ddp(cfg: DistributeConfig) -> Strategy:
     torch.cuda.set_device(device)
   timeout = datetime.timedelta(seconds=waits.collective_timeout_s())
   if is_launched():
-    dist.init_process_group(backend, init_method="env://", rank=rank,
-                            world_size=world_size, timeout=timeout)
+    rendezvous.join_launched_world(backend, rank=rank, world_size=world_size,
+                                   timeout=timeout)
   else:
     # A world of one needs no rendezvous: an in-process store will do.
     dist.init_process_group(backend, store=dist.HashStore(), rank=0,

@@ -23,9 +23,15 @@ A rank alive but stuck ends the job too: every collective gives up after
 180 s (`TFOVERLAP_COLLECTIVE_TIMEOUT_S`), and the launcher names the rank
 that gave up as "timed out after N s waiting for a peer".
 
+Nothing of a DDP job listens beyond loopback: MASTER_ADDR is 127.0.0.1,
+where rank 0 binds the rendezvous store and gloo its sockets
+(`torch_parity.rendezvous`).
+
 Horovod (`--strategy=horovod`): `horovodrun -np N -H localhost:N --gloo`
 starts the ranks; it stops the others when one dies, and the launcher names
-that rank the same way. It does not depend on a writable HOME.
+that rank the same way. horovodrun's rendezvous server listens on all
+interfaces (Horovod binds it to every address, with no option); the
+launcher says so in one line. It does not depend on a writable HOME.
 """
 
 import os
@@ -40,6 +46,7 @@ from absl import app
 
 import flags as tfo_flags
 from overlap_core.runtime import failure
+from overlap_core.runtime import network
 from overlap_core.runtime import processes
 
 tfo_flags.define_flags()
@@ -154,6 +161,14 @@ def _forward(source, sink, failures: list) -> None:
       failures.append((int(match.group(1)), int(match.group(2))))
 
 
+def horovod_exposure_warning() -> str:
+  """The one line that says what horovodrun exposes to the network."""
+  return network.exposure_warning(
+      PROGRAM, "horovodrun's rendezvous server (HTTP)", "a port it picks",
+      "Horovod binds it to every address and offers no option; run on a "
+      "host whose firewall closes it to others")
+
+
 def launch_horovod(num_workers: int, worker_args: list) -> int:
   """Runs the ranks under horovodrun; names the first rank that died."""
   from torch_parity import distribute  # pylint: disable=g-import-not-at-top
@@ -161,6 +176,7 @@ def launch_horovod(num_workers: int, worker_args: list) -> int:
   env = dict(os.environ, **distribute.horovod_env(config.distribute))
   env["OMP_NUM_THREADS"] = str(processes.cpu_share(num_workers))
   started_s = time.time()
+  print(horovod_exposure_warning(), file=sys.stderr, flush=True)
   process = subprocess.Popen(
       horovodrun_command(num_workers, worker_args), env=env,
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 from tfoverlap import launch
 from overlap_core.runtime import run_record
 
+from tests import sockets
 from tests.helpers import (REPO_ROOT, run_module, subprocess_env,
                            wait_for_line)
 from tests.stuck_peer import STOPPED_LINE, stuck_peer_env
@@ -186,3 +188,38 @@ def test_stuck_worker_ends_the_job_after_the_collective_timeout(tmp_path):
   assert record["timeout"]["kind"] == "collective_timeout"
   assert record["timeout"]["timeout_s"] == STUCK_TIMEOUT_S
   assert record["error"]["type"] == "DeadlineExceededError"
+
+
+def _announced_ports(stderr: str) -> list:
+  """The ports the warnings say listen on all interfaces."""
+  ports = []
+  for line in stderr.splitlines():
+    match = re.search(r": warning: .* listens on all interfaces "
+                      r"\(ports ([\d, ]+)\)", line)
+    if match:
+      ports += [int(p) for p in match.group(1).split(",")]
+  return ports
+
+
+def test_workers_expose_exactly_the_ports_their_warnings_name(tmp_path):
+  """What TensorFlow cannot close is announced, port by port, and nothing
+  else listens: each worker's gRPC server and, with --data_service=local,
+  its tf.data dispatcher and worker."""
+  snapshot = sockets.listening_while_running(
+      [sys.executable, "-m", "tfoverlap.launch", "--num_workers=2", "--",
+       *TINY_RUN, "--train_steps=100000", "--data_service=local",
+       f"--model_dir={tmp_path}"],
+      until="[worker 0] step ", timeout_s=300, cwd=REPO_ROOT,
+      env=subprocess_env())
+  announced = _announced_ports(snapshot.stderr)
+  # 2 gRPC servers (the launcher's line), 2 x (dispatcher + worker).
+  assert len(announced) == len(set(announced)) == 6, snapshot.stderr[-3000:]
+  exposed = [s for s in snapshot.sockets if not s.is_loopback]
+  assert sorted(s.port for s in exposed) == sorted(announced), exposed
+  assert all(s.is_wildcard for s in exposed), exposed
+  # The launcher's ports are the ones in TF_CONFIG, served by the workers.
+  tf_configs = [json.loads(env["TF_CONFIG"])
+                for env in snapshot.environments.values() if "TF_CONFIG" in env]
+  cluster_ports = {int(a.rsplit(":", 1)[1])
+                   for a in tf_configs[0]["cluster"]["worker"]}
+  assert cluster_ports <= {s.port for s in exposed}

@@ -17,6 +17,7 @@ from overlap_core.runtime import processes
 from overlap_core.runtime import run_record
 from torch_parity import launch
 
+from tests import sockets
 from tests.helpers import (REPO_ROOT, run_module, subprocess_env,
                            wait_for_line)
 from tests.stuck_peer import STOPPED_LINE, stuck_peer_env
@@ -280,3 +281,35 @@ def test_stuck_rank_ends_the_job_after_the_collective_timeout(tmp_path):
   assert record["worker"] == {"index": 0, "num_workers": 2}
   assert record["timeout"]["kind"] == "collective_timeout"
   assert record["timeout"]["timeout_s"] == STUCK_TIMEOUT_S
+
+
+def _listening_while_training(tmp_path, *trainer_args):
+  return sockets.listening_while_running(
+      [sys.executable, "-m", "torch_parity.launch", "--num_workers=2", "--",
+       *TINY_RUN, "--train_steps=100000", f"--model_dir={tmp_path}",
+       *trainer_args],
+      until="[worker 0] step ", timeout_s=240, cwd=REPO_ROOT,
+      env=subprocess_env())
+
+
+def test_ddp_ranks_listen_on_loopback_only(tmp_path):
+  snapshot = _listening_while_training(tmp_path)
+  assert snapshot.sockets, "no listening socket found at all"
+  assert all(s.is_loopback for s in snapshot.sockets), snapshot.sockets
+  # Not vacuous: rank 0 serves the rendezvous store on MASTER_ADDR, which
+  # torch would otherwise bind to every interface.
+  master_ports = {int(env["MASTER_PORT"])
+                  for env in snapshot.environments.values()
+                  if "MASTER_PORT" in env}
+  assert len(master_ports) == 1
+  assert (("127.0.0.1", master_ports.pop()) in
+          {(s.address, s.port) for s in snapshot.sockets})
+  assert "listens on all interfaces" not in snapshot.stderr
+
+
+def test_horovod_exposes_only_horovodruns_announced_rendezvous(tmp_path):
+  snapshot = _listening_while_training(tmp_path, "--strategy=horovod")
+  exposed = [s for s in snapshot.sockets if not s.is_loopback]
+  assert len(exposed) == 1, snapshot.sockets
+  assert exposed[0].is_wildcard and "horovodrun" in exposed[0].command
+  assert launch.horovod_exposure_warning() in snapshot.stderr
