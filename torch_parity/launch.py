@@ -19,9 +19,10 @@ killed, the others are stopped (SIGTERM, then SIGKILL after a grace period)
 and the launcher exits non-zero with one line naming the rank and how it
 died.
 
-A rank alive but stuck ends the job too: every collective gives up after
-180 s (`TFOVERLAP_COLLECTIVE_TIMEOUT_S`), and the launcher names the rank
-that gave up as "timed out after N s waiting for a peer".
+Under DDP a rank alive but stuck ends the job too: every collective gives
+up after 180 s (`TFOVERLAP_COLLECTIVE_TIMEOUT_S`), and the launcher names
+the rank that gave up as "timed out after N s waiting for a peer". Under
+Horovod only transfers already begun are bounded (its gloo timeout).
 
 Nothing of a DDP job listens beyond loopback: MASTER_ADDR is 127.0.0.1,
 where rank 0 binds the rendezvous store and gloo its sockets
