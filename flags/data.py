@@ -44,5 +44,8 @@ def define_flags():
       "to study input-bound training on any machine.", lower_bound=0.0)
   flags.DEFINE_string(
       "data_service", "",
-      "tf.data service: empty (off), 'local' (start one on localhost), or a "
+      "tf.data service: empty (off), 'local' (start one in the trainer, "
+      "addressed as localhost, but its dispatcher and worker listen on ALL "
+      "interfaces without authentication, and a dispatcher runs any dataset "
+      "graph it is sent: TensorFlow offers no bind address), or a "
       "dispatcher address such as grpc://localhost:5050.")

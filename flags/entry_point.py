@@ -15,17 +15,19 @@ from absl import app
 from absl import logging
 
 import flags as tfo_flags
-from overlap_core.runtime import summary
+from overlap_core.runtime import failure, summary, waits
 from overlap_core.runtime.config import ConfigError, TrainConfig
 
 
-def run_trainer(program: str, train: Callable[[TrainConfig], Optional[dict]],
+def run_trainer(program: str, framework: str,
+                train: Callable[[TrainConfig], Optional[dict]],
                 runtime_errors: Callable[[], Tuple[Type[BaseException], ...]]
                 ) -> None:
   """Runs `train` on the parsed flags and reports how it ended.
 
   Args:
     program: the entry point, as error lines name it ("tfoverlap.train").
+    framework: as run.json names it ("tensorflow"), for the failure record.
     train: runs one training from the config; returns the run record, or
       None in a process that reports nothing (a replica other than rank 0).
     runtime_errors: the exception types that mean "the run failed" (a lost
@@ -42,17 +44,19 @@ def run_trainer(program: str, train: Callable[[TrainConfig], Optional[dict]],
   except ConfigError as e:
     tfo_flags.exit_with_usage_error(str(e))
   except runtime_errors() as e:  # pylint: disable=catching-non-exception
-    # One line for the user; the traceback stays available with
-    # --verbosity=1.
+    # One line for the user (saying so when a peer stopped answering) and
+    # a failure record in run.json's place; the traceback stays available
+    # with --verbosity=1.
     logging.debug("training failed", exc_info=True)
-    tfo_flags.exit_with_runtime_error(program, e)
+    failure.record_failure(config, e, framework=framework)
+    tfo_flags.exit_with_runtime_error(program, waits.explain(e))
   if record is not None and record["worker"]["index"] == 0:
     print(summary.format_breakdown(record,
                                    phases_measured=record["phases_measured"]))
     print(summary.format_final(record))
 
 
-def make_trainer_main(program: str,
+def make_trainer_main(program: str, framework: str,
                       train: Callable[[TrainConfig], Optional[dict]],
                       runtime_errors: Callable[[], Tuple[Type[BaseException],
                                                          ...]]):
@@ -61,7 +65,7 @@ def make_trainer_main(program: str,
 
   def main(argv):
     del argv  # parse_or_exit refuses positional arguments
-    run_trainer(program, train, runtime_errors)
+    run_trainer(program, framework, train, runtime_errors)
 
   def run_main():
     app.run(main, argv=sys.argv, flags_parser=tfo_flags.parse_or_exit)

@@ -17,6 +17,7 @@ import os
 
 import tensorflow as tf
 
+from overlap_core.runtime import waits
 from overlap_core.runtime.config import (ConfigError, DistributeConfig,
                                          RunConfig, check_all_reduce_applies,
                                          check_nccl_has_gpus)
@@ -95,9 +96,12 @@ def check_strategy(cfg: DistributeConfig, *, num_gpus: int) -> None:
 
 
 def communication_options(cfg: DistributeConfig):
-  """Collective options for multi_worker: implementation and pack size."""
+  """Collective options for multi_worker: implementation, pack size, and
+  the timeout that turns a peer that stopped answering into an error
+  (PyTorch's collectives use the same one)."""
   return tf.distribute.experimental.CommunicationOptions(
       bytes_per_pack=int(cfg.all_reduce_pack_mb * 1024 * 1024),
+      timeout_seconds=waits.collective_timeout_s(),
       implementation=_IMPLEMENTATIONS[cfg.all_reduce])
 
 

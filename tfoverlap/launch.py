@@ -8,6 +8,13 @@ cluster, `--strategy=multi_worker`, the same `--model_dir`, and an equal share
 of the host's cores. If any worker fails or is killed, the others are stopped
 (SIGTERM, then SIGKILL after a grace period) and the launcher exits non-zero
 naming the worker: a dead peer never leaves the job hanging in a collective.
+A worker alive but stuck ends the job too: every collective gives up after
+180 s (`TFOVERLAP_COLLECTIVE_TIMEOUT_S`), and the launcher names the worker
+that gave up as "timed out after N s waiting for a peer".
+
+Each worker's gRPC server listens on all interfaces, not only on localhost:
+TensorFlow binds it to 0.0.0.0 and offers no bind address. The launcher
+says so in one line, with the ports.
 """
 
 import json
@@ -17,6 +24,7 @@ import sys
 from absl import app
 
 import flags as tfo_flags
+from overlap_core.runtime import network
 from overlap_core.runtime import processes
 # STOP_GRACE_S stays importable from here, where the launcher used to keep it.
 from overlap_core.runtime.processes import STOP_GRACE_S, free_ports
@@ -25,6 +33,15 @@ tfo_flags.define_flags()
 
 FRAMEWORK = "tensorflow"
 PROGRAM = "tfoverlap.launch"
+
+
+def exposure_warning(ports: list) -> str:
+  """The one line that says what the workers expose to the network."""
+  return network.exposure_warning(
+      PROGRAM, "each worker's TensorFlow gRPC server",
+      "ports " + ", ".join(str(p) for p in ports),
+      "TensorFlow binds it to 0.0.0.0 and offers no bind address; run on "
+      "a host whose firewall closes these ports to others")
 
 
 def tf_config(ports: list, index: int) -> str:
@@ -51,9 +68,12 @@ def launch(num_workers: int, worker_args: list,
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   specs = [
       processes.ProcessSpec(argv=[sys.executable, "-m", module] + worker_args,
-                            env=dict(env, TF_CONFIG=tf_config(ports, index)))
+                            env=dict(env, TF_CONFIG=tf_config(ports, index)),
+                            record_path=processes.record_path(worker_args,
+                                                              index))
       for index in range(num_workers)
   ]
+  print(exposure_warning(ports), file=sys.stderr, flush=True)
   return processes.run_supervised(specs, program=PROGRAM, noun="worker")
 
 

@@ -25,8 +25,8 @@ def _runtime_errors():
   return (tf.errors.OpError, OSError, CheckpointError)
 
 
-main, run_main = entry_point.make_trainer_main(PROGRAM, _train,
-                                                 _runtime_errors)
+main, run_main = entry_point.make_trainer_main(
+    PROGRAM, "tensorflow", _train, _runtime_errors)
 
 if __name__ == "__main__":
   run_main()

@@ -39,14 +39,13 @@ import torch.distributed as dist
 from torch import nn
 
 from overlap_core.planning.dims import ParallelDims
+from overlap_core.runtime import waits
 from overlap_core.runtime.config import (ConfigError, DistributeConfig,
                                          RunConfig, check_all_reduce_applies,
                                          check_nccl_has_gpus)
+from torch_parity import rendezvous
 
 DDP_STRATEGIES = ("mirrored", "multi_worker")
-# A collective that waits this long for a peer fails instead of hanging the
-# job; a launcher notices a dead rank much sooner, this bounds the rest.
-COLLECTIVE_TIMEOUT_S = 180
 HOROVOD_REFUSAL_NCCL = ("this Horovod was built without NCCL "
                         "(tools/install_horovod.sh builds gloo); allowed with "
                         "horovod: auto or ring")
@@ -97,7 +96,7 @@ def horovod_env(cfg: DistributeConfig) -> dict:
   The launcher hands it to horovodrun and the trainer applies it before
   hvd.init(), so a run under a plain horovodrun gets the same settings.
   """
-  env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(COLLECTIVE_TIMEOUT_S)}
+  env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(waits.collective_timeout_s())}
   if cfg.all_reduce_pack_mb:
     env["HOROVOD_FUSION_THRESHOLD"] = str(int(cfg.all_reduce_pack_mb * _MB))
   if cfg.all_reduce == "ring":
@@ -378,10 +377,10 @@ def _build_ddp(cfg: DistributeConfig) -> Strategy:
   backend = _ddp_backend(cfg, device)
   if device.type == "cuda":
     torch.cuda.set_device(device)
-  timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+  timeout = datetime.timedelta(seconds=waits.collective_timeout_s())
   if is_launched():
-    dist.init_process_group(backend, init_method="env://", rank=rank,
-                            world_size=world_size, timeout=timeout)
+    rendezvous.join_launched_world(backend, rank=rank, world_size=world_size,
+                                   timeout=timeout)
   else:
     # A world of one needs no rendezvous: an in-process store will do.
     dist.init_process_group(backend, store=dist.HashStore(), rank=0,

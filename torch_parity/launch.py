@@ -19,9 +19,20 @@ killed, the others are stopped (SIGTERM, then SIGKILL after a grace period)
 and the launcher exits non-zero with one line naming the rank and how it
 died.
 
+Under DDP a rank alive but stuck ends the job too: every collective gives
+up after 180 s (`TFOVERLAP_COLLECTIVE_TIMEOUT_S`), and the launcher names
+the rank that gave up as "timed out after N s waiting for a peer". Under
+Horovod only transfers already begun are bounded (its gloo timeout).
+
+Nothing of a DDP job listens beyond loopback: MASTER_ADDR is 127.0.0.1,
+where rank 0 binds the rendezvous store and gloo its sockets
+(`torch_parity.rendezvous`).
+
 Horovod (`--strategy=horovod`): `horovodrun -np N -H localhost:N --gloo`
 starts the ranks; it stops the others when one dies, and the launcher names
-that rank the same way.
+that rank the same way. horovodrun's rendezvous server listens on all
+interfaces (Horovod binds it to every address, with no option); the
+launcher says so in one line. It does not depend on a writable HOME.
 """
 
 import os
@@ -30,10 +41,13 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 
 from absl import app
 
 import flags as tfo_flags
+from overlap_core.runtime import failure
+from overlap_core.runtime import network
 from overlap_core.runtime import processes
 
 tfo_flags.define_flags()
@@ -47,11 +61,6 @@ _HOROVOD_EXIT = re.compile(r"^Process (\d+) exit with status code (\d+)")
 _SIGNAL_EXIT_BASE = 128  # a shell reports a process killed by N as 128 + N
 
 
-def _last_value(args: list, name: str):
-  values = [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
-  return values[-1] if values else None
-
-
 def build_worker_args(trainer_args: list, num_workers: int) -> list:
   """The trainer flags every rank runs with.
 
@@ -60,7 +69,7 @@ def build_worker_args(trainer_args: list, num_workers: int) -> list:
   """
   args = [a for a in trainer_args
           if not processes.has_flag([a], "num_workers")]
-  if _last_value(args, "strategy") != "horovod":
+  if processes.flag_value(args, "strategy") != "horovod":
     args.append("--strategy=multi_worker")
   args.append(f"--num_workers={num_workers}")
   return processes.add_job_defaults(args, framework=FRAMEWORK,
@@ -91,14 +100,20 @@ def torchrun_env(base_env: dict, *, rank: int, world_size: int,
 
 
 def launch_ranks(num_ranks: int, worker_args: list, *,
-                 program: str = PROGRAM) -> int:
-  """Starts `num_ranks` DDP ranks of the trainer and supervises them."""
+                 program: str = PROGRAM, one_worker: bool = False) -> int:
+  """Starts `num_ranks` DDP ranks of the trainer and supervises them.
+
+  `one_worker`: the ranks are the replicas of one worker (mirrored), and
+  only rank 0 writes a run.json.
+  """
   master_port = processes.free_ports(1)[0]
   specs = [
       processes.ProcessSpec(
           argv=[sys.executable, "-m", TRAINER_MODULE] + worker_args,
           env=torchrun_env(os.environ, rank=rank, world_size=num_ranks,
-                           master_port=master_port))
+                           master_port=master_port),
+          record_path=(None if one_worker and rank else
+                       processes.record_path(worker_args, rank)))
       for rank in range(num_ranks)
   ]
   return processes.run_supervised(specs, program=program, noun="rank")
@@ -113,7 +128,7 @@ def launch_replicas(num_devices: int, trainer_args: list, *,
   """
   args = processes.add_job_defaults(trainer_args, framework=FRAMEWORK,
                                     num_processes=num_devices)
-  return launch_ranks(num_devices, args, program=program)
+  return launch_ranks(num_devices, args, program=program, one_worker=True)
 
 
 def horovodrun_command(num_workers: int, worker_args: list) -> list:
@@ -122,9 +137,13 @@ def horovodrun_command(num_workers: int, worker_args: list) -> list:
   horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
   if not os.path.exists(horovodrun):
     horovodrun = shutil.which("horovodrun") or "horovodrun"
+  # --disable-cache: horovodrun would otherwise keep the results of its
+  # start-up checks under $HOME/.horovod, failing where HOME is read-only
+  # (a sandbox, a shared cluster home). The cache only saves the ssh checks
+  # of remote hosts, and every rank here is on localhost.
   return [horovodrun, "-np", str(num_workers), "-H",
-          f"localhost:{num_workers}", "--gloo", sys.executable, "-m",
-          TRAINER_MODULE] + worker_args
+          f"localhost:{num_workers}", "--gloo", "--disable-cache",
+          sys.executable, "-m", TRAINER_MODULE] + worker_args
 
 
 def describe_horovod_exit(code: int) -> str:
@@ -143,12 +162,22 @@ def _forward(source, sink, failures: list) -> None:
       failures.append((int(match.group(1)), int(match.group(2))))
 
 
+def horovod_exposure_warning() -> str:
+  """The one line that says what horovodrun exposes to the network."""
+  return network.exposure_warning(
+      PROGRAM, "horovodrun's rendezvous server (HTTP)", "a port it picks",
+      "Horovod binds it to every address and offers no option; run on a "
+      "host whose firewall closes it to others")
+
+
 def launch_horovod(num_workers: int, worker_args: list) -> int:
   """Runs the ranks under horovodrun; names the first rank that died."""
   from torch_parity import distribute  # pylint: disable=g-import-not-at-top
   config = tfo_flags.to_config(tfo_flags.FLAGS)
   env = dict(os.environ, **distribute.horovod_env(config.distribute))
   env["OMP_NUM_THREADS"] = str(processes.cpu_share(num_workers))
+  started_s = time.time()
+  print(horovod_exposure_warning(), file=sys.stderr, flush=True)
   process = subprocess.Popen(
       horovodrun_command(num_workers, worker_args), env=env,
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -173,7 +202,10 @@ def launch_horovod(num_workers: int, worker_args: list) -> int:
   if failures:
     # The ranks horovodrun stopped afterwards (SIGTERM) come later.
     rank, status = failures[0]
-    print(f"{PROGRAM}: rank {rank} {describe_horovod_exit(status)}; "
+    cause = failure.recorded_cause(processes.record_path(worker_args, rank),
+                                   since_s=started_s)
+    how = describe_horovod_exit(status) + (f" ({cause})" if cause else "")
+    print(f"{PROGRAM}: rank {rank} {how}; "
           "horovodrun stopped the other rank(s)", file=sys.stderr, flush=True)
   else:
     print(f"{PROGRAM}: horovodrun {processes.describe_exit(code)}",

@@ -21,9 +21,11 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
-from overlap_core.runtime.run_record import default_model_dir
+from overlap_core.runtime import failure
+from overlap_core.runtime.run_record import (RUN_RECORD_NAME, default_model_dir,
+                                             worker_dir)
 
 STOP_GRACE_S = 10.0
 POLL_INTERVAL_S = 0.2
@@ -32,9 +34,14 @@ _PR_SET_PDEATHSIG = 1
 
 @dataclasses.dataclass(frozen=True)
 class ProcessSpec:
-  """One process of a job: its command line and its whole environment."""
+  """One process of a job: its command line and its whole environment.
+
+  `record_path` is where its run.json goes, if it writes one: a process
+  that fails writes a failure record there, which names the cause.
+  """
   argv: List[str]
   env: Dict[str, str]
+  record_path: Optional[str] = None
 
 
 def free_ports(count: int) -> list:
@@ -100,13 +107,28 @@ def _first_cause(failed: dict) -> int:
   return killed[0] if killed else min(failed)
 
 
-def supervise(processes: list, *, program: str, noun: str = "worker") -> int:
+def describe_failure(code: int, record_path: Optional[str], *,
+                     since_s: float) -> str:
+  """How a process ended, with the cause its failure record names.
+
+  E.g. "exited with status 1 (timed out after 180 s waiting for a peer)".
+  """
+  cause = failure.recorded_cause(record_path, since_s=since_s)
+  return describe_exit(code) + (f" ({cause})" if cause else "")
+
+
+def supervise(processes: list, *, program: str, noun: str = "worker",
+              record_paths: Optional[list] = None,
+              since_s: float = 0.0) -> int:
   """Waits for all processes; the first failure stops the rest.
 
   Args:
     processes: started `subprocess.Popen`s, in index order.
     program: the name the failure line starts with.
     noun: what one process is called in that line ("worker", "rank").
+    record_paths: where each process writes its run.json (None: nowhere);
+      a failure record written there after `since_s` names the cause.
+    since_s: when the job started (time.time()).
 
   Returns:
     0 if every process succeeded, else the failed one's status (1 when it
@@ -126,7 +148,10 @@ def supervise(processes: list, *, program: str, noun: str = "worker") -> int:
       index = _first_cause(failed)
       code = failed[index]
       others = [p for p in processes if p.poll() is None]
-      print(f"{program}: {noun} {index} {describe_exit(code)}; "
+      how = describe_failure(
+          code, record_paths[index] if record_paths else None,
+          since_s=since_s)
+      print(f"{program}: {noun} {index} {how}; "
             f"stopping the other {len(others)} {noun}(s)",
             file=sys.stderr, flush=True)
       stop_processes(processes)
@@ -143,6 +168,7 @@ def run_supervised(specs: List[ProcessSpec], *, program: str,
   interrupted job leaves nothing running behind it.
   """
   processes = []
+  started_s = time.time()
   previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
   def forward_stop(signum, frame):
@@ -156,7 +182,9 @@ def run_supervised(specs: List[ProcessSpec], *, program: str,
     for spec in specs:
       processes.append(subprocess.Popen(spec.argv, env=dict(spec.env),
                                         preexec_fn=die_with_parent))
-    return supervise(processes, program=program, noun=noun)
+    return supervise(processes, program=program, noun=noun,
+                     record_paths=[spec.record_path for spec in specs],
+                     since_s=started_s)
   finally:
     stop_processes(processes)
     for s, handler in previous.items():
@@ -185,3 +213,18 @@ def add_job_defaults(args: list, *, framework: str,
     if not has_flag(args, pool):
       args.append(f"--{pool}={share}")
   return args
+
+
+def flag_value(args: list, name: str) -> Optional[str]:
+  """The last value of `--name=value` among the command-line `args`."""
+  values = [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
+  return values[-1] if values else None
+
+
+def record_path(args: list, index: int) -> Optional[str]:
+  """Where worker `index` of a job run with trainer flags `args` writes its
+  run.json (None without --model_dir)."""
+  model_dir = flag_value(args, "model_dir")
+  if not model_dir:
+    return None
+  return os.path.join(worker_dir(model_dir, index), RUN_RECORD_NAME)

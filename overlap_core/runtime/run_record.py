@@ -137,6 +137,29 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
   }
 
 
+def build_failure_record(*, framework: str, config: dict, error: dict,
+                         timeout: Optional[dict], worker_index: int,
+                         num_workers: int) -> dict:
+  """The run.json of a run that ended with a runtime error.
+
+  Only these keys, so that no reader mistakes it for a finished run:
+  `status` is "failed" (a finished run has no `status`), `error` names the
+  error, and `timeout` says what timed out (see `waits.describe_timeout`),
+  or is null.
+  """
+  return {
+      "schema_version": SCHEMA_VERSION,
+      "framework": framework,
+      "status": "failed",
+      "flags": config,
+      "worker": {"index": worker_index, "num_workers": num_workers},
+      "error": error,
+      "timeout": timeout,
+      "pid": os.getpid(),
+      "ended_at": time.time(),
+  }
+
+
 def write_run_record(model_dir: str, record: dict) -> str:
   path = os.path.join(model_dir, RUN_RECORD_NAME)
   write_json_atomically(path, record)

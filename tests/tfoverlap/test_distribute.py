@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 from tfoverlap import distribute
+from overlap_core.runtime import waits
 from overlap_core.runtime.config import ConfigError, DistributeConfig
 
 
@@ -48,6 +49,15 @@ def test_pack_size_and_implementation_reach_the_collectives():
   assert options.bytes_per_pack == 4 * 1024 * 1024
   assert options.implementation == (
       tf.distribute.experimental.CommunicationImplementation.RING)
+
+
+def test_collectives_wait_for_a_peer_as_long_as_pytorchs(monkeypatch):
+  monkeypatch.delenv(waits.COLLECTIVE_TIMEOUT_ENV, raising=False)
+  options = distribute.communication_options(config(strategy="multi_worker"))
+  assert options.timeout_seconds == waits.COLLECTIVE_TIMEOUT_S == 180
+  monkeypatch.setenv(waits.COLLECTIVE_TIMEOUT_ENV, "7")
+  options = distribute.communication_options(config(strategy="multi_worker"))
+  assert options.timeout_seconds == 7
 
 
 def test_cluster_comes_from_tf_config(monkeypatch):

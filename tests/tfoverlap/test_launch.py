@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,8 +13,10 @@ import pytest
 from tfoverlap import launch
 from overlap_core.runtime import run_record
 
+from tests import sockets
 from tests.helpers import (REPO_ROOT, run_module, subprocess_env,
                            wait_for_line)
+from tests.stuck_peer import STOPPED_LINE, stuck_peer_env
 
 TINY_RUN = ["--model=mlp", "--dataset=synthetic", "--image_size=8",
             "--batch_size=16", "--prefetch=2", "--log_every_steps=5",
@@ -161,3 +164,75 @@ def test_async_checkpoints_have_one_writer_one_cadence_one_resume_step(
   assert chief["steps"] == other["steps"] == 50 - last
   assert (chief["weights_digest"] == other["weights_digest"]
           == expected_digest)
+
+
+# Long enough that no healthy collective comes near it on a loaded 2-core
+# machine (the slowest is the first, while the other worker still traces its
+# step: seconds), short enough for a test.
+STUCK_TIMEOUT_S = 60
+# Start-up of two TensorFlow workers on a loaded host, plus the timeout,
+# plus the launcher's grace for stopping the other worker; without the
+# timeout the job never ends and this bound fails the test.
+STUCK_JOB_BOUND_S = 240 + STUCK_TIMEOUT_S + launch.STOP_GRACE_S
+
+
+def test_stuck_worker_ends_the_job_after_the_collective_timeout(tmp_path):
+  model_dir = tmp_path / "run"
+  result = subprocess.run(
+      [sys.executable, "-m", "tfoverlap.launch", "--num_workers=2", "--",
+       *TINY_RUN, "--train_steps=100000", f"--model_dir={model_dir}"],
+      capture_output=True, text=True, timeout=STUCK_JOB_BOUND_S,
+      cwd=REPO_ROOT, check=False,
+      env=stuck_peer_env(tmp_path, package="tfoverlap", after_steps=6,
+                         timeout_s=STUCK_TIMEOUT_S))
+  assert STOPPED_LINE in result.stdout, result.stderr[-3000:]
+  assert result.returncode == 1
+  said = f"timed out after {STUCK_TIMEOUT_S} s waiting for a peer"
+  assert (f"tfoverlap.train: error: CollectiveTimeoutError: {said}"
+          in result.stderr)
+  # The stuck worker logs its own lost connection after the summary line.
+  summary = [line for line in result.stderr.splitlines()
+             if line.startswith("tfoverlap.launch: worker ")]
+  assert summary == [f"tfoverlap.launch: worker 0 exited with status 1 "
+                     f"({said}); stopping the other 1 worker(s)"], summary
+  record = run_record.load_run_record(str(model_dir))
+  assert record["status"] == "failed"
+  assert record["worker"] == {"index": 0, "num_workers": 2}
+  assert record["timeout"]["kind"] == "collective_timeout"
+  assert record["timeout"]["timeout_s"] == STUCK_TIMEOUT_S
+  assert record["error"]["type"] == "DeadlineExceededError"
+
+
+def _announced_ports(stderr: str) -> list:
+  """The ports the warnings say listen on all interfaces."""
+  ports = []
+  for line in stderr.splitlines():
+    match = re.search(r": warning: .* listens on all interfaces "
+                      r"\(ports ([\d, ]+)\)", line)
+    if match:
+      ports += [int(p) for p in match.group(1).split(",")]
+  return ports
+
+
+def test_workers_expose_exactly_the_ports_their_warnings_name(tmp_path):
+  """What TensorFlow cannot close is announced, port by port, and nothing
+  else listens: each worker's gRPC server and, with --data_service=local,
+  its tf.data dispatcher and worker."""
+  snapshot = sockets.listening_while_running(
+      [sys.executable, "-m", "tfoverlap.launch", "--num_workers=2", "--",
+       *TINY_RUN, "--train_steps=100000", "--data_service=local",
+       f"--model_dir={tmp_path}"],
+      until="[worker 0] step ", timeout_s=300, cwd=REPO_ROOT,
+      env=subprocess_env())
+  announced = _announced_ports(snapshot.stderr)
+  # 2 gRPC servers (the launcher's line), 2 x (dispatcher + worker).
+  assert len(announced) == len(set(announced)) == 6, snapshot.stderr[-3000:]
+  exposed = [s for s in snapshot.sockets if not s.is_loopback]
+  assert sorted(s.port for s in exposed) == sorted(announced), exposed
+  assert all(s.is_wildcard for s in exposed), exposed
+  # The launcher's ports are the ones in TF_CONFIG, served by the workers.
+  tf_configs = [json.loads(env["TF_CONFIG"])
+                for env in snapshot.environments.values() if "TF_CONFIG" in env]
+  cluster_ports = {int(a.rsplit(":", 1)[1])
+                   for a in tf_configs[0]["cluster"]["worker"]}
+  assert cluster_ports <= {s.port for s in exposed}

@@ -513,6 +513,66 @@ def test_cpu_prefetcher_raises_the_sources_error_on_the_callers_thread():
     next(staged)
 
 
+def _next_within(iterator, bound_s: float):
+  """next(iterator) on a helper thread: what it returned or raised, or a
+  failed test when it still waits after `bound_s` (instead of a hung suite).
+  """
+  outcome = {}
+
+  def call():
+    try:
+      outcome["value"] = next(iterator)
+    except BaseException as e:  # pylint: disable=broad-except
+      outcome["error"] = e
+
+  caller = threading.Thread(target=call, daemon=True)
+  caller.start()
+  caller.join(bound_s)
+  assert not caller.is_alive(), f"next() still waiting after {bound_s} s"
+  return outcome
+
+
+def test_cpu_prefetcher_gives_up_on_a_source_that_never_yields():
+  never = threading.Event()
+
+  def stuck():
+    yield (torch.zeros(2),)
+    never.wait()  # a hung DataLoader worker, a source blocked on a lock
+    yield (torch.ones(2),)
+
+  staged = device.make_device_prefetcher(stuck(), "cpu", depth=2,
+                                         timeout_s=0.5)
+  try:
+    assert "value" in _next_within(staged, 60)
+    # Generous: the bound only turns a hang into a failure; what is tested
+    # is that next() ends by itself, with the timeout named.
+    error = _next_within(staged, 60).get("error")
+    assert isinstance(error, TimeoutError), error
+    assert "no batch from the input pipeline in 0.5 s" in str(error)
+    with pytest.raises(StopIteration):
+      next(staged)
+  finally:
+    never.set()  # lets the prefetch thread end
+    staged.close()
+  with pytest.raises(ValueError, match="timeout_s"):
+    device.make_device_prefetcher([], "cpu", depth=1, timeout_s=0)
+
+
+def test_cpu_prefetcher_reraises_what_ended_its_thread():
+
+  class Fatal(BaseException):
+    """Not an Exception: what used to end the thread without a word."""
+
+  def fatal():
+    yield (torch.zeros(2),)
+    raise Fatal("source gave up")
+
+  staged = device.make_device_prefetcher(fatal(), "cpu", depth=2)
+  assert "value" in _next_within(staged, 60)
+  error = _next_within(staged, 60).get("error")
+  assert isinstance(error, Fatal) and "source gave up" in str(error)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_prefetcher_yields_the_same_batches_in_order():
   cfg = make_cfg(batch_size=64, prefetch_to_device=True, prefetch=2,

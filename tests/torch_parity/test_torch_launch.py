@@ -17,8 +17,10 @@ from overlap_core.runtime import processes
 from overlap_core.runtime import run_record
 from torch_parity import launch
 
+from tests import sockets
 from tests.helpers import (REPO_ROOT, run_module, subprocess_env,
                            wait_for_line)
+from tests.stuck_peer import STOPPED_LINE, stuck_peer_env
 
 # small_cnn has BatchNorm, whose statistics every rank must end up sharing.
 TINY_RUN = ["--model=small_cnn", "--dataset=synthetic", "--image_size=8",
@@ -53,8 +55,9 @@ def test_ranks_get_the_torchrun_environment():
 def test_horovodrun_runs_the_trainer_on_localhost_with_gloo():
   command = launch.horovodrun_command(2, ["--model=mlp"])
   assert os.path.basename(command[0]) == "horovodrun"
-  assert command[1:6] == ["-np", "2", "-H", "localhost:2", "--gloo"]
-  assert command[6:] == [sys.executable, "-m", "torch_parity.train",
+  assert command[1:7] == ["-np", "2", "-H", "localhost:2", "--gloo",
+                         "--disable-cache"]
+  assert command[7:] == [sys.executable, "-m", "torch_parity.train",
                          "--model=mlp"]
 
 
@@ -226,3 +229,87 @@ def test_killed_horovod_rank_ends_the_job_with_a_clear_message(tmp_path):
   last = stderr.strip().splitlines()[-1]
   assert last.startswith("torch_parity.launch: rank 1 was killed by SIGKILL")
   assert ended_s < DEAD_RANK_BOUND_S
+
+
+def test_horovod_launch_needs_no_writable_home(tmp_path):
+  # Tests run as root, where a chmod-ed directory stays writable; a HOME
+  # beneath a regular file cannot be created by anyone (ENOTDIR), as a
+  # read-only HOME cannot be written (Bazel's sandbox, a shared cluster home).
+  blocker = tmp_path / "file"
+  blocker.write_text("not a directory")
+  home = blocker / "home"
+  with pytest.raises(NotADirectoryError):
+    os.makedirs(home / ".horovod")
+  result = run_module("torch_parity.launch", "--num_workers=2", "--",
+                      "--strategy=horovod", *TINY_RUN, "--train_steps=2",
+                      "--evaluate=false", f"--model_dir={tmp_path / 'run'}",
+                      timeout=300, HOME=str(home))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert run_record.load_run_record(str(tmp_path / "run"))["steps"] == 2
+
+
+# Long enough that no healthy collective comes near it on a loaded 2-core
+# machine (the slowest is the first, while the other rank still starts:
+# seconds), short enough for a test.
+STUCK_TIMEOUT_S = 60
+# Start-up of two ranks on a loaded host, plus the timeout, plus the
+# launcher's grace for stopping the other rank; without the timeout the job
+# never ends and this bound fails the test.
+STUCK_JOB_BOUND_S = 240 + STUCK_TIMEOUT_S + processes.STOP_GRACE_S
+
+
+def test_stuck_rank_ends_the_job_after_the_collective_timeout(tmp_path):
+  model_dir = tmp_path / "run"
+  result = subprocess.run(
+      [sys.executable, "-m", "torch_parity.launch", "--num_workers=2", "--",
+       *TINY_RUN, "--train_steps=100000", f"--model_dir={model_dir}"],
+      capture_output=True, text=True, timeout=STUCK_JOB_BOUND_S,
+      cwd=REPO_ROOT, check=False,
+      env=stuck_peer_env(tmp_path, package="torch_parity", after_steps=6,
+                         timeout_s=STUCK_TIMEOUT_S))
+  assert STOPPED_LINE in result.stdout, result.stderr[-3000:]
+  assert result.returncode == 1
+  said = f"timed out after {STUCK_TIMEOUT_S} s waiting for a peer"
+  assert (f"torch_parity.train: error: CollectiveTimeoutError: {said}"
+          in result.stderr)
+  summary = [line for line in result.stderr.splitlines()
+             if line.startswith("torch_parity.launch: rank ")]
+  assert summary == [f"torch_parity.launch: rank 0 exited with status 1 "
+                     f"({said}); stopping the other 1 rank(s)"], summary
+  record = run_record.load_run_record(str(model_dir))
+  assert record["status"] == "failed"
+  assert record["worker"] == {"index": 0, "num_workers": 2}
+  assert record["timeout"]["kind"] == "collective_timeout"
+  assert record["timeout"]["timeout_s"] == STUCK_TIMEOUT_S
+
+
+def _listening_while_training(tmp_path, *trainer_args):
+  return sockets.listening_while_running(
+      [sys.executable, "-m", "torch_parity.launch", "--num_workers=2", "--",
+       *TINY_RUN, "--train_steps=100000", f"--model_dir={tmp_path}",
+       *trainer_args],
+      until="[worker 0] step ", timeout_s=240, cwd=REPO_ROOT,
+      env=subprocess_env())
+
+
+def test_ddp_ranks_listen_on_loopback_only(tmp_path):
+  snapshot = _listening_while_training(tmp_path)
+  assert snapshot.sockets, "no listening socket found at all"
+  assert all(s.is_loopback for s in snapshot.sockets), snapshot.sockets
+  # Not vacuous: rank 0 serves the rendezvous store on MASTER_ADDR, which
+  # torch would otherwise bind to every interface.
+  master_ports = {int(env["MASTER_PORT"])
+                  for env in snapshot.environments.values()
+                  if "MASTER_PORT" in env}
+  assert len(master_ports) == 1
+  assert (("127.0.0.1", master_ports.pop()) in
+          {(s.address, s.port) for s in snapshot.sockets})
+  assert "listens on all interfaces" not in snapshot.stderr
+
+
+def test_horovod_exposes_only_horovodruns_announced_rendezvous(tmp_path):
+  snapshot = _listening_while_training(tmp_path, "--strategy=horovod")
+  exposed = [s for s in snapshot.sockets if not s.is_loopback]
+  assert len(exposed) == 1, snapshot.sockets
+  assert exposed[0].is_wildcard and "horovodrun" in exposed[0].command
+  assert launch.horovod_exposure_warning() in snapshot.stderr

@@ -1,9 +1,17 @@
 """tf.data service: preprocessing moved off the trainer's input thread.
 
-`--data_service=local` starts a dispatcher and one worker in this process on
-localhost (`start_data_service`); any other non-empty value is the address
-of a dispatcher someone else runs. Either way the batched pipeline is sent to
-the service's workers and the trainer only reads finished batches.
+`--data_service=local` starts a dispatcher and one worker in this process,
+addressed as localhost (`start_data_service`); any other non-empty value is
+the address of a dispatcher someone else runs. Either way the batched
+pipeline is sent to the service's workers and the trainer only reads
+finished batches.
+
+Exposed to the network: the dispatcher and the worker listen on every
+interface, with no authentication, and a dispatcher runs whatever dataset
+graph it is sent. TensorFlow's pip build offers no bind address
+(`DispatcherConfig`/`WorkerConfig` have none) and no local-only credentials
+(the `grpc+local` protocol is not registered), so this cannot be closed
+here; `start_data_service` says so in one line on stderr, with the ports.
 
 Usage:
 
@@ -13,9 +21,12 @@ Usage:
 """
 
 import collections
+import sys
 import threading
 
 import tensorflow as tf
+
+from overlap_core.runtime import network
 
 # Every worker produces whole epochs and the consumers that name the same job
 # share its stream: each batch goes to exactly one replica.
@@ -51,6 +62,14 @@ class LocalDataService:
     """The dispatcher address, e.g. "grpc://localhost:40123"."""
     return self._dispatcher.target
 
+  @property
+  def ports(self) -> list:
+    """[dispatcher port, worker port]: what listens on every interface."""
+    dispatcher = int(self.address.rsplit(":", 1)[1])
+    # The worker's bound port has no public accessor (port=0 picks one).
+    worker = getattr(self._worker, "_address", "")
+    return [dispatcher] + ([int(worker.rsplit(":", 1)[1])] if worker else [])
+
   def stop(self) -> None:
     """Stops the worker, then the dispatcher; later calls do nothing."""
     if self._stopped:
@@ -69,9 +88,23 @@ class LocalDataService:
     self.stop()
 
 
-def start_data_service() -> LocalDataService:
-  """Starts a dispatcher and one worker on localhost, on free ports."""
-  return LocalDataService()
+def exposure_warning(service: LocalDataService,
+                     program: str = "tfoverlap.train") -> str:
+  """The one line that says what a local service exposes to the network."""
+  return network.exposure_warning(
+      program, "the tf.data service (dispatcher and worker)",
+      "ports " + ", ".join(str(p) for p in service.ports),
+      "TensorFlow offers no bind address and no local-only credentials, and "
+      "a dispatcher runs any dataset graph it is sent; use it only on a host "
+      "whose firewall closes these ports to others")
+
+
+def start_data_service(program: str = "tfoverlap.train") -> LocalDataService:
+  """Starts a dispatcher and one worker on free ports, and warns on stderr
+  that they listen on every interface."""
+  service = LocalDataService()
+  print(exposure_warning(service, program), file=sys.stderr, flush=True)
+  return service
 
 
 def next_job_name(split: str, task: str, seed: int) -> str:

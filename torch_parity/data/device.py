@@ -13,6 +13,7 @@ import collections
 import dataclasses
 import queue
 import threading
+import time
 from typing import Iterable, Iterator, Tuple
 
 import torch
@@ -24,10 +25,18 @@ Batch = Tuple[torch.Tensor, ...]
 
 _BATCH, _END, _ERROR = "batch", "end", "error"
 _PUT_POLL_S = 0.1  # how soon a blocked producer notices close()
+_GET_POLL_S = 0.1  # how soon a waiting consumer notices a dead producer
+# The longest the training thread waits for the next batch before the run
+# fails. One batch of a slow pipeline takes seconds (256 samples at
+# --preprocess_cost_ms=100 on one worker: 26 s), DataLoader workers start in
+# seconds even on a loaded host; a pipeline silent for 10 minutes is hung
+# (a stuck worker or source), and is reported instead of waited on forever.
+BATCH_TIMEOUT_S = 600.0
 
 
-def make_device_prefetcher(batches: Iterable[Batch], device,
-                           depth: int) -> Iterator[Batch]:
+def make_device_prefetcher(batches: Iterable[Batch], device, depth: int, *,
+                           timeout_s: float = BATCH_TIMEOUT_S
+                           ) -> Iterator[Batch]:
   """Yields `batches` in order, on `device`, with `depth` staged ahead.
 
   Args:
@@ -36,21 +45,26 @@ def make_device_prefetcher(batches: Iterable[Batch], device,
     depth: batches staged ahead of the one being consumed, >= 1; the
       trainer passes `overlap_core.runtime.datasets.device_buffer_size(prefetch)`,
       the depth TensorFlow's device prefetch uses.
+    timeout_s: the longest `next()` waits for the background thread's next
+      batch before it raises TimeoutError (not on CUDA, where `next()`
+      pulls from `batches` itself).
 
   Returns:
     An iterator with `close()`, which stops staging.
 
   Raises:
-    ValueError: depth < 1.
+    ValueError: depth < 1 or timeout_s <= 0.
   """
   if depth < 1:
     raise ValueError(f"depth={depth}: must be >= 1")
+  if not timeout_s > 0:
+    raise ValueError(f"timeout_s={timeout_s}: must be > 0")
   device = torch.device(device)
   if device.type == "cuda":
     if device.index is None:
       device = torch.device("cuda", torch.cuda.current_device())
     return CudaPrefetcher(batches, device, depth)
-  return ThreadPrefetcher(batches, device, depth)
+  return ThreadPrefetcher(batches, device, depth, timeout_s=timeout_s)
 
 
 class CudaPrefetcher:
@@ -124,7 +138,9 @@ class ThreadPrefetcher:
   The thread pulls from `batches` (running an inline loader's
   preprocessing, or waiting on its workers) and moves each batch to
   `device` while the caller's step runs. Errors of the source are raised by
-  the caller's next().
+  the caller's next(). Every wait is bounded: next() raises TimeoutError
+  when no batch comes within `timeout_s`, and RuntimeError at once when the
+  thread is gone without handing over a batch, an end or an error.
 
   Usage:
 
@@ -133,10 +149,11 @@ class ThreadPrefetcher:
   """
 
   def __init__(self, batches: Iterable[Batch], device: torch.device,
-               depth: int):
+               depth: int, *, timeout_s: float = BATCH_TIMEOUT_S):
     self._queue = queue.Queue(maxsize=depth)
     self._stop = threading.Event()
     self._done = False
+    self._timeout_s = timeout_s
     # The thread gets the queue and the flag, not self: then dropping the
     # prefetcher without close() still reaches __del__ and stops it.
     self._thread = threading.Thread(
@@ -151,13 +168,38 @@ class ThreadPrefetcher:
   def __next__(self) -> Batch:
     if self._done:
       raise StopIteration
-    kind, value = self._queue.get()
+    try:
+      kind, value = self._get()
+    except (TimeoutError, RuntimeError):
+      self._done = True
+      raise
     if kind == _BATCH:
       return value
     self._done = True
     if kind == _ERROR:
       raise value
     raise StopIteration
+
+  def _get(self):
+    """The thread's next item, waiting at most `timeout_s`."""
+    deadline = time.monotonic() + self._timeout_s
+    while True:
+      try:
+        return self._queue.get(timeout=_GET_POLL_S)
+      except queue.Empty:
+        pass
+      if not self._thread.is_alive():
+        try:  # its last item may have come in just before it ended
+          return self._queue.get_nowait()
+        except queue.Empty:
+          raise RuntimeError(
+              "device prefetch: the prefetch thread ended without a batch, "
+              "an end or an error") from None
+      if time.monotonic() >= deadline:
+        raise TimeoutError(
+            f"device prefetch: no batch from the input pipeline in "
+            f"{self._timeout_s:g} s; it is hung (a stuck DataLoader worker "
+            "or data source)")
 
   def close(self) -> None:
     """Stops the thread once its current batch is ready; drops the rest."""
@@ -186,8 +228,10 @@ def _produce(batches: Iterator[Batch], device: torch.device,
       if not put((_BATCH, tuple(t.to(device) for t in batch))):
         return
     put((_END, None))
-  except Exception as e:  # pylint: disable=broad-except
-    put((_ERROR, e))  # re-raised on the caller's thread
+  except BaseException as e:  # pylint: disable=broad-except
+    # Whatever ends the thread is re-raised on the caller's thread; there,
+    # not here, is where the run can stop.
+    put((_ERROR, e))
 
 
 class ResidentIterator:
