@@ -192,7 +192,8 @@ class PipelineRuntime:
     self.schedule = schedule
     self.mesh = mesh
     self.stage_indices = stage_indices
-    self.last_step_s = 0.0
+    self.cut_layers: List[str] = []
+    self.step_s: List[float] = []
 
   @property
   def holds_first_stage(self) -> bool:
@@ -225,10 +226,45 @@ class PipelineRuntime:
       kwargs = dict(target=targets, losses=losses)
     start = time.perf_counter()
     self.schedule.step(*args, return_outputs=False, **kwargs)
-    self.last_step_s = time.perf_counter() - start
+    self.step_s.append(time.perf_counter() - start)
     if not self.holds_last_stage:
       return None
     return torch.stack([l.detach() for l in losses]).mean()
+
+  def describe(self) -> dict:
+    """run.json's strategy.pipeline: the split and this rank's place.
+
+    step_s is the schedule's wall time per step on this rank: its compute,
+    its wait on neighbours and its transfers together (not yet apart).
+    """
+    steps_s = sorted(self.step_s)
+    return {
+        "stages": self.mesh.dims.pipeline,
+        "data_parallel": self.mesh.dims.data_parallel,
+        "stage_indices": list(self.stage_indices),
+        "replica": self.mesh.replica,
+        "cut_layers": list(self.cut_layers),
+        "schedule": type(self.schedule).__name__,
+        "num_microbatches": self.schedule._n_microbatches,  # pylint: disable=protected-access
+        "measured": {"steps": len(steps_s),
+                     "step_s_median": steps_s[len(steps_s) // 2]
+                                      if steps_s else None},
+    }
+
+
+def average_stage_buffers(runtime: PipelineRuntime) -> None:
+  """Makes every replica's BatchNorm statistics of a stage their mean
+  over that stage's replicas (as `Strategy.average_buffers` does over the
+  world for a model that is not split)."""
+  replicas = runtime.mesh.dims.data_parallel
+  if replicas == 1:
+    return
+  with torch.no_grad():
+    for module in runtime.stage_modules:
+      for buffer in module.buffers():
+        if buffer.is_floating_point():
+          dist.all_reduce(buffer, group=runtime.mesh.replica_group)
+          buffer /= replicas
 
 
 def _stage_indices(cfg: PipelineConfig, stage: int) -> List[int]:

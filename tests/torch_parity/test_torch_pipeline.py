@@ -7,6 +7,7 @@ pytorch/pytorch#132644) and compares every loss and gradient with the
 unsplit model trained here on the same micro-batches.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from overlap_core.runtime.config import ConfigError, PipelineConfig
 from torch_parity import pipeline
 from torch_parity.models import build_model
 
-from tests.helpers import REPO_ROOT, subprocess_env
+from tests.helpers import REPO_ROOT, run_module, subprocess_env
 
 IMAGE_SIZE = 32
 BATCH = 8
@@ -164,6 +165,35 @@ def test_auto_split_and_zero_bubble_are_refused_with_a_reason():
   with pytest.raises(ConfigError, match="pipeline_schedule"):
     pipeline.check_schedule(PipelineConfig(
         stages=2, microbatches=4, schedule="zero_bubble", virtual_stages=2))
+
+
+TRAIN_FLAGS = ["--model=resnet18", "--dataset=synthetic", "--image_size=32",
+               "--batch_size=8", "--train_steps=2", "--strategy=mirrored",
+               "--num_devices=2", "--pipeline_stages=2",
+               "--pipeline_microbatches=4", "--pipeline_split=even",
+               "--evaluate=false", "--tensorboard=false", "--trace=false",
+               "--intra_op_threads=1", "--inter_op_threads=1"]
+
+
+def test_the_trainer_runs_stages_and_records_the_split(tmp_path):
+  result = run_module("torch_parity.train", *TRAIN_FLAGS, "--pipeline_schedule=1f1b",
+                      f"--model_dir={tmp_path}", timeout=PIPELINE_TIMEOUT_S)
+  assert result.returncode == 0, result.stderr[-2000:]
+  with open(tmp_path / "run.json", encoding="utf-8") as f:
+    record = json.load(f)
+  described = record["strategy"]["pipeline"]
+  assert described["cut_layers"] == ["layer2.1.relu_8"]
+  assert described["schedule"] == "Schedule1F1B"
+  assert described["measured"]["steps"] == 2
+  assert record["strategy"]["parallel_dims"]["pipeline"] == 2
+
+
+def test_the_trainer_refuses_a_pipelined_checkpoint_in_one_line(tmp_path):
+  result = run_module("torch_parity.train", *TRAIN_FLAGS, "--checkpoint=sync",
+                      f"--model_dir={tmp_path}", timeout=120)
+  assert result.returncode == 2
+  (line,) = result.stderr.strip().splitlines()[-1:]
+  assert "--checkpoint=sync" in line and "stage" in line
 
 
 if __name__ == "__main__":
