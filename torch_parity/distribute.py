@@ -269,11 +269,12 @@ class DDPStrategy(Strategy):
     super().__init__(cfg, **kwargs)
     self.backend = backend
 
-  def wrap_model(self, model: nn.Module) -> nn.Module:
-    """DDP all-reduces gradient buckets while backward still runs."""
+  def wrap_model(self, model: nn.Module, process_group=None) -> nn.Module:
+    """DDP all-reduces gradient buckets while backward still runs, over
+    `process_group` (default: the world; a pipeline stage's replicas)."""
     bucket_cap_mb = self.cfg.all_reduce_pack_mb or None  # None: DDP's 25 MB
     return nn.parallel.DistributedDataParallel(
-        model,
+        model, process_group=process_group,
         device_ids=[self.device.index] if self.device.type == "cuda" else None,
         bucket_cap_mb=bucket_cap_mb,
         # Each replica keeps its own BatchNorm statistics and
@@ -412,6 +413,23 @@ def _build_horovod(cfg: DistributeConfig) -> Strategy:
     torch.cuda.set_device(device)
   return HorovodStrategy(cfg, dims=_dims(cfg, hvd.size()), device=device,
                          rank=hvd.rank(), local_rank=hvd.local_rank())
+
+
+def apply_pipeline_dims(strategy: Strategy, num_stages: int) -> Strategy:
+  """Puts the strategy's world on a pipeline x data-parallel mesh:
+  `num_stages` stages, each replicated world / num_stages times.
+
+  Raises:
+    ConfigError: the world does not divide into that many stages.
+  """
+  world = strategy.dims.world_size
+  if world % num_stages:
+    raise ConfigError(strategy.dims.world_flag, world,
+                      f"--pipeline_stages={num_stages} must divide the world "
+                      f"of {world} processes")
+  strategy.dims = ParallelDims(world, world // num_stages, num_stages,
+                               world_flag=strategy.dims.world_flag)
+  return strategy
 
 
 def make_agree(strategy: Strategy):

@@ -3,8 +3,9 @@
 `parallelize` takes the model (on this process's device) and its optimizer
 and applies, in a fixed order:
 
-  1. pipeline stages: keep this rank's stage of the model (not yet: the
-     run's ParallelDims has pipeline = 1, and the trainers refuse more);
+  1. pipeline stages: keep this rank's stage(s) of the model, cut at the
+     plan's layers, under a torch.distributed.pipelining schedule
+     (torch_parity.pipeline); DDP then wraps each stage over its replicas;
   2. data parallelism: DDP wraps the module, so gradient buckets are
      all-reduced while backward still runs; or Horovod wraps the optimizer,
      which all-reduces from backward hooks;
@@ -18,11 +19,13 @@ wrapped module, whose hooks must not see them move underneath.
 
 from typing import Callable, NamedTuple, Optional
 
+import torch
 from torch import nn
 
 from overlap_core.planning.dims import ParallelDims
-from overlap_core.runtime.config import OffloadConfig
+from overlap_core.runtime.config import OffloadConfig, PipelineConfig
 from torch_parity import offload as offload_lib
+from torch_parity import pipeline as pipeline_lib
 from torch_parity.distribute import Strategy
 
 
@@ -37,17 +40,30 @@ class Parallelized(NamedTuple):
       Horovod's DistributedOptimizer is a new optimizer of its own.
     dims: the run's degrees of parallelism.
     offload: the `Offloader` whose hooks move tensors, or None.
+    pipeline: this rank's `PipelineRuntime` when pipelined (then `model`
+      holds this rank's stages only, and the train step runs the
+      schedule), else None.
   """
   model: nn.Module
   train_model: nn.Module
   optimizer: object
   dims: ParallelDims
   offload: Optional[offload_lib.Offloader] = None
+  pipeline: Optional[pipeline_lib.PipelineRuntime] = None
+
+
+class PipelineSpec(NamedTuple):
+  """What step 1 needs to cut the model: the flags' pipeline settings, a
+  micro-batch to trace shapes with, and the loss the last stage computes."""
+  config: PipelineConfig
+  example_input: torch.Tensor
+  loss_fn: Callable
 
 
 def parallelize(strategy: Strategy, build_model: Callable[[], nn.Module],
                 build_optimizer: Callable[[nn.Module], object],
-                offload: OffloadConfig = OffloadConfig()) -> Parallelized:
+                offload: OffloadConfig = OffloadConfig(),
+                pipeline: Optional[PipelineSpec] = None) -> Parallelized:
   """Builds the model and optimizer with the run's parallelism applied.
 
   Args:
@@ -55,12 +71,19 @@ def parallelize(strategy: Strategy, build_model: Callable[[], nn.Module],
     build_model: makes the whole model (on the CPU; it is moved here).
     build_optimizer: makes its optimizer from the device-resident module.
     offload: what to keep in host memory between uses.
+    pipeline: how to cut the model, when strategy.dims.pipeline > 1.
   """
   dims = strategy.dims
   if dims.is_pipelined:
-    raise ValueError(f"Invalid value for argument `strategy`. Received: "
-                     f"pipeline={dims.pipeline}; allowed: 1 (PyTorch "
-                     "pipeline stages are not built yet)")
+    if offload.enabled:
+      raise ValueError("Invalid value for argument `offload`. Received: "
+                       f"{offload.targets} with pipeline={dims.pipeline}; "
+                       "allowed: no offload with pipeline stages (yet)")
+    if pipeline is None:
+      raise ValueError(f"Invalid value for argument `pipeline`. Received: "
+                       f"None with pipeline={dims.pipeline}; allowed: a "
+                       "PipelineSpec")
+    return apply_pipeline(strategy, build_model(), build_optimizer, pipeline)
   model = build_model().to(strategy.device)
   optimizer = build_optimizer(model)
   train_model = strategy.wrap_model(model)
@@ -68,3 +91,24 @@ def parallelize(strategy: Strategy, build_model: Callable[[], nn.Module],
   offloader = offload_lib.apply_offload(model, optimizer, offload,
                                         strategy.device)
   return Parallelized(model, train_model, optimizer, dims, offloader)
+
+
+def apply_pipeline(strategy: Strategy, model: nn.Module,
+                   build_optimizer: Callable[[nn.Module], object],
+                   spec: PipelineSpec) -> Parallelized:
+  """Step 1, then step 2 within it: cut, keep this rank's stages, wrap
+  each in DDP over the replicas of that stage."""
+  cfg = spec.config
+  cuts = pipeline_lib.plan_cut_layers(model, spec.example_input, cfg)
+  modules = pipeline_lib.build_stage_modules(model, cuts)
+  mesh = pipeline_lib.build_mesh_groups(strategy.dims, strategy.rank)
+  wrap = None
+  if strategy.dims.is_data_parallel:
+    wrap = lambda module: strategy.wrap_model(  # pylint: disable=g-long-lambda
+        module, process_group=mesh.replica_group)
+  runtime = pipeline_lib.build_runtime(modules, cfg, mesh, strategy.device,
+                                       spec.loss_fn, wrap=wrap)
+  runtime.cut_layers = list(cuts)
+  own = nn.ModuleList(runtime.stage_modules)
+  optimizer = build_optimizer(own)
+  return Parallelized(own, own, optimizer, strategy.dims, None, runtime)

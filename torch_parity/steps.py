@@ -177,3 +177,40 @@ def evaluate(model: nn.Module, batches, strategy, *, task: str,
   loss_sum, quality_sum, count = strategy.sum_over_replicas(sums).tolist()
   return evaluation_result(task, loss_sum=loss_sum, quality_sum=quality_sum,
                            count=count)
+
+
+def make_pipeline_loss(task: str):
+  """The last stage's loss of one micro-batch: its mean per-example loss
+  (the schedule averages over micro-batches, DDP over replicas)."""
+
+  def loss_fn(outputs, targets):
+    return per_example_loss(task, targets, outputs).mean()
+
+  return loss_fn
+
+
+def make_pipeline_train_step(runtime, optimizer, strategy):
+  """One optimizer step of a pipelined batch.
+
+  Every rank reads the same batch of its replica; the first stage feeds
+  the inputs in, the last compares its outputs with the targets.
+
+  Returns:
+    train_step((inputs, targets)) -> the global mean loss on every rank:
+    the last stages' losses summed over the world (other ranks add zero)
+    and divided by the replicas.
+  """
+  device = strategy.device
+  replicas = strategy.dims.data_parallel
+
+  def train_step(batch):
+    inputs, targets = batch
+    optimizer.zero_grad()
+    loss = runtime.step(inputs.to(device, non_blocking=True),
+                        targets.to(device, non_blocking=True))
+    optimizer.step()
+    if loss is None:
+      loss = torch.zeros((), device=device)
+    return strategy.sum_over_replicas(loss) / replicas
+
+  return train_step

@@ -17,12 +17,11 @@ import torch
 from overlap_core.checkpoint import engine as checkpoint_engine
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import datasets, outputs, run_record, zoo
-from overlap_core.runtime.config import (ConfigError, TrainConfig,
-                                         check_not_pipelined)
+from overlap_core.runtime.config import ConfigError, TrainConfig
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
 from torch_parity import (checkpoint, data, distribute, loops, models,
-                          offload, parallelize, steps)
+                          offload, parallelize, pipeline, steps)
 
 FRAMEWORK = "pytorch"
 
@@ -56,9 +55,53 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
     raise ConfigError("checkpoint", "tf_async",
                       "TensorFlow's own asynchronous save has no PyTorch "
                       "counterpart; allowed: none, sync, async")
-  check_not_pipelined(config.pipeline, "PyTorch")
+  check_pipeline_supported(config)
   distribute.check_strategy(config.distribute, num_gpus=num_gpus)
   offload.check_offload(config, num_gpus=num_gpus)
+
+
+def check_pipeline_supported(config: TrainConfig) -> None:
+  """Refuses what the pipeline runtime cannot run yet, one reason each."""
+  cfg = config.pipeline
+  if cfg.stages == 1:
+    return
+  pipeline.check_schedule(cfg)
+  if config.distribute.strategy not in distribute.DDP_STRATEGIES:
+    raise ConfigError("strategy", config.distribute.strategy,
+                      "pipeline stages are separate processes; allowed with "
+                      "--pipeline_stages > 1: mirrored, multi_worker")
+  world = (config.distribute.num_devices
+           if config.distribute.strategy == "mirrored"
+           else config.distribute.num_workers)
+  if world != cfg.stages:
+    # A DDP-wrapped stage fails its first forward under the schedule here
+    # (seen on gloo, 4 ranks as 2 stages x 2 replicas); refused until fixed.
+    raise ConfigError("pipeline_stages", cfg.stages,
+                      f"stage replicas (DDP over each stage) do not run yet; "
+                      f"allowed: one process per stage, the world of {world}")
+  if config.checkpoint.mode != "none":
+    raise ConfigError("checkpoint", config.checkpoint.mode,
+                      "each pipeline rank holds one stage, and a checkpoint "
+                      "of the whole model from stages is not built yet; "
+                      "allowed with --pipeline_stages > 1: none")
+  if config.run.evaluate:
+    raise ConfigError("evaluate", True,
+                      "evaluation runs the whole model, which no pipeline "
+                      "rank holds; allowed with --pipeline_stages > 1: false")
+  if config.model.precision != "float32":
+    raise ConfigError("precision", config.model.precision,
+                      "the pipeline schedules run no loss scaling or "
+                      "autocast yet; allowed with --pipeline_stages > 1: "
+                      "float32")
+  if config.offload.enabled:
+    raise ConfigError("offload", ",".join(config.offload.targets),
+                      "the offload hooks do not follow a schedule's "
+                      "micro-batches yet; allowed with --pipeline_stages > 1:"
+                      " none")
+  if cfg.split == "auto":
+    raise ConfigError("pipeline_split", "auto",
+                      "the runtime cuts without profiling; run python -m "
+                      "torch_parity.plan and pass its cut layers, or even")
 
 
 def describe_environment(strategy: distribute.Strategy) -> dict:
@@ -96,7 +139,11 @@ def _seed(config: TrainConfig, device: torch.device) -> None:
 def _build_train_batches(config: TrainConfig, spec, strategy, first_step):
   """This process's training batches: resident, or the loader (staged on
   the device ahead of the step with --prefetch_to_device)."""
-  shard = {"rank": strategy.rank, "world_size": strategy.world_size}
+  # A batch per data-parallel replica: every stage of one replica reads
+  # the same batch (the first uses its inputs, the last its targets).
+  dims = strategy.dims
+  shard = {"rank": dims.coordinates(strategy.rank).data_parallel,
+           "world_size": dims.data_parallel}
   if config.data.synthetic_on_device:
     return data.make_resident_iterator(
         config.data, task=spec.task, seed=config.run.seed,
@@ -120,6 +167,37 @@ def _evaluate(config: TrainConfig, spec, strategy, model) -> dict:
                         precision=config.model.precision)
 
 
+def _pipeline_spec(config: TrainConfig, spec, info):
+  """How parallelize cuts the model, or None when it is not pipelined."""
+  cfg = config.pipeline
+  if cfg.stages == 1:
+    return None
+  replicas = config.distribute.num_workers * (
+      config.distribute.num_devices
+      if config.distribute.strategy == "mirrored" else 1) // cfg.stages
+  microbatch = max(1, config.data.batch_size // replicas // cfg.microbatches)
+  side = config.data.image_size // spec.upscale
+  return parallelize.PipelineSpec(
+      cfg, torch.randn(microbatch, info.channels, side, side),
+      steps.make_pipeline_loss(spec.task))
+
+
+def _make_train_step(config: TrainConfig, spec, strategy, parallel):
+  if parallel.pipeline:
+    return steps.make_pipeline_train_step(parallel.pipeline,
+                                          parallel.optimizer, strategy)
+  return steps.make_train_step(parallel.train_model, parallel.optimizer,
+                               strategy, task=spec.task,
+                               precision=config.model.precision)
+
+
+def _describe_strategy(strategy, parallel) -> dict:
+  described = strategy.describe()
+  if parallel.pipeline:
+    described["pipeline"] = parallel.pipeline.describe()
+  return described
+
+
 def train(config: TrainConfig):
   """Runs training as configured; returns the run record it wrote.
 
@@ -134,6 +212,8 @@ def train(config: TrainConfig):
   check_supported(config)
   distribute.configure_host(config.run)
   strategy = distribute.build_strategy(config.distribute)
+  if config.pipeline.stages > 1:
+    distribute.apply_pipeline_dims(strategy, config.pipeline.stages)
   try:
     _seed(config, strategy.device)
     config = run_record.with_default_model_dir(config, FRAMEWORK)
@@ -143,14 +223,17 @@ def train(config: TrainConfig):
       os.makedirs(out_dir, exist_ok=True)
     spec = zoo.MODELS[config.model.name]
     info = data.describe(config.data)
-    model, train_model, optimizer, _, offloader = parallelize.parallelize(
+    parallel = parallelize.parallelize(
         strategy,
         build_model=lambda: models.build_model(
             config.model.name, image_size=config.data.image_size,
             num_classes=info.num_classes, channels=info.channels),
         build_optimizer=lambda module: steps.build_optimizer(
             config.model, module.parameters()),
-        offload=config.offload)
+        offload=config.offload,
+        pipeline=_pipeline_spec(config, spec, info))
+    model, optimizer = parallel.model, parallel.optimizer
+    offloader = parallel.offload
     # After parallelize: Horovod's DistributedOptimizer is a new optimizer
     # with state of its own, the one to save and restore. Every rank
     # restores rank 0's checkpoint, so all resume from the same state.
@@ -192,9 +275,7 @@ def train(config: TrainConfig):
       try:
         train_loss = loops.run_custom_loop(
             ctx,
-            train_step=steps.make_train_step(
-                train_model, optimizer, strategy, task=spec.task,
-                precision=config.model.precision),
+            train_step=_make_train_step(config, spec, strategy, parallel),
             iterator=batches, device=strategy.device)
       except BaseException:
         if checkpointer:
@@ -210,7 +291,10 @@ def train(config: TrainConfig):
     if checkpointer:
       checkpointer.finish(ctx.last_step)
     write_scalars.close()
-    strategy.average_buffers(model)
+    if parallel.pipeline:
+      pipeline.average_stage_buffers(parallel.pipeline)
+    else:
+      strategy.average_buffers(model)
     final = {"train_loss": train_loss}
     if config.run.evaluate and info.num_eval_examples:
       final.update(_evaluate(config, spec, strategy, model))
@@ -224,7 +308,7 @@ def train(config: TrainConfig):
         worker_index=strategy.worker_index,
         num_workers=strategy.num_workers,
         environment=describe_environment(strategy),
-        strategy=strategy.describe(), num_params=models.num_params(model),
+        strategy=_describe_strategy(strategy, parallel), num_params=models.num_params(model),
         weights_digest=weights_digest(model), final=final,
         phases_measured=list(ledger_lib.PHASES),
         checkpoint_stats=checkpointer.stats() if checkpointer else None,

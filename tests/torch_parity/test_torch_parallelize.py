@@ -16,9 +16,10 @@ def _cfg(strategy="default"):
 
 def test_one_process_trains_the_module_itself():
   strategy = distribute.build_strategy(_cfg())
-  model, train_model, optimizer, dims, _ = parallelize.parallelize(
+  model, train_model, optimizer, dims, _, pipeline = parallelize.parallelize(
       strategy, lambda: nn.Linear(4, 2),
       lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
+  assert pipeline is None
   assert train_model is model and dims.world_size == 1
   assert optimizer.param_groups[0]["params"][0] is model.weight
 
@@ -26,7 +27,7 @@ def test_one_process_trains_the_module_itself():
 def test_ddp_wraps_the_module_it_runs():
   strategy = distribute.build_strategy(_cfg("multi_worker"))
   try:
-    model, train_model, _, _, _ = parallelize.parallelize(
+    model, train_model, _, _, _, _ = parallelize.parallelize(
         strategy, lambda: nn.Linear(4, 2),
         lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
     assert isinstance(train_model, nn.parallel.DistributedDataParallel)
@@ -35,10 +36,10 @@ def test_ddp_wraps_the_module_it_runs():
     strategy.close()
 
 
-def test_pipeline_stages_are_refused_until_they_exist():
+def test_pipeline_stages_need_to_know_how_to_cut():
   strategy = distribute.Strategy(
       _cfg(), dims=ParallelDims(world_size=2, data_parallel=1, pipeline=2),
       device=torch.device("cpu"))
-  with pytest.raises(ValueError, match="pipeline=2"):
+  with pytest.raises(ValueError, match="PipelineSpec"):
     parallelize.parallelize(strategy, lambda: nn.Linear(4, 2),
                             lambda m: torch.optim.SGD(m.parameters(), lr=0))

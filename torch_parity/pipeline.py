@@ -1,0 +1,311 @@
+"""PyTorch pipeline stages: the plan's split, run by torch.distributed.pipelining.
+
+The model is traced once with torch.fx (the graph the planner read), every
+node is assigned to the stage its cut layers put it in, and
+`torch.fx.passes.split_module` makes one `GraphModule` per stage: stage k
+runs exactly the fx nodes of stage k, and takes and returns the one tensor
+that crosses its cut (the planner's cut points guarantee there is one).
+
+Each rank keeps its own stage (or stages, with virtual stages), wrapped in
+DDP over the replicas of that stage when data_parallel > 1, and hands it to
+a `PipelineStage` whose point-to-point traffic runs on the stage-to-stage
+group of its data-parallel column. The schedule splits the batch into
+micro-batches: the first stage reads the inputs, the last computes the loss.
+
+  modules = build_stage_modules(model, example, cut_layers=("features.9",))
+  runtime = build_runtime(modules, cfg, mesh, device, loss_fn)
+  losses = runtime.step(inputs, targets)   # the last stage gets the losses
+"""
+
+import dataclasses
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import fx
+from torch import nn
+from torch.distributed import pipelining
+from torch.fx.passes.split_module import split_module
+
+from overlap_core.planning import partition as partition_lib
+from overlap_core.planning.dims import ParallelDims
+from overlap_core.runtime.config import ConfigError, PipelineConfig
+from torch_parity.planning.graph import build_layer_graph, layer_names
+
+# Schedules that run on gloo here; zero_bubble is refused (see _SCHEDULES).
+_SCHEDULES = {
+  "gpipe": pipelining.ScheduleGPipe,
+  "1f1b": pipelining.Schedule1F1B,
+  "interleaved_1f1b": pipelining.ScheduleInterleaved1F1B,
+}
+ZERO_BUBBLE_REFUSAL = (
+  "zero-bubble schedules split backward into input and weight gradients, "
+  "which the fx stage modules here do not provide; allowed: gpipe, 1f1b, "
+  "interleaved_1f1b")
+
+
+def plan_cut_layers(model: nn.Module, example: torch.Tensor,
+          cfg: PipelineConfig, *, name: str = "") -> List[str]:
+  """The layers the first S*V - 1 stages end with, from the flags' split.
+
+  `even` and explicit cuts need only the layer graph; `auto` needs a
+  profile, which `python -m torch_parity.plan` measures: the runtime
+  refuses it rather than profile for minutes before training.
+
+  Raises:
+      ConfigError: naming pipeline_split, for a split the graph cannot take.
+  """
+  if cfg.split == "auto":
+    raise ConfigError(
+      "pipeline_split", "auto",
+      "the runtime needs cut layers it can use without profiling; "
+      "run python -m torch_parity.plan and pass its cuts, or even")
+  graph = build_layer_graph(model, example, name=name)
+  num_stages = cfg.stages * cfg.virtual_stages
+  try:
+    plan = partition_lib.partition(
+      graph, {n.name: 0.0 for n in graph.nodes}, num_stages=num_stages,
+      batch_size=example.shape[0], mode=cfg.split,
+      cut_layers=cfg.cut_layers)
+  except ValueError as e:
+    raise ConfigError("pipeline_split", cfg.split or "even",
+                          str(e)) from None
+  return list(plan.cuts)
+
+
+def build_stage_modules(model: nn.Module, cut_layers: Sequence[str]
+            ) -> List[fx.GraphModule]:
+  """The model as len(cut_layers) + 1 stage modules, in order.
+
+  A stage's parameters and buffers are the model's own tensors (shared,
+  not copied), so a stage module's state_dict keys are the model's.
+
+  Raises:
+      ValueError: a cut layer is not a node of the traced model.
+  """
+  traced = fx.symbolic_trace(model)
+  names = layer_names(traced)
+  by_name = {layer: node for node, layer in names.items()}
+  missing = [c for c in cut_layers if c not in by_name]
+  if missing:
+    raise ValueError(f"cut layers {missing} are not layers of the model")
+  stage_of: Dict[fx.Node, int] = {}
+  stage = 0
+  cuts = set(cut_layers)
+  for node in traced.graph.nodes:
+    if node.op in ("placeholder", "output"):
+      continue
+    stage_of[node] = stage
+    if names[node] in cuts:
+      stage += 1
+  split = split_module(traced, model, lambda node: stage_of[node],
+                       keep_original_order=True)
+  stages = [getattr(split, f"submod_{k}") for k in range(len(cut_layers) + 1)]
+  for stage in stages[1:]:
+    _make_input_users_out_of_place(stage)
+  return stages
+
+
+def _make_input_users_out_of_place(stage: fx.GraphModule) -> None:
+  """A stage's input arrives as a leaf tensor that needs its gradient
+  (the one sent back); an in-place op on it (VGG's ReLU(inplace=True)) is
+  an autograd error, so the ops that read it write a new tensor instead."""
+  modules = dict(stage.named_modules())
+  for placeholder in (n for n in stage.graph.nodes if n.op == "placeholder"):
+    for user in placeholder.users:
+      if user.op == "call_module" and getattr(modules[user.target],
+                                              "inplace", False):
+        modules[user.target].inplace = False
+      elif user.kwargs.get("inplace"):
+        user.update_kwarg("inplace", False)
+  stage.recompile()
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineMesh:
+  """This rank's process groups on the pipeline x data-parallel mesh.
+
+  Attributes:
+      dims: the validated degrees.
+      stage: this rank's pipeline coordinate (its first stage).
+      replica: its data-parallel coordinate.
+      pipeline_group: the ranks of its data-parallel column, one per stage,
+    in stage order (the point-to-point group).
+      replica_group: the ranks holding the same stage (DDP's group).
+  """
+  dims: ParallelDims
+  stage: int
+  replica: int
+  pipeline_group: object
+  replica_group: object
+
+  @property
+  def is_first(self) -> bool:
+    return self.stage == 0
+
+  @property
+  def is_last(self) -> bool:
+    return self.stage == self.dims.pipeline - 1
+
+
+def build_mesh_groups(dims: ParallelDims, rank: int) -> PipelineMesh:
+  """Creates every mesh group (a collective: all ranks call it in order)."""
+  dp, pp = dims.data_parallel, dims.pipeline
+  pipeline_group = replica_group = None
+  # new_group must be called by every rank for every group, same order.
+  for replica in range(dp):
+    ranks = [stage * dp + replica for stage in range(pp)]
+    group = dist.new_group(ranks)
+    if rank in ranks:
+      pipeline_group = group
+  for stage in range(pp):
+    ranks = [stage * dp + replica for replica in range(dp)]
+    group = dist.new_group(ranks)
+    if rank in ranks:
+      replica_group = group
+  coords = dims.coordinates(rank)
+  return PipelineMesh(dims, coords.pipeline, coords.data_parallel,
+            pipeline_group, replica_group)
+
+
+def check_schedule(cfg: PipelineConfig) -> None:
+  """Refuses schedules this runtime cannot run, with one line."""
+  if cfg.schedule not in _SCHEDULES:
+    raise ConfigError("pipeline_schedule", cfg.schedule,
+                          ZERO_BUBBLE_REFUSAL)
+
+
+class PipelineRuntime:
+  """This rank's stages under one schedule, with what each step spent.
+
+  Attributes:
+      stage_modules: the modules this rank trains (virtual stages: several).
+      train_modules: what the stages run (DDP wrappers when replicated).
+      mesh: this rank's place on the mesh.
+  """
+
+  def __init__(self, stage_modules: List[nn.Module], train_modules,
+                 schedule, mesh: PipelineMesh, stage_indices: List[int]):
+    self.stage_modules = stage_modules
+    self.train_modules = train_modules
+    self.schedule = schedule
+    self.mesh = mesh
+    self.stage_indices = stage_indices
+    self.cut_layers: List[str] = []
+    self.step_s: List[float] = []
+
+  @property
+  def holds_first_stage(self) -> bool:
+    return 0 in self.stage_indices
+
+  @property
+  def holds_last_stage(self) -> bool:
+    return self.mesh.dims.pipeline * self._virtual - 1 in self.stage_indices
+
+  @property
+  def _virtual(self) -> int:
+    return len(self.stage_indices)
+
+  def step(self, inputs: Optional[torch.Tensor],
+             targets: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Forward and backward of one batch over every micro-batch.
+
+    Gradients are left in the stage modules' .grad, averaged over the
+    micro-batches (the schedule's scale_grads) and, with replicas, over
+    them (DDP's all-reduce at the last micro-batch's backward).
+
+    Returns:
+          On the rank holding the last stage, this batch's mean loss over
+          its micro-batches; elsewhere None.
+    """
+    losses: List[torch.Tensor] = []
+    args = (inputs,) if self.holds_first_stage else ()
+    kwargs = {}
+    if self.holds_last_stage:
+      kwargs = dict(target=targets, losses=losses)
+    start = time.perf_counter()
+    self.schedule.step(*args, return_outputs=False, **kwargs)
+    self.step_s.append(time.perf_counter() - start)
+    if not self.holds_last_stage:
+      return None
+    return torch.stack([l.detach() for l in losses]).mean()
+
+  def describe(self) -> dict:
+    """run.json's strategy.pipeline: the split and this rank's place.
+
+    step_s is the schedule's wall time per step on this rank: its compute,
+    its wait on neighbours and its transfers together (not yet apart).
+    """
+    steps_s = sorted(self.step_s)
+    return {
+        "stages": self.mesh.dims.pipeline,
+        "data_parallel": self.mesh.dims.data_parallel,
+        "stage_indices": list(self.stage_indices),
+        "replica": self.mesh.replica,
+        "cut_layers": list(self.cut_layers),
+        "schedule": type(self.schedule).__name__,
+        "num_microbatches": self.schedule._n_microbatches,  # pylint: disable=protected-access
+        "measured": {"steps": len(steps_s),
+                     "step_s_median": steps_s[len(steps_s) // 2]
+                                      if steps_s else None},
+    }
+
+
+def average_stage_buffers(runtime: PipelineRuntime) -> None:
+  """Makes every replica's BatchNorm statistics of a stage their mean
+  over that stage's replicas (as `Strategy.average_buffers` does over the
+  world for a model that is not split)."""
+  replicas = runtime.mesh.dims.data_parallel
+  if replicas == 1:
+    return
+  with torch.no_grad():
+    for module in runtime.stage_modules:
+      for buffer in module.buffers():
+        if buffer.is_floating_point():
+          dist.all_reduce(buffer, group=runtime.mesh.replica_group)
+          buffer /= replicas
+
+
+def _stage_indices(cfg: PipelineConfig, stage: int) -> List[int]:
+  """Virtual stages loop: rank s holds stages s, s + S, s + 2S, ..."""
+  return [stage + v * cfg.stages for v in range(cfg.virtual_stages)]
+
+
+def build_runtime(stage_modules: Sequence[nn.Module], cfg: PipelineConfig,
+                  mesh: PipelineMesh, device: torch.device,
+                  loss_fn: Callable, *, wrap: Callable = None
+                  ) -> PipelineRuntime:
+  """Keeps this rank's stages and puts them under the configured schedule.
+
+  Args:
+      stage_modules: every stage of the model (S * V), from
+    `build_stage_modules`.
+      cfg: the pipeline configuration (stages, micro-batches, schedule).
+      mesh: this rank's groups.
+      device: where this rank computes.
+      loss_fn: loss_fn(outputs, targets) -> scalar mean loss of one
+    micro-batch; the schedule averages over micro-batches.
+      wrap: module -> the module the stage runs (DDP over the replica group
+    when replicated); default: the module itself.
+
+  Raises:
+      ConfigError: for a schedule this runtime refuses.
+  """
+  check_schedule(cfg)
+  indices = _stage_indices(cfg, mesh.stage)
+  total = cfg.stages * cfg.virtual_stages
+  mine = [stage_modules[i].to(device) for i in indices]
+  wrap = wrap or (lambda module: module)
+  train_modules = [wrap(module) for module in mine]
+  stages = [pipelining.PipelineStage(module, i, total, device,
+                                     group=mesh.pipeline_group)
+            for module, i in zip(train_modules, indices)]
+  schedule_class = _SCHEDULES[cfg.schedule]
+  if cfg.schedule == "interleaved_1f1b":
+    schedule = schedule_class(stages, n_microbatches=cfg.microbatches,
+                              loss_fn=loss_fn)
+  else:
+    schedule = schedule_class(stages[0], n_microbatches=cfg.microbatches,
+                              loss_fn=loss_fn)
+  return PipelineRuntime(mine, train_modules, schedule, mesh, indices)
