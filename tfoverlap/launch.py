@@ -26,6 +26,7 @@ from absl import app
 import flags as tfo_flags
 from overlap_core.runtime import network
 from overlap_core.runtime import processes
+from overlap_core.runtime import waits
 # STOP_GRACE_S stays importable from here, where the launcher used to keep it.
 from overlap_core.runtime.processes import STOP_GRACE_S, free_ports
 
@@ -85,7 +86,14 @@ def parse_launcher_flags(argv):
     trainer will check it, so a bad flag exits 2 before any worker starts.
   """
   return tfo_flags.parse_launcher_argv(argv,
-                                       build_worker_args=build_worker_args)
+                                       build_worker_args=build_worker_args,
+                                       check=_check_environment)
+
+
+def _check_environment(config) -> None:
+  """What the workers read from the environment, checked before they start."""
+  del config  # the trainer flags are checked by parse_launcher_argv itself
+  waits.collective_timeout_s()
 
 
 def main(argv):
