@@ -26,6 +26,7 @@ from absl import app
 import flags as tfo_flags
 from overlap_core.runtime import network
 from overlap_core.runtime import processes
+from overlap_core.runtime import waits
 # STOP_GRACE_S stays importable from here, where the launcher used to keep it.
 from overlap_core.runtime.processes import STOP_GRACE_S, free_ports
 
@@ -80,6 +81,7 @@ def launch(num_workers: int, worker_args: list,
 def _check_supported(config) -> None:
   from tfoverlap import trainer  # pylint: disable=g-import-not-at-top
   trainer.check_supported(config)
+  waits.collective_timeout_s()  # the workers read it from the environment
 
 
 def parse_launcher_flags(argv):

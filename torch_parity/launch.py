@@ -49,6 +49,7 @@ import flags as tfo_flags
 from overlap_core.runtime import failure
 from overlap_core.runtime import network
 from overlap_core.runtime import processes
+from overlap_core.runtime import waits
 
 tfo_flags.define_flags()
 
@@ -216,6 +217,7 @@ def launch_horovod(num_workers: int, worker_args: list) -> int:
 def _check_supported(config) -> None:
   from torch_parity import trainer  # pylint: disable=g-import-not-at-top
   trainer.check_supported(config)
+  waits.collective_timeout_s()  # the ranks read it from the environment
 
 
 def parse_launcher_flags(argv):

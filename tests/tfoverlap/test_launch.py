@@ -50,6 +50,15 @@ def test_bad_flags_stop_before_any_worker_starts(args, message):
   assert "Traceback" not in result.stderr
 
 
+def test_a_bad_collective_timeout_stops_before_any_worker_starts(tmp_path):
+  result = run_module("tfoverlap.launch", "--num_workers=2", "--",
+                      f"--model_dir={tmp_path}", timeout=120,
+                      TFOVERLAP_COLLECTIVE_TIMEOUT_S="soon")
+  assert result.returncode == 2
+  assert "TFOVERLAP_COLLECTIVE_TIMEOUT_S=soon" in result.stderr
+  assert not os.listdir(tmp_path)
+
+
 def test_two_workers_train_to_identical_weights(tmp_path):
   model_dir = tmp_path / "run"
   result = run_module("tfoverlap.launch", "--num_workers=2", "--",
