@@ -4,16 +4,29 @@ import glob
 import os
 import statistics
 
+import keras
+import numpy as np
 import pytest
 import tensorflow as tf
+from absl.testing import flagsaver
 
-from tfoverlap import models
+import flags as tfo_flags
+from tfoverlap import models, steps, trainer
 from overlap_core.runtime import run_record
 from overlap_core.runtime import trace
 
 from tests.helpers import run_module
 
+tfo_flags.define_flags()
 QUICK = ["--log_every_steps=10"]
+
+
+def config_of(*args):
+  """The TrainConfig the trainer builds from these command-line arguments."""
+  with flagsaver.flagsaver():
+    tfo_flags.FLAGS.unparse_flags()
+    tfo_flags.FLAGS(["tfoverlap.train", *args])
+    return tfo_flags.to_config()
 
 
 def train(tmp_path, *args, timeout=600):
@@ -197,8 +210,44 @@ def test_every_input_knob_runs_through_the_trainer(tmp_path, args, echoed):
       assert recorded == value
 
 
-def test_mixed_bfloat16_trains(tmp_path):
-  _, record, _ = train(tmp_path, "--model=small_cnn", "--train_steps=5",
-                       "--precision=mixed_bfloat16", "--strategy=default")
-  assert record["flags"]["model"]["precision"] == "mixed_bfloat16"
-  assert record["final"]["train_loss"] > 0
+@pytest.fixture
+def float32_after():
+  """Restores Keras' float32 policy after a test that builds under another."""
+  yield
+  keras.mixed_precision.set_global_policy("float32")
+  keras.backend.clear_session()
+
+
+MATH_OPS = ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter",
+            "MatMul")
+
+
+@pytest.mark.parametrize("precision, compute_dtype", [
+    ("float32", tf.float32), ("mixed_float16", tf.float16),
+    ("mixed_bfloat16", tf.bfloat16)])
+def test_precision_sets_the_dtype_the_train_step_computes_in(
+    float32_after, precision, compute_dtype):
+  del float32_after
+  config = config_of("--model=small_cnn", "--strategy=default",
+                     "--batch_size=8", f"--precision={precision}")
+  strategy = tf.distribute.get_strategy()
+  # The trainer's own builder: it applies the precision policy.
+  model, optimizer = trainer._build_model_and_optimizer(  # pylint: disable=protected-access
+      strategy, config, num_classes=10, channels=3)
+  train_step = steps.make_train_step(strategy, model, optimizer,
+                                     task="classification",
+                                     global_batch_size=8)
+  batch = (tf.random.uniform([8, 16, 16, 3]), tf.zeros([8], tf.int32))
+  graph = train_step.get_concrete_function(batch).graph
+  math_dtypes = {(op.type, tf.as_dtype(op.get_attr("T")))
+                 for op in graph.get_operations() if op.type in MATH_OPS}
+  # Every convolution and matmul, forward and backward, outputs the compute
+  # dtype; none is left in float32 under a mixed policy.
+  assert math_dtypes == {(op, compute_dtype) for op in MATH_OPS}
+  before = [v.numpy().copy() for v in model.trainable_variables]
+  loss = float(train_step(batch))
+  assert np.isfinite(loss)
+  # The weights stay float32 and the step moved them.
+  assert {v.dtype for v in model.trainable_variables} == {"float32"}
+  assert not all(np.array_equal(v.numpy(), old) for v, old in
+                 zip(model.trainable_variables, before))

@@ -19,7 +19,8 @@ import torch
 from tests.helpers import REPO_ROOT, subprocess_env
 from tfoverlap import models as keras_models
 from overlap_core.runtime import zoo
-from torch_parity import models
+from overlap_core.runtime.config import DistributeConfig, ModelConfig
+from torch_parity import distribute, models, steps
 
 NUM_CLASSES = 10
 BATCH_SIZE = 2
@@ -424,3 +425,63 @@ def test_import_and_build_leave_tensorflow_unloaded():
                           env=subprocess_env(), check=False)
   assert result.returncode == 0, result.stderr
   assert "frameworks: []" in result.stdout
+
+
+# --- in the training step ------------------------------------------------
+
+
+def single_process_strategy():
+  return distribute.build_strategy(DistributeConfig(
+      strategy="default", num_devices=1, num_workers=1, all_reduce="auto",
+      all_reduce_pack_mb=0.0))
+
+
+@pytest.fixture
+def one_thread():
+  """Runs the test's tensor math on one thread, then restores the count.
+
+  The models below are tiny: their convolutions on 4x4 to 16x16 maps are
+  too small to share among threads. On a 2-core host that other processes
+  also use, two threads made an EDSR step 10-30x slower than one, waiting
+  for each other.
+  """
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  yield
+  torch.set_num_threads(threads)
+
+
+# torch's float16 convolutions on the CPU run on slow reference kernels, so
+# float16 is checked on the MLP's matmuls.
+@pytest.mark.parametrize("precision, name, compute_dtype", [
+    ("float32", "small_cnn", torch.float32),
+    ("mixed_bfloat16", "small_cnn", torch.bfloat16),
+    ("mixed_float16", "mlp", torch.float16),
+])
+def test_precision_sets_the_dtype_the_train_step_computes_in(
+    one_thread, precision, name, compute_dtype):
+  del one_thread
+  torch.manual_seed(0)
+  model = models.build_model(name, image_size=16, num_classes=NUM_CLASSES)
+  optimizer = steps.build_optimizer(
+      ModelConfig(name=name, optimizer="adam", learning_rate=1e-3,
+                  precision=precision), model.parameters())
+  train_step = steps.make_train_step(model, optimizer,
+                                     single_process_strategy(),
+                                     task="classification",
+                                     precision=precision)
+  output_dtypes = []
+  for module in model.modules():
+    if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
+      module.register_forward_hook(
+          lambda module, inputs, output: output_dtypes.append(output.dtype))
+  batch = (torch.rand(8, 3, 16, 16), torch.randint(0, NUM_CLASSES, (8,)))
+  before = [p.detach().clone() for p in model.parameters()]
+  loss = train_step(batch)
+  # Every convolution and linear layer computed in the compute dtype.
+  assert output_dtypes and set(output_dtypes) == {compute_dtype}
+  assert torch.isfinite(loss)
+  # The weights stay float32 and the step moved them.
+  assert {p.dtype for p in model.parameters()} == {torch.float32}
+  assert not all(torch.equal(p.detach(), old)
+                 for p, old in zip(model.parameters(), before))
