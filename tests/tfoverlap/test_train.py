@@ -22,6 +22,9 @@ from tests.helpers import run_module
 tfo_flags.define_flags()
 QUICK = ["--log_every_steps=10"]
 DIGITS_TRAIN = 1437
+# Long enough that no job of a test-owned tf.data service is collected
+# while the test still looks at it.
+NO_JOB_GC_MS = 3_600_000
 
 
 def config_of(*args):
@@ -223,6 +226,9 @@ def test_unwritable_model_dir_is_one_line(tmp_path):
   assert "run" in last
 
 
+# What each knob does is tested by its effect in test_data.py (and the data
+# service below); here each only has to run through the whole trainer and
+# land in run.json.
 @pytest.mark.parametrize("args, echoed", [
     (["--data_service=local"], {"data_service": "grpc://localhost:"}),
     (["--prefetch=0", "--map_parallelism=1"], {"prefetch": 0,
@@ -243,6 +249,33 @@ def test_every_input_knob_runs_through_the_trainer(tmp_path, args, echoed):
       assert recorded.startswith(value), recorded
     else:
       assert recorded == value
+
+
+def test_data_service_address_feeds_the_trainer_through_that_service(
+    tmp_path):
+  # The service runs in this process, so its worker can be asked what it
+  # served. TF 2.21 gives a dispatcher no statistics, and a worker one, a
+  # private one: its task count. Each job a consumer reads becomes a task
+  # on every worker; a trainer that ignored the address would leave none.
+  service = tf.data.experimental.service
+  dispatcher = service.DispatchServer(service.DispatcherConfig(
+      port=0, job_gc_check_interval_ms=NO_JOB_GC_MS,
+      job_gc_timeout_ms=NO_JOB_GC_MS))
+  worker = service.WorkerServer(service.WorkerConfig(
+      dispatcher_address=dispatcher.target.split("://", 1)[1]))
+  try:
+    assert worker._num_tasks() == 0  # pylint: disable=protected-access
+    _, record, _ = train(tmp_path, "--model=mlp", "--train_steps=8",
+                         "--evaluate=false", "--strategy=default",
+                         f"--data_service={dispatcher.target}")
+    assert record["steps"] == 8
+    assert record["flags"]["data"]["data_service"] == dispatcher.target
+    # The training job, never finished (the stream repeats) and never
+    # collected, is still this worker's task after the trainer has gone.
+    assert worker._num_tasks() >= 1  # pylint: disable=protected-access
+  finally:
+    worker._stop()  # pylint: disable=protected-access
+    dispatcher._stop()  # pylint: disable=protected-access
 
 
 @pytest.fixture
