@@ -8,16 +8,27 @@ runs MirroredStrategy over the two logical CPUs that conftest.py creates.
 import collections
 import dataclasses
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
 
 from tfoverlap import data, distribute
 from overlap_core.runtime.config import AUTOTUNE, ConfigError, DataConfig
 from tfoverlap.data import device, pipeline, preprocess_cost, sources
 
 DIGITS_TRAIN, DIGITS_EVAL = 1437, 360
+# Bounds a wait for work that a correct pipeline does at once; reached only
+# when the behaviour under test is broken.
+WAIT_S = 60.0
+# The smallest cost that still puts the per-sample cost map in the pipeline:
+# the map is where the tests below count prepared samples.
+COUNTED_COST_MS = 0.01
+# Dataset ops that run work on threads of their own, ahead of the consumer.
+ASYNC_OP_PREFIXES = ("Prefetch", "Parallel", "MapAndBatch")
 
 
 def make_cfg(**overrides) -> DataConfig:
@@ -55,6 +66,110 @@ def digits_reference(split):
   """The source's own arrays, expanded to 3 channels as decode does."""
   images, labels = sources.load_digits_splits()[split]
   return np.repeat(images, 3, axis=-1), labels
+
+
+class CallCounter:
+  """Counts calls of a tf.data map function, from whichever thread runs it.
+
+  `wrap(fn)` returns fn with a `tf.py_function` tick that its outputs depend
+  on, so no rewrite can drop it. With `rendezvous=n`, each of the first n
+  calls waits (up to WAIT_S) until all n have begun: only a map that runs n
+  calls at once gets past them.
+  """
+
+  def __init__(self, rendezvous: int = 0):
+    self._lock = threading.Lock()
+    self.count = 0
+    self._barrier = (threading.Barrier(rendezvous, timeout=WAIT_S)
+                     if rendezvous else None)
+
+  def _tick(self):
+    with self._lock:
+      self.count += 1
+      meets = self._barrier is not None and self.count <= self._barrier.parties
+    if meets:
+      self._barrier.wait()  # BrokenBarrierError fails the pipeline
+    return np.int64(0)
+
+  def wrap(self, fn):
+
+    def counted(*args):
+      outputs = fn(*args)
+      tick = tf.py_function(self._tick, [], tf.int64)
+      with tf.control_dependencies([tick]):
+        return tf.nest.map_structure(tf.identity, outputs)
+
+    return counted
+
+
+def count_cost_map_calls(monkeypatch, rendezvous: int = 0) -> CallCounter:
+  """Counts the training samples a pipeline prepares: its cost map's calls.
+
+  The cost map runs once per sample after shuffle and repeat, right before
+  batch, so the count is what batching has pulled (cfg needs
+  preprocess_cost_ms > 0 for the map to exist).
+  """
+  counter = CallCounter(rendezvous)
+  make_cost_fn = preprocess_cost.make_cost_fn
+  monkeypatch.setattr(preprocess_cost, "make_cost_fn",
+                      lambda cost_ms: counter.wrap(make_cost_fn(cost_ms)))
+  return counter
+
+
+def count_decode_calls(monkeypatch) -> CallCounter:
+  """Counts the samples the source decodes (the map before the cache)."""
+  counter = CallCounter()
+  load_source = sources.load_source
+
+  def counting_source(cfg):
+    source = load_source(cfg)
+    return dataclasses.replace(source, decode=counter.wrap(source.decode))
+
+  monkeypatch.setattr(sources, "load_source", counting_source)
+  return counter
+
+
+def wait_until(predicate, what: str) -> None:
+  """Polls until `predicate()` holds; fails after WAIT_S."""
+  deadline = time.monotonic() + WAIT_S
+  while not predicate():
+    if time.monotonic() > deadline:
+      raise AssertionError(f"{what}: not within {WAIT_S} s")
+    time.sleep(0.01)
+
+
+def iterated_dataset_ops(ds) -> list:
+  """The dataset ops an iterator of `ds` runs, after tf.data's rewrites.
+
+  Creating an iterator finalizes the dataset: its options, default graph
+  optimizations included, are applied then. FinalizeDataset does the same,
+  and the graph it returns is the one an iterator would run.
+  """
+  specs = tf.nest.flatten(ds.element_spec)
+  finalized = tf.raw_ops.FinalizeDataset(
+      input_dataset=ds._variant_tensor,  # pylint: disable=protected-access
+      output_types=[spec.dtype for spec in specs],
+      output_shapes=[spec.shape for spec in specs])
+  graph = graph_pb2.GraphDef()
+  graph.ParseFromString(tf.raw_ops.DatasetToGraphV2(
+      # 1 is IGNORE: the counting tf.py_function holds state of its own.
+      input_dataset=finalized, external_state_policy=1).numpy())
+  return [node.op for node in graph.node if "Dataset" in node.op]
+
+
+def async_ops(ops) -> list:
+  return [op for op in ops if op.startswith(ASYNC_OP_PREFIXES)]
+
+
+def dataset_chain(ds) -> list:
+  """Class names of `ds` and of every dataset it reads from."""
+  names = []
+  pending = [ds]
+  while pending:
+    current = pending.pop()
+    names.append(type(current).__name__)
+    pending.extend(current._inputs())  # pylint: disable=protected-access
+  return names
 
 
 # --- sources -----------------------------------------------------------------
@@ -302,6 +417,73 @@ def test_knobs_keep_batches_correct(prefetch, map_parallelism, cache,
   assert (optimization.map_parallelization is False) == (map_parallelism == 1)
 
 
+# --- knobs, by their effect ----------------------------------------------
+# Each test counts the samples a pipeline really prepares; none reads back
+# the value of the knob it is about.
+
+
+def test_prefetch_0_prepares_nothing_ahead_of_the_step(monkeypatch):
+  prepared = count_cost_map_calls(monkeypatch)
+  cfg = make_cfg(prefetch=0, map_parallelism=1,
+                 preprocess_cost_ms=COUNTED_COST_MS)
+  ds = data.make_input_fn(cfg, split="train", task="classification",
+                          seed=0)(None)
+  # Nothing in what the iterator runs has a thread of its own (tf.data's
+  # default rewrites would add a prefetch or a fused map-and-batch), so the
+  # counts below cannot grow behind the test's back.
+  assert not async_ops(iterated_dataset_ops(ds))
+  batches = iter(ds)
+  for taken in range(1, 5):
+    next(batches)
+    assert prepared.count == taken * cfg.batch_size
+
+
+def test_prefetch_n_prepares_n_batches_ahead_of_the_step(monkeypatch):
+  depth = 3
+  prepared = count_cost_map_calls(monkeypatch)
+  cfg = make_cfg(prefetch=depth, map_parallelism=1,
+                 preprocess_cost_ms=COUNTED_COST_MS)
+  batches = iter(data.make_input_fn(cfg, split="train",
+                                    task="classification", seed=0)(None))
+  next(batches)
+  # With the consumer idle, only work done ahead can grow the count.
+  wait_until(lambda: prepared.count >= (1 + depth) * cfg.batch_size,
+             f"{depth} batches prepared ahead")
+
+
+def test_map_parallelism_n_prepares_n_samples_at_once(monkeypatch):
+  # The first two samples wait for each other: a map that prepares one
+  # sample at a time would stop there until the wait breaks.
+  prepared = count_cost_map_calls(monkeypatch, rendezvous=2)
+  cfg = make_cfg(prefetch=0, map_parallelism=2,
+                 preprocess_cost_ms=COUNTED_COST_MS)
+  ds = data.make_input_fn(cfg, split="train", task="classification",
+                          seed=0)(None)
+  next(iter(ds))
+  assert prepared.count >= cfg.batch_size
+  # 1 is sequential: no parallel map is left in what the iterator runs.
+  sequential = data.make_input_fn(
+      dataclasses.replace(cfg, map_parallelism=1), split="train",
+      task="classification", seed=0)(None)
+  assert "ParallelMapDatasetV2" in iterated_dataset_ops(ds)
+  assert not async_ops(iterated_dataset_ops(sequential))
+
+
+@pytest.mark.parametrize("cache, decodes_per_sample", [(True, 1),
+                                                       (False, 2)])
+def test_cache_decodes_each_sample_once_across_epochs(monkeypatch, cache,
+                                                      decodes_per_sample):
+  decoded = count_decode_calls(monkeypatch)
+  # One batch is one epoch; nothing runs ahead, so the count is exact.
+  cfg = make_cfg(cache=cache, batch_size=DIGITS_TRAIN, shuffle_buffer=0,
+                 prefetch=0, map_parallelism=1)
+  batches = iter(data.make_input_fn(cfg, split="train",
+                                    task="classification", seed=0)(None))
+  first, second = next(batches), next(batches)
+  np.testing.assert_array_equal(first[0].numpy(), second[0].numpy())
+  assert decoded.count == decodes_per_sample * DIGITS_TRAIN
+
+
 def test_preprocess_cost_iterations_scale_with_cost():
   per_ms = preprocess_cost.iterations_per_ms()
   assert per_ms > 0
@@ -394,17 +576,40 @@ def test_mirrored_replicas_get_half_batches(two_cpu_devices,
     assert all(d.endswith("CPU:0") for d in devices)
 
 
-def test_default_strategy_prefetches_to_device():
+@pytest.mark.parametrize("prefetch_to_device", [True, False])
+def test_default_strategy_stages_a_batch_on_the_device_ahead(
+    monkeypatch, prefetch_to_device):
+  # On a host without a GPU the target device is the CPU the batches are
+  # made on, so where a batch lies cannot tell the knob's states apart. The
+  # staging can: host prefetch is off here, so the only work done ahead of
+  # the step is the device buffer's.
+  prepared = count_cost_map_calls(monkeypatch)
   strategy = tf.distribute.get_strategy()
   assert distribute.is_default_strategy(strategy)
-  cfg = make_cfg(prefetch_to_device=True, prefetch=3)
+  cfg = make_cfg(prefetch_to_device=prefetch_to_device, prefetch=0,
+                 map_parallelism=1, preprocess_cost_ms=COUNTED_COST_MS)
   input_fn = data.make_input_fn(cfg, split="train", task="classification",
                                 seed=0)
   ds = data.distribute_input(strategy, input_fn, cfg)
   assert isinstance(ds, tf.data.Dataset)
-  images, labels = next(iter(ds))
-  assert images.shape == (16, 8, 8, 3) and labels.shape == (16,)
-  assert images.device.endswith("CPU:0")
+  staged = "_CopyToDeviceDataset" in dataset_chain(ds)
+  assert staged == prefetch_to_device
+  if not prefetch_to_device:  # nothing that could run ahead, as above
+    assert not async_ops(iterated_dataset_ops(ds))
+  target = tf.DeviceSpec.from_string(distribute.default_device())
+  batches = iter(ds)
+  for taken in range(1, 4):
+    images, labels = next(batches)
+    assert images.shape == (16, 8, 8, 3) and labels.shape == (16,)
+    if prefetch_to_device:
+      placed = tf.DeviceSpec.from_string(images.device)
+      assert ((placed.device_type, placed.device_index) ==
+              (target.device_type, target.device_index))
+      ahead = taken + device.device_buffer_size(cfg.prefetch)
+      wait_until(lambda: prepared.count >= ahead * cfg.batch_size,  # pylint: disable=cell-var-from-loop
+                 f"{ahead} batches prepared after {taken} taken")
+    else:
+      assert prepared.count == taken * cfg.batch_size
   assert device.device_buffer_size(AUTOTUNE) == 2
   assert device.device_buffer_size(0) == 1
 

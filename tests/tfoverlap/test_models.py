@@ -211,9 +211,17 @@ def test_output_is_float32_under_mixed_bfloat16(name):
   image_size = small_image_size(name)
   model = models.build_model(name, image_size=image_size,
                              num_classes=NUM_CLASSES)
-  # The policy must have reached the body, or the check below is vacuous.
-  assert any(layer.compute_dtype == "bfloat16" for layer in model.layers)
-  outputs = model(random_inputs(model, np.random.default_rng(0)))
+  images = random_inputs(model, np.random.default_rng(0))
+  # The policy must have reached the body, or the check below is vacuous:
+  # the last convolution or dense layer outputs bfloat16, from the same
+  # weights (float32, as mixed precision keeps them).
+  last = [layer for layer in model.layers
+          if isinstance(layer, (keras.layers.Conv2D, keras.layers.Dense))][-1]
+  assert last.kernel.dtype == "float32"
+  # One forward pass gives both: the probe shares the model's layers.
+  hidden, outputs = keras.Model(model.input, [last.output, model.output])(
+      images)
+  assert hidden.dtype == tf.bfloat16
   assert outputs.dtype == tf.float32
   assert tuple(outputs.shape) == expected_output_shape(name, image_size)
   assert np.isfinite(outputs.numpy()).all()

@@ -9,6 +9,7 @@ processes are real DataLoader workers.
 
 import collections
 import dataclasses
+import multiprocessing
 import os
 import resource
 import threading
@@ -18,13 +19,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import torch
+from absl.testing import flagsaver
 from PIL import Image
 
+import flags as tfo_flags
 from tfoverlap import data as tf_data
 from overlap_core.runtime import datasets
+from overlap_core.runtime import zoo
 from overlap_core.runtime.config import AUTOTUNE, ConfigError, DataConfig
-from torch_parity import data
-from torch_parity.data import device, pipeline, preprocess_cost
+from torch_parity import data, distribute, trainer
+from torch_parity.data import device, pipeline, preprocess_cost, sources
 
 DIGITS_TRAIN, DIGITS_EVAL = 1437, 360
 
@@ -680,3 +684,162 @@ def test_bad_arguments_are_refused():
     loader(make_cfg(), skip_batches=-1)
   with pytest.raises(ConfigError, match="allowed: digits"):
     data.describe(make_cfg(dataset="imagenet"))
+
+
+# --- knobs, by their effect ----------------------------------------------
+# Each test counts the samples a loader really prepares; none reads back the
+# value of the knob it is about.
+
+# Bounds a wait for work that a correct loader does at once; reached only
+# when the behaviour under test is broken.
+WAIT_S = 60.0
+# Worker processes are forked, so they run the counting functions patched in
+# here and share the counters made from this context.
+FORK = multiprocessing.get_context("fork")
+
+
+def wait_until(predicate, what: str) -> None:
+  """Polls until `predicate()` holds; fails after WAIT_S."""
+  deadline = time.monotonic() + WAIT_S
+  while not predicate():
+    if time.monotonic() > deadline:
+      raise AssertionError(f"{what}: not within {WAIT_S} s")
+    time.sleep(0.01)
+
+
+def count_prepared_samples(monkeypatch, barrier=None):
+  """Counts samples prepared in this process and in forked workers.
+
+  Every sample goes through `preprocess_cost.apply_cost` where it is
+  prepared, cost or not. With `barrier`, each process's first sample waits
+  there until as many processes have begun one as the barrier has parties.
+
+  Returns:
+    A `multiprocessing.Value`; `.value` is the count.
+  """
+  prepared = FORK.Value("q", 0)
+  apply_cost = preprocess_cost.apply_cost
+  waited = []  # per process: a forked worker starts with this one's copy
+
+  def counting_cost(image, iterations):
+    with prepared.get_lock():
+      prepared.value += 1
+    if barrier is not None and not waited:
+      waited.append(True)
+      barrier.wait()  # BrokenBarrierError reaches the caller's next()
+    return apply_cost(image, iterations)
+
+  monkeypatch.setattr(preprocess_cost, "apply_cost", counting_cost)
+  return prepared
+
+
+def forked(batches):
+  """`batches` with its worker processes forked from this one."""
+  batches.multiprocessing_context = FORK
+  return batches
+
+
+def test_prefetch_0_prepares_nothing_ahead_of_the_step(monkeypatch):
+  prepared = count_prepared_samples(monkeypatch)
+  cfg = make_cfg(prefetch=0, map_parallelism=1)
+  inline = loader(cfg)
+  # Inline loading runs on this thread only: nothing else can have prepared
+  # a sample, and nothing can behind the test's back.
+  assert inline.num_workers == 0
+  batches = iter(inline)
+  for taken in range(1, 5):
+    next(batches)
+    assert prepared.value == taken * cfg.batch_size
+
+
+def test_prefetch_n_prepares_n_batches_ahead_of_the_step(monkeypatch):
+  depth = 3
+  prepared = count_prepared_samples(monkeypatch)
+  cfg = make_cfg(prefetch=depth, map_parallelism=1)
+  batches = iter(forked(loader(cfg)))
+  next(batches)
+  # With the consumer idle, only the batches in flight can grow the count.
+  wait_until(lambda: prepared.value >= (1 + depth) * cfg.batch_size,
+             f"{depth} batches prepared ahead")
+  del batches  # stops the worker
+
+
+def test_map_parallelism_n_prepares_in_n_processes_at_once(monkeypatch):
+  # Each worker's first sample waits for the other's: one worker alone
+  # would stop there until the wait breaks.
+  barrier = FORK.Barrier(2, timeout=WAIT_S)
+  count_prepared_samples(monkeypatch, barrier=barrier)
+  batches = iter(forked(loader(make_cfg(prefetch=2, map_parallelism=2))))
+  for _ in range(3):
+    next(batches)
+  del batches
+
+
+@pytest.mark.parametrize("cache, decodes_per_sample", [(True, 1),
+                                                       (False, 2)])
+def test_cache_decodes_each_sample_once_across_epochs(monkeypatch, cache,
+                                                      decodes_per_sample):
+  decoded = []
+  load_source = sources.load_source
+
+  def counting_source(cfg):
+    source = load_source(cfg)
+
+    def counting_decode(element):
+      decoded.append(1)
+      return source.decode(element)
+
+    return dataclasses.replace(source, decode=counting_decode)
+
+  monkeypatch.setattr(sources, "load_source", counting_source)
+  # One batch is one epoch; inline, so every decode is counted here.
+  cfg = make_cfg(cache=cache, batch_size=DIGITS_TRAIN, shuffle_buffer=0)
+  first, second = take(loader(cfg), 2)
+  np.testing.assert_array_equal(first[0], second[0])
+  assert len(decoded) == decodes_per_sample * DIGITS_TRAIN
+
+
+def train_config(*args):
+  """The TrainConfig the trainers build from these command-line arguments."""
+  tfo_flags.define_flags()
+  with flagsaver.flagsaver():
+    tfo_flags.FLAGS.unparse_flags()
+    tfo_flags.FLAGS(["torch_parity.train", *args])
+    return tfo_flags.to_config()
+
+
+@pytest.mark.parametrize("prefetch_to_device", [True, False])
+def test_trainer_stages_batches_ahead_only_with_prefetch_to_device(
+    monkeypatch, prefetch_to_device):
+  # On a host without a GPU the batches end up on the CPU either way; the
+  # staging shows in the work done ahead of the step. Loading is inline
+  # (--prefetch=0), so the device prefetcher is the only thing that can run
+  # ahead: by its depth, device_buffer_size(0) = 1 batch.
+  prepared = count_prepared_samples(monkeypatch)
+  config = train_config("--model=mlp", "--strategy=default",
+                        "--batch_size=16", "--prefetch=0",
+                        "--map_parallelism=1",
+                        f"--prefetch_to_device={prefetch_to_device}")
+  strategy = distribute.build_strategy(config.distribute)
+  depth = datasets.device_buffer_size(config.data.prefetch)
+  batch_size = config.data.batch_size
+  batches = trainer._build_train_batches(  # pylint: disable=protected-access
+      config, zoo.MODELS["mlp"], strategy, first_step=1)
+  try:
+    for taken in range(1, 4):
+      images, _ = next(batches)
+      assert images.device == strategy.device
+      if prefetch_to_device:
+        wait_until(lambda: prepared.value >= (taken + 1) * batch_size,  # pylint: disable=cell-var-from-loop
+                   f"a batch staged after {taken} taken")
+        # The staged batches wait in a queue of `depth`, plus one that the
+        # thread may hold while the queue is full.
+        assert prepared.value <= (taken + depth + 1) * batch_size
+      else:
+        assert prepared.value == taken * batch_size
+  finally:
+    if prefetch_to_device:
+      batches.close()
+      # close() lets the thread finish the batch it is preparing; left
+      # running, it would count into the next test's counter.
+      batches._thread.join(WAIT_S)  # pylint: disable=protected-access

@@ -7,6 +7,7 @@ BatchNorm epsilon and the mean shift agree, not just the sizes); and one
 training-mode forward updates BatchNorm statistics alike.
 """
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -15,11 +16,14 @@ import keras
 import numpy as np
 import pytest
 import torch
+from torch.nn import functional as F
 
 from tests.helpers import REPO_ROOT, subprocess_env
 from tfoverlap import models as keras_models
 from overlap_core.runtime import zoo
-from torch_parity import models
+from overlap_core.runtime.config import (DataConfig, DistributeConfig,
+                                         ModelConfig)
+from torch_parity import data, distribute, models, steps
 
 NUM_CLASSES = 10
 BATCH_SIZE = 2
@@ -424,3 +428,112 @@ def test_import_and_build_leave_tensorflow_unloaded():
                           env=subprocess_env(), check=False)
   assert result.returncode == 0, result.stderr
   assert "frameworks: []" in result.stdout
+
+
+# --- in the training step ------------------------------------------------
+
+
+def single_process_strategy():
+  return distribute.build_strategy(DistributeConfig(
+      strategy="default", num_devices=1, num_workers=1, all_reduce="auto",
+      all_reduce_pack_mb=0.0))
+
+
+@pytest.fixture
+def one_thread():
+  """Runs the test's tensor math on one thread, then restores the count.
+
+  The models below are tiny: their convolutions on 4x4 to 16x16 maps are
+  too small to share among threads. On a 2-core host that other processes
+  also use, two threads made an EDSR step 10-30x slower than one, waiting
+  for each other.
+  """
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  yield
+  torch.set_num_threads(threads)
+
+
+# torch's float16 convolutions on the CPU run on slow reference kernels, so
+# float16 is checked on the MLP's matmuls.
+@pytest.mark.parametrize("precision, name, compute_dtype", [
+    ("float32", "small_cnn", torch.float32),
+    ("mixed_bfloat16", "small_cnn", torch.bfloat16),
+    ("mixed_float16", "mlp", torch.float16),
+])
+def test_precision_sets_the_dtype_the_train_step_computes_in(
+    one_thread, precision, name, compute_dtype):
+  del one_thread
+  torch.manual_seed(0)
+  model = models.build_model(name, image_size=16, num_classes=NUM_CLASSES)
+  optimizer = steps.build_optimizer(
+      ModelConfig(name=name, optimizer="adam", learning_rate=1e-3,
+                  precision=precision), model.parameters())
+  train_step = steps.make_train_step(model, optimizer,
+                                     single_process_strategy(),
+                                     task="classification",
+                                     precision=precision)
+  output_dtypes = []
+  for module in model.modules():
+    if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
+      module.register_forward_hook(
+          lambda module, inputs, output: output_dtypes.append(output.dtype))
+  batch = (torch.rand(8, 3, 16, 16), torch.randint(0, NUM_CLASSES, (8,)))
+  before = [p.detach().clone() for p in model.parameters()]
+  loss = train_step(batch)
+  # Every convolution and linear layer computed in the compute dtype.
+  assert output_dtypes and set(output_dtypes) == {compute_dtype}
+  assert torch.isfinite(loss)
+  # The weights stay float32 and the step moved them.
+  assert {p.dtype for p in model.parameters()} == {torch.float32}
+  assert not all(torch.equal(p.detach(), old)
+                 for p, old in zip(model.parameters(), before))
+
+
+def psnr_db(predicted, target) -> torch.Tensor:
+  """Per-image PSNR of [0, 1] images, as `steps.evaluate` has it."""
+  squared = (target - predicted).square().mean(dim=(1, 2, 3))
+  return -10.0 * torch.log(squared + 1e-10) / math.log(10.0)
+
+
+def test_edsr_beats_bicubic_upsampling_after_a_few_steps(one_thread):
+  # The setting of the TensorFlow trainer's test (tests/tfoverlap/
+  # test_train.py), which says why it is the fair small one: the digits at
+  # 8x8 from 4x4, where bicubic gets 13.4 dB, a model ignoring its input at
+  # best 11.5 dB, and 40 steps got EDSR to 15.3-15.6 dB over seeds 0-2.
+  del one_thread
+  torch.manual_seed(0)
+  cfg = DataConfig(dataset="digits", data_dir=None, tfds_name="mnist",
+                   image_size=8, num_classes=10, batch_size=16,
+                   synthetic_on_device=False, prefetch=0,
+                   prefetch_to_device=False, map_parallelism=1, cache=False,
+                   shuffle_buffer=1024, preprocess_cost_ms=0.0,
+                   data_service="")
+  strategy = single_process_strategy()
+  model = models.build_model("edsr", image_size=8, num_classes=0)
+  optimizer = steps.build_optimizer(
+      ModelConfig(name="edsr", optimizer="adam", learning_rate=1e-3,
+                  precision="float32"), model.parameters())
+  train_step = steps.make_train_step(model, optimizer, strategy,
+                                     task="super_resolution",
+                                     precision="float32")
+  batches = iter(data.make_loader(cfg, split="train",
+                                  task="super_resolution", seed=0,
+                                  upscale=2))
+  for _ in range(40):
+    train_step(next(batches))
+  evaluation = data.make_loader(cfg, split="eval", task="super_resolution",
+                                seed=0, upscale=2)
+  result = steps.evaluate(model, evaluation, strategy,
+                          task="super_resolution", precision="float32")
+  low_res, high_res = (torch.cat(parts) for parts in zip(*evaluation))
+  assert result["eval_examples"] == len(high_res) == 360
+  bicubic_db = psnr_db(F.interpolate(low_res, scale_factor=2,
+                                     mode="bicubic", align_corners=False),
+                       high_res).mean()
+  train_high_res = next(iter(data.make_loader(
+      dataclasses.replace(cfg, batch_size=1437, shuffle_buffer=0),
+      split="train", task="super_resolution", seed=0, upscale=2)))[1]
+  mean_image = train_high_res.mean(dim=0).expand_as(high_res)
+  assert psnr_db(mean_image, high_res).mean() < bicubic_db
+  assert result["eval_psnr_db"] > bicubic_db
