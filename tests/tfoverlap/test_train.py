@@ -300,8 +300,9 @@ def test_precision_sets_the_dtype_the_train_step_computes_in(
                      "--batch_size=8", f"--precision={precision}")
   strategy = tf.distribute.get_strategy()
   # The trainer's own builder: it applies the precision policy.
-  model, optimizer = trainer._build_model_and_optimizer(  # pylint: disable=protected-access
+  built = trainer._build_model_and_optimizer(  # pylint: disable=protected-access
       strategy, config, num_classes=10, channels=3)
+  model, optimizer = built.model, built.optimizer
   train_step = steps.make_train_step(strategy, model, optimizer,
                                      task="classification",
                                      global_batch_size=8)
