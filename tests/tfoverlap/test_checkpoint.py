@@ -214,31 +214,43 @@ def test_callback_in_a_plain_fit_saves_restores_and_resumes_exactly(
   assert checkpoint_files.list_checkpoints(directory) == [24, 32]
 
 
+@pytest.mark.parametrize("every", [4, 6])
 @pytest.mark.parametrize("unknown_length", [False, True],
                          ids=["known_length", "unknown_length"])
 def test_a_finished_fit_rerun_trains_nothing_and_writes_nothing(
-    tmp_path, unknown_length):
+    tmp_path, unknown_length, every):
   # A job scheduler restarts a job that had finished, again and again. The
-  # final state (18 batches, not on the cadence of 4) is saved at the end;
-  # a rerun restores it, trains no batch and must not write it again, with
-  # epoch 0 or anything else. With unknown_length Keras has no epoch length
-  # (params["steps"] is None), so the end of an epoch is what says it ended.
+  # final state of 18 batches is saved at the end (every=4), or at the
+  # last batch (every=6); a rerun restores it, trains no batch and must not
+  # write it again, with epoch 0 or anything else. With unknown_length
+  # Keras has no epoch length (params["steps"] is None), so the end of an
+  # epoch is what says it ended.
   directory = str(tmp_path / "ckpts")
   dataset = fit_job.build_dataset(unknown_length)
   model = _keras_model()
   model.fit(dataset, epochs=fit_job.EPOCHS, verbose=0,
-            callbacks=[AsyncCheckpoint(directory, every=4, log=_quiet)])
+            callbacks=[AsyncCheckpoint(directory, every=every, log=_quiet)])
   weights = [np.asarray(w) for w in model.weights]
   final = checkpoint_files.load_latest(directory)
   total = fit_job.EPOCHS * fit_job.BATCHES_PER_EPOCH
   assert (final.step, final.state["epoch"], final.state["batch_in_epoch"]
           ) == (total, fit_job.EPOCHS, 0)
+  # All of the final state, the optimizer's iteration count and the seed
+  # states included (which Keras advances once more at the end of data of
+  # unknown length): a fit given more epochs goes on as if never stopped.
+  assert _checkpoint_digest(final) == fit_job.state_digest(
+      model.variables + model.optimizer.variables)
   steps = checkpoint_files.list_checkpoints(directory)
+  for step in steps:  # each says where its step is, an epoch's end as such
+    state = checkpoint_files.load_checkpoint(os.path.join(
+        directory, checkpoint_files.checkpoint_dir_name(step))).state
+    assert (state["epoch"], state["batch_in_epoch"]) == divmod(
+        step, fit_job.BATCHES_PER_EPOCH), state
   identity = _identity(directory, total)
 
   for _ in range(3):
     rerun = _keras_model()
-    callback = AsyncCheckpoint(directory, every=4, log=_quiet)
+    callback = AsyncCheckpoint(directory, every=every, log=_quiet)
     batches = _CountBatches()
     rerun.fit(dataset, epochs=fit_job.EPOCHS, verbose=0,
               callbacks=[callback, batches])
