@@ -74,7 +74,7 @@ def launch(num_workers: int, worker_args: list,
                                                               index))
       for index in range(num_workers)
   ]
-  print(exposure_warning(ports), file=sys.stderr, flush=True)
+  network.print_warning(exposure_warning(ports))
   return processes.run_supervised(specs, program=PROGRAM, noun="worker")
 
 

@@ -178,7 +178,7 @@ def launch_horovod(num_workers: int, worker_args: list) -> int:
   env = dict(os.environ, **distribute.horovod_env(config.distribute))
   env["OMP_NUM_THREADS"] = str(processes.cpu_share(num_workers))
   started_s = time.time()
-  print(horovod_exposure_warning(), file=sys.stderr, flush=True)
+  network.print_warning(horovod_exposure_warning())
   process = subprocess.Popen(
       horovodrun_command(num_workers, worker_args), env=env,
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -9,7 +9,9 @@ to say, in one line, what a server they cannot close listens on.
 """
 
 import ipaddress
+import os
 import socket
+import sys
 from typing import Optional
 
 LOOPBACK_HOST = "127.0.0.1"
@@ -74,3 +76,14 @@ def exposure_warning(program: str, server: str, address: str,
   return (f"{program}: warning: {server} listens on all interfaces "
           f"({address}), reachable from the network without "
           f"authentication: {reason}")
+
+
+def print_warning(line: str) -> None:
+  """Prints one warning line to stderr in a single write.
+
+  The workers of a launched job share the launcher's stderr pipe; print()
+  writes the text and its newline separately, so two workers' lines could
+  run together. One write of under PIPE_BUF bytes to a pipe is atomic.
+  """
+  sys.stderr.flush()
+  os.write(sys.stderr.fileno(), (line + "\n").encode())

@@ -21,7 +21,6 @@ Usage:
 """
 
 import collections
-import sys
 import threading
 
 import tensorflow as tf
@@ -103,7 +102,7 @@ def start_data_service(program: str = "tfoverlap.train") -> LocalDataService:
   """Starts a dispatcher and one worker on free ports, and warns on stderr
   that they listen on every interface."""
   service = LocalDataService()
-  print(exposure_warning(service, program), file=sys.stderr, flush=True)
+  network.print_warning(exposure_warning(service, program))
   return service
 
 
