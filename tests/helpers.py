@@ -5,6 +5,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -50,3 +51,19 @@ def wait_for_line(stream, needle: str, timeout: float) -> str:
   if line is None:
     raise AssertionError(f"no line with {needle!r} within {timeout} s")
   return line
+
+
+# Bounds a wait for work that a correct implementation does at once; it is
+# reached only when the behaviour under test is broken, so it can be long.
+PROGRESS_WAIT_S = 60.0
+
+
+def wait_until(predicate, what: str, timeout_s: float = PROGRESS_WAIT_S
+               ) -> None:
+  """Polls until `predicate()` holds (progress, not a timer, ends the wait);
+  fails the test after `timeout_s`."""
+  deadline = time.monotonic() + timeout_s
+  while not predicate():
+    if time.monotonic() > deadline:
+      raise AssertionError(f"{what}: not within {timeout_s} s")
+    time.sleep(0.01)

@@ -18,12 +18,13 @@ from tensorflow.core.framework import graph_pb2
 
 from tfoverlap import data, distribute
 from overlap_core.runtime.config import AUTOTUNE, ConfigError, DataConfig
+from tests.helpers import PROGRESS_WAIT_S, wait_until
 from tfoverlap.data import device, pipeline, preprocess_cost, sources
 
 DIGITS_TRAIN, DIGITS_EVAL = 1437, 360
 # Bounds a wait for work that a correct pipeline does at once; reached only
 # when the behaviour under test is broken.
-WAIT_S = 60.0
+WAIT_S = PROGRESS_WAIT_S
 # The smallest cost that still puts the per-sample cost map in the pipeline:
 # the map is where the tests below count prepared samples.
 COUNTED_COST_MS = 0.01
@@ -128,14 +129,6 @@ def count_decode_calls(monkeypatch) -> CallCounter:
   monkeypatch.setattr(sources, "load_source", counting_source)
   return counter
 
-
-def wait_until(predicate, what: str) -> None:
-  """Polls until `predicate()` holds; fails after WAIT_S."""
-  deadline = time.monotonic() + WAIT_S
-  while not predicate():
-    if time.monotonic() > deadline:
-      raise AssertionError(f"{what}: not within {WAIT_S} s")
-    time.sleep(0.01)
 
 
 def iterated_dataset_ops(ds) -> list:

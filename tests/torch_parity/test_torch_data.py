@@ -27,6 +27,7 @@ from tfoverlap import data as tf_data
 from overlap_core.runtime import datasets
 from overlap_core.runtime import zoo
 from overlap_core.runtime.config import AUTOTUNE, ConfigError, DataConfig
+from tests.helpers import PROGRESS_WAIT_S, wait_until
 from torch_parity import data, distribute, trainer
 from torch_parity.data import device, pipeline, preprocess_cost, sources
 
@@ -692,19 +693,11 @@ def test_bad_arguments_are_refused():
 
 # Bounds a wait for work that a correct loader does at once; reached only
 # when the behaviour under test is broken.
-WAIT_S = 60.0
+WAIT_S = PROGRESS_WAIT_S
 # Worker processes are forked, so they run the counting functions patched in
 # here and share the counters made from this context.
 FORK = multiprocessing.get_context("fork")
 
-
-def wait_until(predicate, what: str) -> None:
-  """Polls until `predicate()` holds; fails after WAIT_S."""
-  deadline = time.monotonic() + WAIT_S
-  while not predicate():
-    if time.monotonic() > deadline:
-      raise AssertionError(f"{what}: not within {WAIT_S} s")
-    time.sleep(0.01)
 
 
 def count_prepared_samples(monkeypatch, barrier=None):
