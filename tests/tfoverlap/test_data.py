@@ -9,7 +9,6 @@ import collections
 import dataclasses
 import os
 import threading
-import time
 
 import numpy as np
 import pytest
