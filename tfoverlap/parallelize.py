@@ -35,12 +35,16 @@ class Parallelized(NamedTuple):
     optimizer: its optimizer, slots built, so a restore fills them in place.
     dims: the run's degrees of parallelism.
     offload: the `Offloader` that wrapped the model's layers, or None.
+    pipeline: the pipeline runtime when pipelined; always None until
+      TensorFlow pipeline stages exist. The field keeps the tuple the same
+      shape as PyTorch's.
   """
   model: keras.Model
   train_model: keras.Model
   optimizer: keras.optimizers.Optimizer
   dims: ParallelDims
   offload: Optional[offload_lib.Offloader] = None
+  pipeline: None = None
 
 
 def parallel_dims(strategy: tf.distribute.Strategy) -> ParallelDims:

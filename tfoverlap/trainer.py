@@ -143,8 +143,10 @@ def train(config: TrainConfig) -> dict:
   try:
     spec = zoo.MODELS[config.model.name]
     info = data.describe(config.data)
-    model, _, optimizer, dims, offloader = _build_model_and_optimizer(
+    built = _build_model_and_optimizer(
         strategy, config, info.num_classes, info.channels)
+    model, optimizer, dims = built.model, built.optimizer, built.dims
+    offloader = built.offload
     checkpointer = checkpoint.build_checkpointer(
         config.checkpoint, config.run.model_dir, model=model,
         optimizer=optimizer, is_chief=worker_index == 0,
