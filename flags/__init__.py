@@ -214,11 +214,13 @@ def _parse_pipeline(values) -> PipelineConfig:
   stages, micro = values.pipeline_stages, values.pipeline_microbatches
   schedule, virtual = values.pipeline_schedule, values.pipeline_virtual_stages
   split = values.pipeline_split.strip()
+  profile = values.plan_profile.strip()
   if stages == 1:
     for flag, value, default in (("pipeline_microbatches", micro, 1),
                                  ("pipeline_schedule", schedule, "gpipe"),
                                  ("pipeline_split", split, "auto"),
-                                 ("pipeline_virtual_stages", virtual, 1)):
+                                 ("pipeline_virtual_stages", virtual, 1),
+                                 ("plan_profile", profile, "")):
       if value != default:
         raise ConfigError(flag, value, "applies only with "
                           "--pipeline_stages of 2 or more")
@@ -255,9 +257,15 @@ def _parse_pipeline(values) -> PipelineConfig:
                         f"{stages * virtual - 1} comma-separated cut layers;"
                         " allowed: auto, even, or layer names")
     split = "explicit"
+  if profile and not os.path.isfile(profile):
+    raise ConfigError("plan_profile", profile, "no such file; allowed: a "
+                      "profile JSON, e.g. python -m torch_parity.plan "
+                      "--plan_output_dir=DIR writes DIR/profile.json")
   return PipelineConfig(stages=stages, microbatches=micro, schedule=schedule,
                         split=split, cut_layers=cut_layers,
-                        virtual_stages=virtual)
+                        virtual_stages=virtual, profile=profile)
+
+
 def _build_offload(values) -> OffloadConfig:
   """--offload and its knobs; the knobs alone, with nothing offloaded, would
   change nothing, so they are refused rather than ignored."""

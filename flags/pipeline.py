@@ -31,3 +31,10 @@ def define_flags():
       "pipeline_virtual_stages", 1,
       "Stages per rank for interleaved_1f1b and zero_bubble (2 or more).",
       lower_bound=1)
+  flags.DEFINE_string(
+      "plan_profile", "",
+      "A layer profile JSON (the shared schema; python -m torch_parity.plan "
+      "--plan_output_dir writes profile.json). The planning command reads "
+      "it instead of measuring; a pipelined trainer fits the cost model on "
+      "it to split with --pipeline_split=auto and records each stage's "
+      "predicted time beside the measured one.")

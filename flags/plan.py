@@ -2,7 +2,7 @@
 
 Not a trainer group: these say how to profile and report, not how to
 train, so `define_flags()` of the package leaves them out and the trainers
-never see them.
+never see them. `--plan_profile`, which both read, is in the pipeline group.
 """
 
 from absl import flags
@@ -24,9 +24,6 @@ def define_flags():
       "plan_bandwidth_gbps", 0.0,
       "Link bandwidth between stages in GB/s for the transfer cost "
       "(0: communication is free).", lower_bound=0.0)
-  flags.DEFINE_string(
-      "plan_profile", "",
-      "Read this profile JSON instead of measuring (the shared schema).")
   flags.DEFINE_string(
       "plan_output_dir", "",
       "Write graph.json, graph.dot, profile.json and plan.txt here.")

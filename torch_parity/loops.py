@@ -6,7 +6,9 @@ step (forward, backward with the overlapped all-reduce, update), the
 checkpoint. PyTorch has no `model.fit`, so there is one loop.
 """
 
+import contextlib
 import sys
+import time
 import types
 from typing import Optional
 
@@ -22,13 +24,20 @@ def _wait_for_device(device: torch.device) -> None:
 
 
 def run_custom_loop(ctx: LoopContext, *, train_step, iterator,
-                    device: torch.device) -> float:
-  """Runs steps first_step..last_step; returns the last step's loss."""
+                    device: torch.device, split_compute=None) -> float:
+  """Runs steps first_step..last_step; returns the last step's loss.
+
+  Args:
+    split_compute: for a pipelined run, split_compute(start_s, end_s) ->
+      [(phase, start_s, end_s), ...], the spans that replace the step's
+      compute span in the ledger (`StageRecorder.end_step`); None records
+      one compute span.
+  """
   loss = float("nan")
   for step in range(ctx.first_step, ctx.last_step + 1):
     with ctx.ledger.phase(ledger_lib.DATA_WAIT):
       batch = next(iterator)
-    with ctx.ledger.phase(ledger_lib.COMPUTE):
+    with _compute_phase(ctx.ledger, split_compute):
       loss_tensor = train_step(batch)
       # CUDA runs the step asynchronously: waiting here makes the span
       # cover the device work and not only its launch, as TensorFlow's
@@ -37,6 +46,21 @@ def run_custom_loop(ctx: LoopContext, *, train_step, iterator,
       loss = float(loss_tensor)
     after_step(ctx, step, loss)
   return loss
+
+
+@contextlib.contextmanager
+def _compute_phase(ledger: ledger_lib.StepLedger, split_compute):
+  """The step's compute span, or the pipeline phases that tile it."""
+  if split_compute is None:
+    with ledger.phase(ledger_lib.COMPUTE):
+      yield
+    return
+  start = time.perf_counter()
+  try:
+    yield
+  finally:
+    for phase, begin, end in split_compute(start, time.perf_counter()):
+      ledger.add(phase, begin, end)
 
 
 def _summary_writer_class():

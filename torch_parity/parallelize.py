@@ -5,7 +5,8 @@ and applies, in a fixed order:
 
   1. pipeline stages: keep this rank's stage(s) of the model, cut at the
      plan's layers, under a torch.distributed.pipelining schedule
-     (torch_parity.pipeline); DDP then wraps each stage over its replicas;
+     (torch_parity.pipeline), which averages each stage's gradients over
+     its replicas after every step;
   2. data parallelism: DDP wraps the module, so gradient buckets are
      all-reduced while backward still runs; or Horovod wraps the optimizer,
      which all-reduces from backward hooks;
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from overlap_core.planning.dims import ParallelDims
+from overlap_core.planning.profile import Profile
 from overlap_core.runtime.config import OffloadConfig, PipelineConfig
 from torch_parity import offload as offload_lib
 from torch_parity import pipeline as pipeline_lib
@@ -54,10 +56,12 @@ class Parallelized(NamedTuple):
 
 class PipelineSpec(NamedTuple):
   """What step 1 needs to cut the model: the flags' pipeline settings, a
-  micro-batch to trace shapes with, and the loss the last stage computes."""
+  micro-batch to trace shapes with, the loss the last stage computes, and
+  the layer profile that predicts stage times (None: no predictions)."""
   config: PipelineConfig
   example_input: torch.Tensor
   loss_fn: Callable
+  profile: Optional[Profile] = None
 
 
 def parallelize(strategy: Strategy, build_model: Callable[[], nn.Module],
@@ -96,19 +100,21 @@ def parallelize(strategy: Strategy, build_model: Callable[[], nn.Module],
 def apply_pipeline(strategy: Strategy, model: nn.Module,
                    build_optimizer: Callable[[nn.Module], object],
                    spec: PipelineSpec) -> Parallelized:
-  """Step 1, then step 2 within it: cut, keep this rank's stages, wrap
-  each in DDP over the replicas of that stage."""
+  """Step 1, then step 2 within it: cut, keep this rank's stages; with
+  replicas, the runtime averages each stage's gradients over the ranks
+  holding it after every schedule step (no DDP wrapper: see
+  `pipeline.average_stage_gradients`)."""
   cfg = spec.config
-  cuts = pipeline_lib.plan_cut_layers(model, spec.example_input, cfg)
-  modules = pipeline_lib.build_stage_modules(model, cuts)
+  split = pipeline_lib.plan_split(model, spec.example_input, cfg,
+                                  profile=spec.profile)
+  modules = pipeline_lib.build_stage_modules(model, split.cuts)
   mesh = pipeline_lib.build_mesh_groups(strategy.dims, strategy.rank)
-  wrap = None
-  if strategy.dims.is_data_parallel:
-    wrap = lambda module: strategy.wrap_model(  # pylint: disable=g-long-lambda
-        module, process_group=mesh.replica_group)
-  runtime = pipeline_lib.build_runtime(modules, cfg, mesh, strategy.device,
-                                       spec.loss_fn, wrap=wrap)
-  runtime.cut_layers = list(cuts)
+  runtime = pipeline_lib.build_runtime(
+      modules, cfg, mesh, strategy.device, spec.loss_fn,
+      bucket_mb=(strategy.cfg.all_reduce_pack_mb or
+                 pipeline_lib.DEFAULT_BUCKET_MB))
+  runtime.split = split
+  runtime.has_predictions = spec.profile is not None
   own = nn.ModuleList(runtime.stage_modules)
   optimizer = build_optimizer(own)
   return Parallelized(own, own, optimizer, strategy.dims, None, runtime)

@@ -6,19 +6,21 @@ node is assigned to the stage its cut layers put it in, and
 runs exactly the fx nodes of stage k, and takes and returns the one tensor
 that crosses its cut (the planner's cut points guarantee there is one).
 
-Each rank keeps its own stage (or stages, with virtual stages), wrapped in
-DDP over the replicas of that stage when data_parallel > 1, and hands it to
-a `PipelineStage` whose point-to-point traffic runs on the stage-to-stage
+Each rank keeps its own stage (or stages, with virtual stages) and hands it
+to a `PipelineStage` whose point-to-point traffic runs on the stage-to-stage
 group of its data-parallel column. The schedule splits the batch into
 micro-batches: the first stage reads the inputs, the last computes the loss.
+With replicas, each stage's gradients are then averaged over the ranks
+holding that stage (`average_stage_gradients`). Every step's bubble and
+transfer are timed (`torch_parity.pipeline_timing`).
 
-  modules = build_stage_modules(model, example, cut_layers=("features.9",))
+  split = plan_split(model, example, cfg)
+  modules = build_stage_modules(model, split.cuts)
   runtime = build_runtime(modules, cfg, mesh, device, loss_fn)
   losses = runtime.step(inputs, targets)   # the last stage gets the losses
 """
 
 import dataclasses
-import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -29,8 +31,12 @@ from torch.distributed import pipelining
 from torch.fx.passes.split_module import split_module
 
 from overlap_core.planning import partition as partition_lib
+from overlap_core.planning import report as report_lib
 from overlap_core.planning.dims import ParallelDims
+from overlap_core.planning.profile import Profile
+from overlap_core.runtime import pipeline_stats
 from overlap_core.runtime.config import ConfigError, PipelineConfig
+from torch_parity.pipeline_timing import P2PTimer
 from torch_parity.planning.graph import build_layer_graph, layer_names
 
 # Schedules that run on gloo here; zero_bubble is refused (see _SCHEDULES).
@@ -43,35 +49,55 @@ ZERO_BUBBLE_REFUSAL = (
   "zero-bubble schedules split backward into input and weight gradients, "
   "which the fx stage modules here do not provide; allowed: gpipe, 1f1b, "
   "interleaved_1f1b")
+# DDP's default bucket: gradients are all-reduced in flat buckets this big.
+DEFAULT_BUCKET_MB = 25.0
+
+
+def plan_split(model: nn.Module, example: torch.Tensor, cfg: PipelineConfig,
+               *, profile: Optional[Profile] = None,
+               name: str = "") -> partition_lib.StagePlan:
+  """The S*V stages of the flags' split, with their predicted costs.
+
+  `even` and explicit cuts need only the layer graph; `auto` needs a
+  profile (`--plan_profile`, which `python -m torch_parity.plan` writes):
+  the runtime refuses it without one rather than profile for minutes
+  before training. With a profile, the cost model fitted on it predicts
+  every stage's time at the micro-batch `example` holds.
+
+  Raises:
+      ConfigError: naming pipeline_split (or plan_profile), for a split
+    the graph or the profile cannot take.
+  """
+  if cfg.split == "auto" and profile is None:
+    raise ConfigError(
+      "pipeline_split", "auto",
+      "the runtime needs a profile to predict stage times; pass "
+      "--plan_profile (python -m torch_parity.plan --plan_output_dir "
+      "writes profile.json), explicit cuts, or even")
+  graph = build_layer_graph(model, example, name=name)
+  num_stages = cfg.stages * cfg.virtual_stages
+  microbatch = example.shape[0]
+  try:
+    if profile is not None:
+      return report_lib.make_plan(
+        graph, profile, num_stages=num_stages, microbatch_size=microbatch,
+        num_microbatches=cfg.microbatches, split=cfg.split,
+        cut_layers=cfg.cut_layers).plan
+    return partition_lib.partition(
+      graph, {n.name: 0.0 for n in graph.nodes}, num_stages=num_stages,
+      batch_size=microbatch, mode=cfg.split, cut_layers=cfg.cut_layers)
+  except KeyError as e:
+    raise ConfigError("plan_profile", cfg.profile,
+                      str(e).strip("'\"")) from None
+  except ValueError as e:
+    raise ConfigError("pipeline_split", cfg.split or "even",
+                      str(e)) from None
 
 
 def plan_cut_layers(model: nn.Module, example: torch.Tensor,
-          cfg: PipelineConfig, *, name: str = "") -> List[str]:
-  """The layers the first S*V - 1 stages end with, from the flags' split.
-
-  `even` and explicit cuts need only the layer graph; `auto` needs a
-  profile, which `python -m torch_parity.plan` measures: the runtime
-  refuses it rather than profile for minutes before training.
-
-  Raises:
-      ConfigError: naming pipeline_split, for a split the graph cannot take.
-  """
-  if cfg.split == "auto":
-    raise ConfigError(
-      "pipeline_split", "auto",
-      "the runtime needs cut layers it can use without profiling; "
-      "run python -m torch_parity.plan and pass its cuts, or even")
-  graph = build_layer_graph(model, example, name=name)
-  num_stages = cfg.stages * cfg.virtual_stages
-  try:
-    plan = partition_lib.partition(
-      graph, {n.name: 0.0 for n in graph.nodes}, num_stages=num_stages,
-      batch_size=example.shape[0], mode=cfg.split,
-      cut_layers=cfg.cut_layers)
-  except ValueError as e:
-    raise ConfigError("pipeline_split", cfg.split or "even",
-                          str(e)) from None
-  return list(plan.cuts)
+                    cfg: PipelineConfig, *, name: str = "") -> List[str]:
+  """The layers the first S*V - 1 stages end with (no profile)."""
+  return list(plan_split(model, example, cfg, name=name).cuts)
 
 
 def build_stage_modules(model: nn.Module, cut_layers: Sequence[str]
@@ -132,7 +158,8 @@ class PipelineMesh:
       replica: its data-parallel coordinate.
       pipeline_group: the ranks of its data-parallel column, one per stage,
     in stage order (the point-to-point group).
-      replica_group: the ranks holding the same stage (DDP's group).
+      replica_group: the ranks holding the same stage (the gradient
+    all-reduce's group).
   """
   dims: ParallelDims
   stage: int
@@ -176,24 +203,71 @@ def check_schedule(cfg: PipelineConfig) -> None:
                           ZERO_BUBBLE_REFUSAL)
 
 
+def average_stage_gradients(modules: Sequence[nn.Module], group,
+                            replicas: int, *,
+                            bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
+  """Makes each gradient of these stages its mean over the stage's
+  replicas: flat buckets of up to `bucket_mb`, one all-reduce each.
+
+  Why not DDP: a DDP-wrapped stage failed its first forward under the
+  schedule (gloo, 2 stages x 2 replicas), and DDP's overlap would need its
+  hooks to fire once per step, not once per micro-batch. After the
+  schedule's step every gradient is final, so one bucketed all-reduce per
+  step is exact; it does not overlap backward, which is what a replicated
+  stage gives up here.
+  """
+  if replicas == 1:
+    return
+  grads = [p.grad for m in modules for p in m.parameters()
+           if p.grad is not None]
+  bucket_bytes = max(1, int(bucket_mb * 2**20))
+  bucket: List[torch.Tensor] = []
+  size = 0
+  for grad in grads + [None]:
+    full = grad is None or (bucket and size + grad.numel() *
+                            grad.element_size() > bucket_bytes)
+    if full and bucket:
+      flat = torch.cat([g.reshape(-1) for g in bucket])
+      dist.all_reduce(flat, group=group)
+      flat /= replicas
+      offset = 0
+      for g in bucket:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+      bucket, size = [], 0
+    if grad is not None:
+      bucket.append(grad)
+      size += grad.numel() * grad.element_size()
+
+
 class PipelineRuntime:
   """This rank's stages under one schedule, with what each step spent.
 
   Attributes:
       stage_modules: the modules this rank trains (virtual stages: several).
-      train_modules: what the stages run (DDP wrappers when replicated).
       mesh: this rank's place on the mesh.
+      stage_indices: the global indices of those stages.
+      split: the plan the stages were cut by (its predictions are zero
+    without a profile).
+      recorder: bubble and transfer intervals per step, and the totals.
   """
 
-  def __init__(self, stage_modules: List[nn.Module], train_modules,
-                 schedule, mesh: PipelineMesh, stage_indices: List[int]):
+  def __init__(self, stage_modules: List[nn.Module], schedule,
+               mesh: PipelineMesh, stage_indices: List[int], *,
+               bucket_mb: float = DEFAULT_BUCKET_MB):
     self.stage_modules = stage_modules
-    self.train_modules = train_modules
     self.schedule = schedule
     self.mesh = mesh
     self.stage_indices = stage_indices
-    self.cut_layers: List[str] = []
-    self.step_s: List[float] = []
+    self.bucket_mb = bucket_mb
+    self.split: Optional[partition_lib.StagePlan] = None
+    self.has_predictions = False
+    self.recorder = pipeline_stats.StageRecorder()
+    self.timer = P2PTimer(self.recorder)
+
+  @property
+  def cut_layers(self) -> List[str]:
+    return list(self.split.cuts) if self.split else []
 
   @property
   def holds_first_stage(self) -> bool:
@@ -213,7 +287,8 @@ class PipelineRuntime:
 
     Gradients are left in the stage modules' .grad, averaged over the
     micro-batches (the schedule's scale_grads) and, with replicas, over
-    them (DDP's all-reduce at the last micro-batch's backward).
+    them (`average_stage_gradients`). Waits and transfers are recorded in
+    `recorder` for the caller to close the step with.
 
     Returns:
           On the rank holding the last stage, this batch's mean loss over
@@ -224,31 +299,26 @@ class PipelineRuntime:
     kwargs = {}
     if self.holds_last_stage:
       kwargs = dict(target=targets, losses=losses)
-    start = time.perf_counter()
-    self.schedule.step(*args, return_outputs=False, **kwargs)
-    self.step_s.append(time.perf_counter() - start)
+    with self.timer.timing():
+      self.schedule.step(*args, return_outputs=False, **kwargs)
+    average_stage_gradients(self.stage_modules, self.mesh.replica_group,
+                            self.mesh.dims.data_parallel,
+                            bucket_mb=self.bucket_mb)
     if not self.holds_last_stage:
       return None
     return torch.stack([l.detach() for l in losses]).mean()
 
   def describe(self) -> dict:
-    """run.json's strategy.pipeline: the split and this rank's place.
-
-    step_s is the schedule's wall time per step on this rank: its compute,
-    its wait on neighbours and its transfers together (not yet apart).
-    """
-    steps_s = sorted(self.step_s)
+    """run.json's strategy.pipeline: the split and this rank's place."""
     return {
         "stages": self.mesh.dims.pipeline,
         "data_parallel": self.mesh.dims.data_parallel,
         "stage_indices": list(self.stage_indices),
         "replica": self.mesh.replica,
-        "cut_layers": list(self.cut_layers),
+        "cut_layers": self.cut_layers,
         "schedule": type(self.schedule).__name__,
         "num_microbatches": self.schedule._n_microbatches,  # pylint: disable=protected-access
-        "measured": {"steps": len(steps_s),
-                     "step_s_median": steps_s[len(steps_s) // 2]
-                                      if steps_s else None},
+        "measured": {"steps": len(self.recorder.steps)},
     }
 
 
@@ -274,7 +344,7 @@ def _stage_indices(cfg: PipelineConfig, stage: int) -> List[int]:
 
 def build_runtime(stage_modules: Sequence[nn.Module], cfg: PipelineConfig,
                   mesh: PipelineMesh, device: torch.device,
-                  loss_fn: Callable, *, wrap: Callable = None
+                  loss_fn: Callable, *, bucket_mb: float = DEFAULT_BUCKET_MB
                   ) -> PipelineRuntime:
   """Keeps this rank's stages and puts them under the configured schedule.
 
@@ -286,8 +356,7 @@ def build_runtime(stage_modules: Sequence[nn.Module], cfg: PipelineConfig,
       device: where this rank computes.
       loss_fn: loss_fn(outputs, targets) -> scalar mean loss of one
     micro-batch; the schedule averages over micro-batches.
-      wrap: module -> the module the stage runs (DDP over the replica group
-    when replicated); default: the module itself.
+      bucket_mb: the replicas' gradient all-reduce bucket.
 
   Raises:
       ConfigError: for a schedule this runtime refuses.
@@ -296,11 +365,9 @@ def build_runtime(stage_modules: Sequence[nn.Module], cfg: PipelineConfig,
   indices = _stage_indices(cfg, mesh.stage)
   total = cfg.stages * cfg.virtual_stages
   mine = [stage_modules[i].to(device) for i in indices]
-  wrap = wrap or (lambda module: module)
-  train_modules = [wrap(module) for module in mine]
   stages = [pipelining.PipelineStage(module, i, total, device,
                                      group=mesh.pipeline_group)
-            for module, i in zip(train_modules, indices)]
+            for module, i in zip(mine, indices)]
   schedule_class = _SCHEDULES[cfg.schedule]
   if cfg.schedule == "interleaved_1f1b":
     schedule = schedule_class(stages, n_microbatches=cfg.microbatches,
@@ -308,4 +375,4 @@ def build_runtime(stage_modules: Sequence[nn.Module], cfg: PipelineConfig,
   else:
     schedule = schedule_class(stages[0], n_microbatches=cfg.microbatches,
                               loss_fn=loss_fn)
-  return PipelineRuntime(mine, train_modules, schedule, mesh, indices)
+  return PipelineRuntime(mine, schedule, mesh, indices, bucket_mb=bucket_mb)

@@ -10,6 +10,7 @@ as it does in TensorFlow.
 
 import contextlib
 import math
+import time
 
 import torch
 from torch import nn
@@ -17,6 +18,7 @@ from torch.nn import functional as F
 
 from overlap_core.runtime.config import ModelConfig
 from overlap_core.runtime.evaluation import evaluation_result
+from overlap_core.runtime.pipeline_stats import BUBBLE
 from overlap_core.runtime.zoo import CLASSIFICATION, SUPER_RESOLUTION
 
 # Keras' defaults, which the TensorFlow side uses, where torch's differ.
@@ -211,6 +213,12 @@ def make_pipeline_train_step(runtime, optimizer, strategy):
     optimizer.step()
     if loss is None:
       loss = torch.zeros((), device=device)
-    return strategy.sum_over_replicas(loss) / replicas
+    # Every rank waits here for the last stage's loss, which the last
+    # backward on the first stage comes after: time spent idle on a
+    # neighbour, so it counts as bubble.
+    start = time.perf_counter()
+    total = strategy.sum_over_replicas(loss)
+    runtime.timer.record(BUBBLE, start, time.perf_counter())
+    return total / replicas
 
   return train_step

@@ -15,13 +15,16 @@ import time
 import torch
 
 from overlap_core.checkpoint import engine as checkpoint_engine
+from overlap_core.planning.profile import Profile
 from overlap_core.runtime import ledger as ledger_lib
-from overlap_core.runtime import datasets, outputs, run_record, zoo
+from overlap_core.runtime import (datasets, outputs, pipeline_stats,
+                                  run_record, zoo)
 from overlap_core.runtime.config import ConfigError, TrainConfig
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
 from torch_parity import (checkpoint, data, distribute, loops, models,
-                          offload, parallelize, pipeline, steps)
+                          offload, parallelize, pipeline, pipeline_timing,
+                          steps)
 
 FRAMEWORK = "pytorch"
 
@@ -73,12 +76,10 @@ def check_pipeline_supported(config: TrainConfig) -> None:
   world = (config.distribute.num_devices
            if config.distribute.strategy == "mirrored"
            else config.distribute.num_workers)
-  if world != cfg.stages:
-    # A DDP-wrapped stage fails its first forward under the schedule here
-    # (seen on gloo, 4 ranks as 2 stages x 2 replicas); refused until fixed.
+  if world % cfg.stages:
     raise ConfigError("pipeline_stages", cfg.stages,
-                      f"stage replicas (DDP over each stage) do not run yet; "
-                      f"allowed: one process per stage, the world of {world}")
+                      f"stages x replicas must be the world of {world} "
+                      f"processes; allowed: a divisor of {world}")
   if config.checkpoint.mode != "none":
     raise ConfigError("checkpoint", config.checkpoint.mode,
                       "each pipeline rank holds one stage, and a checkpoint "
@@ -98,10 +99,15 @@ def check_pipeline_supported(config: TrainConfig) -> None:
                       "the offload hooks do not follow a schedule's "
                       "micro-batches yet; allowed with --pipeline_stages > 1:"
                       " none")
-  if cfg.split == "auto":
+  if cfg.split == "auto" and not cfg.profile:
     raise ConfigError("pipeline_split", "auto",
-                      "the runtime cuts without profiling; run python -m "
-                      "torch_parity.plan and pass its cut layers, or even")
+                      "the runtime cuts without profiling; pass "
+                      "--plan_profile (python -m torch_parity.plan "
+                      "--plan_output_dir writes profile.json), its cut "
+                      "layers, or even")
+  # Read now, so that a file that is no profile is refused before any
+  # stage process starts.
+  _load_profile(cfg.profile)
 
 
 def describe_environment(strategy: distribute.Strategy) -> dict:
@@ -167,6 +173,24 @@ def _evaluate(config: TrainConfig, spec, strategy, model) -> dict:
                         precision=config.model.precision)
 
 
+def _load_profile(path: str):
+  """The --plan_profile layer profile, or None without one.
+
+  Raises:
+    ConfigError: naming plan_profile, for a file that is not a profile.
+  """
+  if not path:
+    return None
+  try:
+    with open(path, encoding="utf-8") as f:
+      return Profile.from_json(f.read())
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ConfigError("plan_profile", path,
+                      f"not a layer profile ({type(e).__name__}: {e}); "
+                      "allowed: the JSON python -m torch_parity.plan "
+                      "writes") from None
+
+
 def _pipeline_spec(config: TrainConfig, spec, info):
   """How parallelize cuts the model, or None when it is not pipelined."""
   cfg = config.pipeline
@@ -179,7 +203,7 @@ def _pipeline_spec(config: TrainConfig, spec, info):
   side = config.data.image_size // spec.upscale
   return parallelize.PipelineSpec(
       cfg, torch.randn(microbatch, info.channels, side, side),
-      steps.make_pipeline_loss(spec.task))
+      steps.make_pipeline_loss(spec.task), _load_profile(cfg.profile))
 
 
 def _make_train_step(config: TrainConfig, spec, strategy, parallel):
@@ -189,6 +213,15 @@ def _make_train_step(config: TrainConfig, spec, strategy, parallel):
   return steps.make_train_step(parallel.train_model, parallel.optimizer,
                                strategy, task=spec.task,
                                precision=config.model.precision)
+
+
+def _phases_measured(parallel) -> list:
+  """The ledger phases this run times: a pipelined step's compute is its
+  stage_compute, bubble and transfer instead."""
+  if not parallel.pipeline:
+    return list(ledger_lib.PHASES)
+  return [ledger_lib.DATA_WAIT, *pipeline_stats.PHASES,
+          ledger_lib.CHECKPOINT_STALL]
 
 
 def _describe_strategy(strategy, parallel) -> dict:
@@ -276,7 +309,9 @@ def train(config: TrainConfig):
         train_loss = loops.run_custom_loop(
             ctx,
             train_step=_make_train_step(config, spec, strategy, parallel),
-            iterator=batches, device=strategy.device)
+            iterator=batches, device=strategy.device,
+            split_compute=(parallel.pipeline.recorder.end_step
+                           if parallel.pipeline else None))
       except BaseException:
         if checkpointer:
           # The running persist completes or is dropped whole, never half;
@@ -291,8 +326,13 @@ def train(config: TrainConfig):
     if checkpointer:
       checkpointer.finish(ctx.last_step)
     write_scalars.close()
+    pipeline_section = None
     if parallel.pipeline:
       pipeline.average_stage_buffers(parallel.pipeline)
+      # A collective: every rank, before only some go on to write.
+      pipeline_section = pipeline_timing.gather_pipeline_section(
+          parallel.pipeline, config.pipeline, strategy.device,
+          warmup_steps=ledger_lib.default_warmup_steps(len(ledger.steps)))
     else:
       strategy.average_buffers(model)
     final = {"train_loss": train_loss}
@@ -310,10 +350,11 @@ def train(config: TrainConfig):
         environment=describe_environment(strategy),
         strategy=_describe_strategy(strategy, parallel), num_params=models.num_params(model),
         weights_digest=weights_digest(model), final=final,
-        phases_measured=list(ledger_lib.PHASES),
+        phases_measured=_phases_measured(parallel),
         checkpoint_stats=checkpointer.stats() if checkpointer else None,
         notes=notes, wall_s=time.perf_counter() - start,
         offload_stats=(offloader.summary(num_steps=len(ledger.steps))
-                       if offloader else None))
+                       if offloader else None),
+        pipeline_section=pipeline_section)
   finally:
     strategy.close()

@@ -236,6 +236,8 @@ class PipelineConfig:
   split: str = "auto"  # auto | even | explicit
   cut_layers: Tuple[str, ...] = ()  # with split=explicit: S*V - 1 layers
   virtual_stages: int = 1  # stages per rank (interleaved schedules)
+  profile: str = ""  # --plan_profile: a layer profile JSON that predicts
+  # stage times (and lets split=auto run); "" for none
 
 
 def check_not_pipelined(cfg: PipelineConfig, framework: str) -> None:

@@ -32,7 +32,7 @@ FROZEN_SURFACE = {
                    "checkpoint_on_error"],
     "pipeline": ["pipeline_microbatches", "pipeline_schedule",
                  "pipeline_split", "pipeline_stages",
-                 "pipeline_virtual_stages"],
+                 "pipeline_virtual_stages", "plan_profile"],
     "offload": ["offload", "offload_non_blocking", "offload_pin_memory",
                 "offload_prefetch"],
 }

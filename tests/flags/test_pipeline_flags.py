@@ -50,6 +50,11 @@ def test_a_valid_pipeline_becomes_a_frozen_config():
      "--pipeline_split=a,b: 8 stages need 7 comma-separated cut layers"),
     (dict(pipeline_microbatches="4"),
      "--pipeline_microbatches=4: applies only with --pipeline_stages of 2"),
+    (dict(plan_profile="profile.json"),
+     "--plan_profile=profile.json: applies only with --pipeline_stages of 2"),
+    (dict(pipeline_stages="2", pipeline_microbatches="4",
+          plan_profile="no/such/profile.json"),
+     "--plan_profile=no/such/profile.json: no such file"),
 ])
 def test_bad_combinations_are_refused(parsed, message):
   with flagsaver.as_parsed(**parsed):
@@ -67,6 +72,10 @@ def test_bad_combinations_are_refused(parsed, message):
                             "--pipeline_microbatches=4", "--strategy=default",
                             "--num_devices=1"],
      "--strategy=default: pipeline stages are separate processes"),
+    ("torch_parity.train", ["--pipeline_stages=2",
+                            "--pipeline_microbatches=4",
+                            "--evaluate=false", "--plan_profile=README.md"],
+     "--plan_profile=README.md: not a layer profile"),
 ])
 def test_trainers_exit_2_with_one_line(module, args, needle):
   result = run_module(module, *args, timeout=180)

@@ -1,9 +1,10 @@
 """PyTorch pipeline stages: split modules, and real stages over gloo.
 
-The equivalence test runs a 2-stage x 4-micro-batch pipeline in two real
-processes (torch.multiprocessing.spawn, inside a subprocess with a timeout:
-gloo point-to-point has hung in earlier torch releases,
-pytorch/pytorch#132644) and compares every loss and gradient with the
+The equivalence test runs a 2-stage x 4-micro-batch pipeline (GPipe, 1F1B,
+and interleaved 1F1B with 2 stages per rank) in two real processes
+(torch.multiprocessing.spawn, inside a subprocess with a timeout: gloo
+point-to-point has hung in earlier torch releases, pytorch/pytorch#132644)
+and compares every loss and gradient with the
 unsplit model trained here on the same micro-batches.
 """
 
@@ -60,9 +61,17 @@ def _loss(outputs, targets):
   return F.cross_entropy(outputs, targets)
 
 
-def _cut_layers(name: str, model: nn.Module):
-  cfg = PipelineConfig(stages=2, microbatches=MICROBATCHES, split="even")
-  return pipeline.plan_cut_layers(model, _batches()[0][0][:2], cfg)
+def _config(schedule: str) -> PipelineConfig:
+  # Interleaved 1F1B: each of the 2 ranks holds 2 of the 4 stages.
+  virtual = 2 if schedule == "interleaved_1f1b" else 1
+  return PipelineConfig(stages=2, microbatches=MICROBATCHES,
+                        schedule=schedule, split="even",
+                        virtual_stages=virtual)
+
+
+def _cut_layers(model: nn.Module, schedule: str):
+  return pipeline.plan_cut_layers(model, _batches()[0][0][:2],
+                                  _config(schedule))
 
 
 def _worker(rank: int, name: str, schedule: str, port: int, out_dir: str):
@@ -74,13 +83,12 @@ def _worker(rank: int, name: str, schedule: str, port: int, out_dir: str):
                           rank=rank, world_size=2)
   model = _model(name)
   names = {id(p): n for n, p in model.named_parameters()}
-  cfg = PipelineConfig(stages=2, microbatches=MICROBATCHES,
-                       schedule=schedule, split="even")
-  modules = pipeline.build_stage_modules(model, _cut_layers(name, model))
+  cfg = _config(schedule)
+  modules = pipeline.build_stage_modules(model, _cut_layers(model, schedule))
   mesh = pipeline.build_mesh_groups(ParallelDims(2, 1, 2), rank)
   runtime = pipeline.build_runtime(modules, cfg, mesh, torch.device("cpu"),
                                    _loss)
-  (stage,) = runtime.stage_modules
+  stage = nn.ModuleList(runtime.stage_modules)
   optimizer = torch.optim.SGD(stage.parameters(), lr=LEARNING_RATE)
   record = {"losses": [], "grads": []}
   for inputs, targets in _batches():
@@ -120,8 +128,9 @@ def _run_pipeline(name: str, schedule: str, out_dir: str):
   return [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in (0, 1)]
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-@pytest.mark.parametrize("name", ["vgg16", "resnet18"])
+@pytest.mark.parametrize("name, schedule", [
+    ("vgg16", "gpipe"), ("vgg16", "1f1b"), ("resnet18", "gpipe"),
+    ("resnet18", "1f1b"), ("resnet18", "interleaved_1f1b")])
 def test_two_stages_train_like_the_unsplit_model(name, schedule, tmp_path):
   first, last = _run_pipeline(name, schedule, str(tmp_path))
   want_losses, want_grads = _reference(name)

@@ -1,0 +1,139 @@
+"""Pipeline x data parallel: 2 stages x 2 replicas train like one model.
+
+Four real processes over gloo (torch.multiprocessing.spawn inside a
+subprocess with a timeout: gloo point-to-point has hung in earlier torch
+releases, pytorch/pytorch#132644). Ranks 0 and 1 hold stage 0, ranks 2 and
+3 stage 1; replica r reads half r of every batch. After each schedule step
+the runtime averages each stage's gradients over its two replicas, so the
+parameters must follow the unsplit model trained here on the full batch.
+"""
+
+import os
+import subprocess
+import sys
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from overlap_core.runtime import processes
+from overlap_core.runtime.config import PipelineConfig
+from torch_parity import pipeline
+from torch_parity.models import build_model
+
+from tests.helpers import REPO_ROOT, subprocess_env
+
+IMAGE_SIZE = 8
+BATCH = 8
+MICROBATCHES = 2
+STEPS = 3
+LEARNING_RATE = 0.1
+STAGES, REPLICAS = 2, 2
+# Four ranks of a small CNN at 8 px: seconds on a loaded 2-core host.
+RUN_TIMEOUT_S = 300
+
+
+def _model() -> nn.Module:
+  torch.manual_seed(0)
+  # No BatchNorm or dropout in the small CNN: a micro-batch's outputs do
+  # not depend on the rest of the batch, so the full-batch reference is
+  # exact up to rounding (see the test's tolerance).
+  return build_model("small_cnn", image_size=IMAGE_SIZE,
+                     num_classes=10).double()
+
+
+def _batches():
+  generator = torch.Generator().manual_seed(1)
+  return [(torch.randn(BATCH, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator,
+                       dtype=torch.float64),
+           torch.randint(0, 10, (BATCH,), generator=generator))
+          for _ in range(STEPS)]
+
+
+def _worker(rank: int, port: int, out_dir: str):
+  """One rank: trains STEPS steps on its replica's half, saves its stage."""
+  import torch.distributed as dist  # pylint: disable=g-import-not-at-top
+  from overlap_core.planning.dims import ParallelDims  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(1)
+  dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                          rank=rank, world_size=STAGES * REPLICAS)
+  model = _model()
+  names = {id(p): n for n, p in model.named_parameters()}
+  cfg = PipelineConfig(stages=STAGES, microbatches=MICROBATCHES,
+                       split="even")
+  half = BATCH // REPLICAS
+  cuts = pipeline.plan_cut_layers(model, _batches()[0][0][:half], cfg)
+  modules = pipeline.build_stage_modules(model, cuts)
+  mesh = pipeline.build_mesh_groups(
+      ParallelDims(STAGES * REPLICAS, REPLICAS, STAGES), rank)
+  # A bucket smaller than the stage's gradients: several all-reduces.
+  runtime = pipeline.build_runtime(
+      modules, cfg, mesh, torch.device("cpu"),
+      lambda outputs, targets: F.cross_entropy(outputs, targets),
+      bucket_mb=0.01)
+  (stage,) = runtime.stage_modules
+  optimizer = torch.optim.SGD(stage.parameters(), lr=LEARNING_RATE)
+  losses = []
+  rows = slice(mesh.replica * half, (mesh.replica + 1) * half)
+  for inputs, targets in _batches():
+    optimizer.zero_grad()
+    losses.append(runtime.step(inputs[rows], targets[rows]))
+    optimizer.step()
+  torch.save({"stage": mesh.stage, "replica": mesh.replica, "losses": losses,
+              "params": {names[id(p)]: p.detach().clone()
+                         for p in stage.parameters()}},
+             os.path.join(out_dir, f"rank{rank}.pt"))
+  dist.destroy_process_group()
+
+
+def _reference():
+  """The unsplit model, full batch, the same SGD steps."""
+  model = _model()
+  optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+  losses = []
+  for inputs, targets in _batches():
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(inputs), targets)
+    loss.backward()
+    optimizer.step()
+    losses.append(loss.detach())
+  return losses, {n: p.detach() for n, p in model.named_parameters()}
+
+
+def test_two_stages_by_two_replicas_train_like_the_full_batch(tmp_path):
+  (port,) = processes.free_ports(1)
+  subprocess.run([sys.executable, __file__, str(port), str(tmp_path)],
+                 check=True, cwd=REPO_ROOT, env=subprocess_env(),
+                 timeout=RUN_TIMEOUT_S)
+  ranks = [torch.load(tmp_path / f"rank{r}.pt")
+           for r in range(STAGES * REPLICAS)]
+  assert [(r["stage"], r["replica"]) for r in ranks] == [
+      (0, 0), (0, 1), (1, 0), (1, 1)]
+  want_losses, want_params = _reference()
+  # The full batch's mean loss is the mean of the two halves' means (equal
+  # halves), and each half's the mean of its equal micro-batches; and the
+  # averaged gradient is the full batch's. Only the order of sums differs.
+  # The model computes in float64 but hands out float32 logits (as every
+  # zoo classifier does), so a reordered float64 sum can round to the
+  # neighbouring float32: 1.2e-7 relative in a logit, hence in the loss
+  # and in the gradients behind it. After 3 SGD steps of lr 0.1 that stays
+  # below 1e-6 of a parameter's scale; a replica that kept its own
+  # gradient (half the batch) would be off by about lr x |g|, 1e-3 or more.
+  last = [r for r in ranks if r["stage"] == 1]
+  for step in range(STEPS):
+    got = torch.stack([r["losses"][step] for r in last]).mean()
+    torch.testing.assert_close(got, want_losses[step], rtol=1e-6, atol=0)
+  for rank in ranks:
+    for name, got in rank["params"].items():
+      want = want_params[name]
+      scale = want.abs().max().item()
+      torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6 * scale,
+                                 msg=name)
+  covered = set(ranks[0]["params"]) | set(ranks[2]["params"])
+  assert covered == set(want_params)
+
+
+if __name__ == "__main__":
+  # The ranks: python test_torch_pipeline_replicas.py PORT DIR
+  torch.multiprocessing.spawn(_worker, args=(int(sys.argv[1]), sys.argv[2]),
+                              nprocs=STAGES * REPLICAS)
