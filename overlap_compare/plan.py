@@ -13,12 +13,34 @@ compare.json beside the report).
 """
 
 import os
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from overlap_compare import matrix as matrix_lib
 from overlap_compare.matrix import Cell, Matrix
 
 RUNS_DIR = "runs"
+
+
+# Flags that mean something only when the model is split into stages: the
+# trainers refuse them with one stage, so a cell whose --pipeline_stages is
+# 1 runs without them. A pipeline axis can then cross any other axis.
+PIPELINE_ONLY_FLAGS = ("pipeline_microbatches", "pipeline_schedule",
+                       "pipeline_split", "pipeline_virtual_stages",
+                       "plan_profile")
+
+
+def _flag_name(arg: str) -> str:
+  return arg.lstrip("-").split("=", 1)[0]
+
+
+def applicable_args(args: Sequence[str]) -> List[str]:
+  """`args` without the pipeline-only flags when they ask for one stage
+  (the last --pipeline_stages wins, as in the trainers' parser)."""
+  stages = [a.split("=", 1)[1] for a in args
+            if a.startswith("--pipeline_stages=")]
+  if stages and stages[-1].strip() != "1":
+    return list(args)
+  return [a for a in args if _flag_name(a) not in PIPELINE_ONLY_FLAGS]
 
 
 class Plan:
@@ -49,9 +71,23 @@ class Plan:
                trainer_args=payload["trainer_args"])
 
   def run_args(self, workload: Cell, cell: Cell) -> List[str]:
-    """Trainer flags of one cell: common, then workload, then cell."""
-    return (self.trainer_args + self.workloads.flag_args(workload) +
-            self.matrix.flag_args(cell))
+    """Trainer flags of one cell: common, then workload, then cell (less
+    the pipeline-only flags of a cell with one stage)."""
+    return applicable_args(self.trainer_args +
+                           self.workloads.flag_args(workload) +
+                           self.matrix.flag_args(cell))
+
+  def same_run_as(self, workload: Cell, cell: Cell) -> Optional[Cell]:
+    """The first cell before `cell` whose run is the same (the pipeline-
+    only flags dropped from both), or None. Such a cell is not run: it
+    would measure its twin again and report noise as an effect."""
+    args = self.run_args(workload, cell)
+    for earlier in self.matrix.cells():
+      if earlier == cell:
+        return None
+      if self.run_args(workload, earlier) == args:
+        return earlier
+    return None
 
   def run_dir(self, root: str, framework: str, workload: Cell, cell: Cell,
               repeat: int) -> str:
@@ -66,7 +102,8 @@ class Plan:
     repeat to repeat, so no cell always runs first or after the same one.
     """
     points = [(f, w, c) for w in self.workloads.cells()
-              for c in self.matrix.cells() for f in self.frameworks]
+              for c in self.matrix.cells() for f in self.frameworks
+              if self.same_run_as(w, c) is None]
     order = []
     for repeat in range(1, self.repeats + 1):
       shift = (repeat - 1) * len(points) // self.repeats

@@ -139,3 +139,61 @@ def test_a_third_trainer_is_one_more_entry_not_new_code():
     trainer_runs.parse_trainers("jax=jax_side.train")
   with pytest.raises(ValueError, match="twice"):
     trainer_runs.parse_trainers("a=x:y,a=x:z")
+
+
+def test_pipeline_axes_cross_other_axes_and_one_stage_drops_their_flags():
+  from overlap_compare import cli  # pylint: disable=g-import-not-at-top
+  plan = compare_plan.Plan(
+      matrix_spec=("pipeline_stages=1,2;pipeline_microbatches=2,4;"
+                   "pipeline_schedule=gpipe,1f1b"),
+      workloads_spec="", frameworks=["pytorch"], repeats=1,
+      trainer_args=["--model=small_cnn", "--pipeline_split=even",
+                    "--batch_size=16"])
+  cells = plan.matrix.cells()
+  assert len(cells) == 8
+  baseline = cells[0]
+  # One stage: micro-batches, schedule and split mean nothing, and the
+  # trainers refuse them, so the cell runs without them.
+  assert plan.run_args(Cell(()), baseline) == ["--model=small_cnn",
+                                               "--batch_size=16",
+                                               "--pipeline_stages=1"]
+  # ... and the one-stage cells that differ only in them are that run
+  # again: not run twice.
+  twins = [c for c in cells if plan.same_run_as(Cell(()), c) is not None]
+  assert twins == [Cell((0, 0, 1)), Cell((0, 1, 0)), Cell((0, 1, 1))]
+  assert all(plan.same_run_as(Cell(()), c) == baseline for c in twins)
+  scheduled = [c for _, _, _, c in plan.schedule()]
+  assert sorted(scheduled) == [baseline] + [c for c in cells if c.choices[0]]
+  piped = Cell((1, 1, 1))
+  assert plan.run_args(Cell(()), piped) == [
+      "--model=small_cnn", "--pipeline_split=even", "--batch_size=16",
+      "--pipeline_stages=2", "--pipeline_microbatches=4",
+      "--pipeline_schedule=1f1b"]
+  # Every cell passes the trainers' own flag validation, as the command
+  # checks before running anything; the flags kept at one stage would not.
+  trainers = trainer_runs.parse_trainers(trainer_runs.DEFAULT_TRAINERS)
+  cli.validate_plan(plan, trainers)
+  with pytest.raises(Exception, match="pipeline_split=even: applies only"):
+    cli.check_trainer_args(["--pipeline_split=even", "--pipeline_stages=1"])
+  # A pipeline cell on the default two mirrored devices: the trainer starts
+  # its two stage processes itself; with --num_workers, the launcher does.
+  command = trainer_runs.build_command(
+      trainers["pytorch"], plan.run_args(Cell(()), piped), "out/r1")
+  assert command[1:3] == ["-m", "torch_parity.train"]
+  launched = trainer_runs.build_command(
+      trainers["pytorch"], ["--strategy=multi_worker", "--num_workers=4",
+                            *plan.run_args(Cell(()), piped)], "out/r1")
+  assert launched[1:5] == ["-m", "torch_parity.launch", "--num_workers=4",
+                           "--"]
+
+
+def test_a_pipelined_runs_compute_is_its_three_phases():
+  from overlap_compare import metrics  # pylint: disable=g-import-not-at-top
+  record = {"samples_per_second": 100.0, "phases": {
+      "step": {"mean": 0.010}, "data_wait": {"mean": 0.001},
+      "compute": {"mean": 0.0}, "stage_compute": {"mean": 0.005},
+      "bubble": {"mean": 0.002}, "transfer": {"mean": 0.001},
+      "checkpoint_stall": {"mean": 0.0}, "other": {"mean": 0.001}}}
+  stats = metrics.summarize_records([record])
+  assert stats.phases_s["compute"] == pytest.approx(0.008)
+  assert sum(stats.phases_s.values()) == pytest.approx(stats.step_s)
