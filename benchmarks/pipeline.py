@@ -1,0 +1,241 @@
+"""Pipeline stages in PyTorch: is the cost model right, and what does it buy?
+
+  python -m benchmarks.pipeline --quick      # smoke: small_cnn, a minute
+  python -m benchmarks.pipeline              # vgg16, resnet50, inception_v3
+
+Four questions, one result file (benchmarks/results/pipeline.json):
+
+  1. cost model, per layer: fitted on one profile (`python -m
+     torch_parity.plan`), its prediction of every layer's forward +
+     backward at the micro-batch against a second, independent profile:
+     the median absolute relative error.
+  2. cost model, per stage: each stage's predicted time per step (the
+     plan's, M micro-batches) against the stage_compute a real pipelined
+     run measured (run.json's pipeline section): the median absolute
+     relative error.
+  3. auto against even: for both splits, slowest stage over mean stage
+     (measured stage_compute) and throughput, measured side by side.
+  4. the bubble: GPipe at M = S, 2S, 4S, 8S micro-batches, the measured
+     bubble fraction against (S - 1) / (M + S - 1).
+
+and a table in the spirit of the large-image study: per model, the chosen
+cuts and every stage's predicted against measured time.
+
+Every trainer run is its own process (`python -m torch_parity.train`, S
+stage processes under --strategy=mirrored). Repeats are interleaved: each
+repeat runs every variant once, starting at a different one, so a slow
+minute on a shared host hits every variant alike; the tables give medians
+over repeats. Each model is profiled twice, once per question 1's side.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+
+from benchmarks import common
+from overlap_core.planning.cost_model import fit_cost_model
+from overlap_core.planning.graph import LayerGraph
+from overlap_core.planning.profile import Profile
+
+NAME = "pipeline"
+FULL_MODELS = {"vgg16": 32, "resnet50": 32, "inception_v3": 75}
+QUICK_MODELS = {"small_cnn": 8}
+# (stages, micro-batch size, measured steps, repeats)
+FULL = (2, 2, 20, 3)
+QUICK = (2, 2, 3, 1)
+BUBBLE_FACTORS_FULL = (1, 2, 4, 8)  # M = factor x S
+BUBBLE_FACTORS_QUICK = (1, 2)
+
+
+def parse_args():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  common.add_common_args(parser, repeats=FULL[3])
+  parser.add_argument("--models", default=None,
+                      help="model=image_size,... (default: vgg16=32, "
+                      "resnet50=32, inception_v3=75; --quick: small_cnn=8)")
+  parser.add_argument("--stages", type=int, default=None,
+                      help="pipeline stages S (default 2)")
+  return parser.parse_args()
+
+
+def _models(args) -> dict:
+  if not args.models:
+    return dict(QUICK_MODELS if args.quick else FULL_MODELS)
+  models = {}
+  for item in args.models.split(","):
+    name, _, size = item.partition("=")
+    if not size.isdigit():
+      raise SystemExit(f"--models: {item!r}: allowed: name=image_size")
+    models[name] = int(size)
+  return models
+
+
+def plan_model(model: str, image_size: int, *, stages: int, batch: int,
+               microbatches: int, out_dir: str, quick: bool) -> dict:
+  """Profiles the model with the planning command; returns its files."""
+  common.run_process([
+      "-m", "torch_parity.plan", f"--model={model}",
+      f"--image_size={image_size}", f"--batch_size={batch}",
+      "--strategy=default", f"--pipeline_stages={stages}",
+      f"--pipeline_microbatches={microbatches}", "--pipeline_split=auto",
+      f"--plan_repeats={2 if quick else 5}", f"--plan_output_dir={out_dir}"])
+  with open(os.path.join(out_dir, "graph.json"), encoding="utf-8") as f:
+    graph = LayerGraph.from_json(f.read())
+  with open(os.path.join(out_dir, "profile.json"), encoding="utf-8") as f:
+    profile = Profile.from_json(f.read())
+  return {"graph": graph, "profile": profile,
+          "profile_path": os.path.join(out_dir, "profile.json")}
+
+
+def layer_errors(fit_on: dict, measured: Profile, microbatch: int) -> list:
+  """|predicted - measured| / measured per layer, at the micro-batch: the
+  model fitted on one profile, checked against another measurement."""
+  model = fit_cost_model([(fit_on["graph"], fit_on["profile"])])
+  predicted = model.predict_graph(fit_on["graph"], microbatch)
+  errors = []
+  for name, pred_s in predicted.items():
+    timing = measured.timing(name, microbatch)
+    if timing and timing.total_s > 0:
+      errors.append(abs(pred_s - timing.total_s) / timing.total_s)
+  return errors
+
+
+def run_pipeline(model: str, image_size: int, *, stages: int, batch: int,
+                 microbatches: int, split: str, profile_path: str,
+                 steps: int, model_dir: str) -> dict:
+  """One pipelined trainer run; its throughput and pipeline section."""
+  process = common.run_process([
+      "-m", "torch_parity.train", *common.QUIET_TRAINER_FLAGS,
+      f"--model={model}", "--dataset=synthetic",
+      f"--image_size={image_size}", f"--batch_size={batch}",
+      f"--train_steps={steps}", "--strategy=mirrored",
+      f"--num_devices={stages}", f"--pipeline_stages={stages}",
+      f"--pipeline_microbatches={microbatches}",
+      "--pipeline_schedule=gpipe", f"--pipeline_split={split}",
+      f"--plan_profile={profile_path}", f"--model_dir={model_dir}"])
+  with open(os.path.join(model_dir, "run.json"), encoding="utf-8") as f:
+    record = json.load(f)
+  return {"samples_per_second": record["samples_per_second"],
+          "pipeline": record["pipeline"],
+          **common.process_stats(process)}
+
+
+def stage_errors(section: dict) -> list:
+  return [abs(r["predicted_ms"] - r["compute_ms"]) / r["compute_ms"]
+          for r in section["per_stage"]
+          if r["predicted_ms"] is not None and r["compute_ms"]]
+
+
+def imbalance(section: dict) -> float:
+  """Slowest stage over mean stage, of the measured stage_compute."""
+  times = [r["compute_ms"] for r in section["per_stage"]]
+  return max(times) / statistics.mean(times)
+
+
+def variants(models: dict, stages: int, microbatch: int, factors) -> list:
+  """(model, split, micro-batches): the splits at M = S, and GPipe's
+  bubble at every M on the first model."""
+  out = [(m, split, stages) for m in models for split in ("auto", "even")]
+  first = next(iter(models))
+  out += [(first, "even", f * stages) for f in factors if f != 1]
+  return out
+
+
+def main():
+  args = parse_args()
+  models = _models(args)
+  stages, microbatch, steps, _ = QUICK if args.quick else FULL
+  stages = args.stages or stages
+  repeats = common.resolve_repeats(args, FULL[3])
+  factors = BUBBLE_FACTORS_QUICK if args.quick else BUBBLE_FACTORS_FULL
+  work = tempfile.mkdtemp(prefix="pipeline-bench-")
+  plans = {}
+  for model, size in models.items():
+    common.log(f"profiling {model} twice")
+    batch = microbatch * stages
+    plans[model] = [plan_model(model, size, stages=stages, batch=batch,
+                               microbatches=stages, quick=args.quick,
+                               out_dir=os.path.join(work, model, f"p{i}"))
+                    for i in (0, 1)]
+  todo = variants(models, stages, microbatch, factors)
+  runs = {v: [] for v in todo}
+  for repeat in range(repeats):
+    shift = repeat * len(todo) // repeats
+    for model, split, m in todo[shift:] + todo[:shift]:
+      common.log(f"repeat {repeat + 1}/{repeats}: {model} {split} M={m}")
+      runs[(model, split, m)].append(run_pipeline(
+          model, models[model], stages=stages, batch=microbatch * m,
+          microbatches=m, split=split,
+          profile_path=plans[model][0]["profile_path"],
+          steps=steps + 2,  # the ledger leaves out the first as warm-up
+          model_dir=os.path.join(work, "runs", model, split, str(m),
+                                 f"r{repeat}")))
+  results = {"models": {}, "bubble": []}
+  for model in models:
+    fit, other = plans[model]
+    per_layer = layer_errors(fit, other["profile"], microbatch)
+    row = {"image_size": models[model],
+           "layer_error_median": common.median(per_layer)}
+    for split in ("auto", "even"):
+      done = runs[(model, split, stages)]
+      row[split] = {
+          "samples_per_second": common.median(
+              [r["samples_per_second"] for r in done]),
+          "slowest_over_mean": common.median([imbalance(r["pipeline"])
+                                              for r in done]),
+          "stage_error_median": common.median(
+              [e for r in done for e in stage_errors(r["pipeline"])]),
+          "cuts": done[0]["pipeline"]["cut_layers"],
+          "per_stage": [{"stage": s["stage"],
+                         "predicted_ms": s["predicted_ms"],
+                         "measured_ms": common.median(
+                             [r["pipeline"]["per_stage"][s["stage"]]
+                              ["compute_ms"] for r in done])}
+                        for s in done[0]["pipeline"]["per_stage"]],
+      }
+    results["models"][model] = row
+  first = next(iter(models))
+  for f in factors:
+    done = runs[(first, "even", f * stages)]
+    section = done[0]["pipeline"]
+    results["bubble"].append({
+        "model": first, "stages": stages, "micro_batches": f * stages,
+        "theory": section["bubble_fraction_theory"],
+        "measured": common.median([r["pipeline"]["bubble_fraction"]
+                                   for r in done])})
+  payload = {"machine": common.describe_machine(),
+             "command": common.command_line(), "repeats": repeats,
+             "stages": stages, "microbatch_size": microbatch,
+             "measured_steps": steps, "results": results,
+             "runs": {f"{m}/{s}/M={n}": r for (m, s, n), r in runs.items()}}
+  path = common.result_path(NAME, args)
+  common.write_results(path, payload)
+  print(_tables(results))
+  print(f"wrote {path}")
+
+
+def _tables(results: dict) -> str:
+  rows = []
+  for model, row in results["models"].items():
+    for split in ("auto", "even"):
+      side = row[split]
+      stage_text = "; ".join(
+          f"{s['predicted_ms']:.1f}/{s['measured_ms']:.1f}"
+          for s in side["per_stage"] if s["predicted_ms"] is not None)
+      rows.append([model, split, ",".join(side["cuts"]), stage_text,
+                   side["slowest_over_mean"], side["samples_per_second"],
+                   side["stage_error_median"], row["layer_error_median"]])
+  table = common.format_table(
+      ["model", "split", "cuts", "stage ms pred/meas", "slowest/mean",
+       "samples/s", "stage err", "layer err"], rows)
+  bubble = common.format_table(
+      ["model", "S", "M", "theory", "measured"],
+      [[b["model"], b["stages"], b["micro_batches"], b["theory"],
+        b["measured"]] for b in results["bubble"]])
+  return table + "\n\n" + bubble
+
+
+if __name__ == "__main__":
+  main()
