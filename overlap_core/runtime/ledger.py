@@ -25,6 +25,8 @@ import math
 import time
 from typing import Callable, Dict, List, Optional
 
+from overlap_core.runtime import pipeline_stats
+
 DATA_WAIT = "data_wait"  # blocked waiting for the next batch
 COMPUTE = "compute"  # forward, backward, gradient all-reduce and update
 CHECKPOINT_STALL = "checkpoint_stall"  # training blocked by a checkpoint
@@ -204,6 +206,8 @@ def summarize_window(records: List[StepRecord]) -> Dict[str, float]:
       "step_ms": 1e3 * total / len(records) if records else 0.0,
   }
   for name in PHASES:
-    spent = sum(r.phases_s.get(name, 0.0) for r in records)
+    # A pipelined step records its compute as the pipeline phases.
+    parts = (name,) + (pipeline_stats.PHASES if name == COMPUTE else ())
+    spent = sum(r.phases_s.get(part, 0.0) for r in records for part in parts)
     scalars[f"{name}_fraction"] = spent / total if total else 0.0
   return scalars

@@ -4,6 +4,7 @@ medians, the theoretical and measured bubble."""
 import pytest
 
 from overlap_core.runtime import pipeline_stats as ps
+from overlap_core.runtime.ledger import DATA_WAIT, StepLedger, summarize_window
 
 
 def test_theory_is_gpipes_fill_and_drain():
@@ -71,3 +72,18 @@ def test_section_sums_the_bubble_over_stages():
       "compute_ms", "bubble_ms", "transfer_ms"}
   unmeasured = ps.stage_entry(0, layers=[], device="cpu", medians_ms={})
   assert ps.measured_bubble_fraction([unmeasured]) is None
+
+
+def test_progress_shares_count_a_pipelined_steps_phases_as_compute():
+  clock = [0.0]
+  ledger = StepLedger(clock=lambda: clock[0])
+  with ledger.phase(DATA_WAIT):
+    clock[0] = 1.0
+  for phase, begin, end in ps.partition_span(1.0, 4.0, [
+      (ps.BUBBLE, 2.0, 2.5), (ps.TRANSFER, 3.0, 3.5)]):
+    ledger.add(phase, begin, end)
+  clock[0] = 4.0
+  ledger.end_step(1, num_samples=8)
+  shares = summarize_window(ledger.steps)
+  assert shares["compute_fraction"] == pytest.approx(0.75)
+  assert shares["data_wait_fraction"] == pytest.approx(0.25)
