@@ -177,7 +177,7 @@ class GPipeRuntime:
     devices: stage k runs on devices[k].
     cut_layers: the layers stages 0..S-2 end with.
     num_microbatches: M, micro-batches per step.
-    stats: per-stage phases of every step (`record_step`).
+    recorders: per stage, the phases of every step (`record_step`).
   """
 
   def __init__(self, model: keras.Model, cut_layers: Sequence[str], *,
@@ -194,7 +194,7 @@ class GPipeRuntime:
     self.stages = build_stage_models(model, cut_layers)
     self.devices = list(devices)
     self.num_microbatches = num_microbatches
-    self.stats = pipeline_stats.StageStats(len(self.stages))
+    self.recorders = [pipeline_stats.StageRecorder() for _ in self.stages]
     index = {id(v): i for i, v in enumerate(model.trainable_variables)}
     self._variable_index = [[index[id(v)] for v in stage.trainable_variables]
                             for stage in self.stages]
@@ -301,26 +301,43 @@ class GPipeRuntime:
   def record_step(self, start_s: float, end_s: float
                   ) -> List[Tuple[str, float, float]]:
     """Records one step's compute span per stage; returns the ledger's
-    three phases partitioning it (the mean stage's view)."""
+    three phases partitioning it (the mean stage's view).
+
+    Each stage's step is taken as the schedule implies: its own compute
+    (measured alone) first, then its transfers (measured alone), waiting
+    for the rest of the span (derived).
+    """
     compute_s, transfer_s = self.stage_seconds()
-    span_s = end_s - start_s
-    for k in range(self.num_stages):
-      self.stats.add(k, pipeline_stats.STAGE_COMPUTE, compute_s[k])
-      self.stats.add(k, pipeline_stats.TRANSFER, transfer_s[k])
-      self.stats.add(k, pipeline_stats.BUBBLE,
-                     span_s - compute_s[k] - transfer_s[k])
-    self.stats.end_step()
-    return pipeline_stats.split_compute_span(
-        start_s, end_s, stage_compute_s=statistics.mean(compute_s),
-        transfer_s=statistics.mean(transfer_s))
+    for k, recorder in enumerate(self.recorders):
+      for interval in _derived_intervals(start_s, end_s, compute_s[k],
+                                         transfer_s[k]):
+        recorder.record(*interval)
+      recorder.end_step(start_s, end_s)
+    return pipeline_stats.partition_span(start_s, end_s, _derived_intervals(
+        start_s, end_s, statistics.mean(compute_s),
+        statistics.mean(transfer_s)))
 
   def describe(self, cfg: PipelineConfig, *, skip_steps: int = 0) -> dict:
-    """run.json's `pipeline` section."""
-    return pipeline_stats.pipeline_section(
+    """run.json's `pipeline` section, with `sources`: which figures are
+    measured and which derived."""
+    per_stage = [
+        pipeline_stats.stage_entry(
+            k, layers=layers, device=self.devices[k],
+            medians_ms=self.recorders[k].medians_ms(skip_steps))
+        for k, layers in enumerate(self.stage_layers())]
+    section = pipeline_stats.pipeline_section(
         schedule=cfg.schedule, stages=self.num_stages,
         micro_batches=self.num_microbatches,
         virtual_stages=cfg.virtual_stages, replicas=1, split=cfg.split,
-        cut_layers=self.cut_layers, stats=self.stats,
-        stage_layers=self.stage_layers(), stage_devices=self.devices,
-        skip_steps=skip_steps,
-        sources=pipeline_timing.MEASUREMENT_SOURCES)
+        cut_layers=self.cut_layers, per_stage=per_stage)
+    section["sources"] = dict(pipeline_timing.MEASUREMENT_SOURCES)
+    return section
+
+
+def _derived_intervals(start_s: float, end_s: float, compute_s: float,
+                       transfer_s: float) -> List[Tuple[str, float, float]]:
+  """A stage's transfer and bubble intervals within a step's span."""
+  transfer_start_s = start_s + compute_s
+  bubble_start_s = transfer_start_s + transfer_s
+  return [(pipeline_stats.TRANSFER, transfer_start_s, bubble_start_s),
+          (pipeline_stats.BUBBLE, bubble_start_s, end_s)]

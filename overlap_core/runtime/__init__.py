@@ -15,6 +15,7 @@
   evaluation        the eval result from summed losses, quality and count
   cost_calibration  --preprocess_cost_ms: the probe's rate and rounds
   processes         launchers' process supervision
-  pipeline_stats    a pipeline's per-stage phases (stage_compute, bubble,
-                    transfer) and run.json's `pipeline` section
+  offload_stats     offload copy counts and times: run.json's offload
+  pipeline_stats    a pipeline stage's compute, bubble and transfer per
+                    step: run.json's pipeline section
 """

@@ -13,10 +13,10 @@ and summarizes per-phase mean/p50/p95 over the steady-state steps.
     ledger.end_step(step, num_samples=batch_size)
   summary = ledger.summary()
 
-In a pipelined run, `compute` is replaced by the three pipeline phases of
-`overlap_core.runtime.pipeline_stats` (stage_compute, transfer, bubble):
-they partition each step's compute span, so the phases still add up to the
-step, and the compute row of such a run is zero.
+In a pipelined run, `compute` is not recorded: each step's compute span is
+recorded as the three phases of `overlap_core.runtime.pipeline_stats`
+(stage_compute, bubble, transfer), which partition it, so the phases still
+add up to the step.
 """
 
 import contextlib

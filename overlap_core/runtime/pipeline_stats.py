@@ -1,166 +1,166 @@
-"""What a pipeline spends, per stage: the run.json `pipeline` section.
+"""What a pipeline stage spends per step: the run.json `pipeline` section.
 
-Both frameworks record a pipelined step in these three phases, per stage:
+Both trainers' pipeline runtimes time three phases on every rank:
 
-  stage_compute  the stage running forward and backward of its micro-batches
-  bubble         the stage waiting on a neighbour (GPipe's fill and drain)
-  transfer       point-to-point copies: activations forward, gradients back
+  stage_compute  the stage running forward and backward of its
+                 micro-batches (and what else the step computes: the loss,
+                 the optimizer step, a replicated stage's gradient
+                 all-reduce, the schedule's own bookkeeping)
+  bubble         the stage waiting on a neighbour: an activation or a
+                 gradient that has not arrived yet
+  transfer       point-to-point copies: posting sends and receives and
+                 waiting for a send to leave
 
-In a pipelined run they replace the ledger's `compute` phase of each step:
-the three partition the compute span (see `split_compute_span`), so phases
-still add up to the step. Per stage they are kept here, one value per step
-and phase; the section reports per-step medians in ms beside the plan's
-predictions (null without a profile), with the measured bubble fraction
+In a pipelined run these three replace the ledger's `compute` phase of each
+step and partition it: `partition_span` turns the bubble and transfer
+intervals a runtime recorded into spans that tile the compute span, the
+gaps between them being stage_compute.
 
-  bubble / (stage_compute + bubble + transfer), summed over stages
-
-next to GPipe's theory (S - 1) / (M + S - 1). How each figure was obtained
-(timed per stage, or derived from the schedule) differs by framework; the
-section's `sources` says which is which.
-
-  stats = StageStats(num_stages=2)
-  stats.add(0, STAGE_COMPUTE, 0.012)
-  stats.add(0, BUBBLE, 0.004)
-  stats.end_step()
-  stats.per_stage_ms()[0][STAGE_COMPUTE]  # 12.0
+  recorder = StageRecorder()
+  recorder.record(BUBBLE, start_s, end_s)      # from the runtime's hooks
+  spans = recorder.end_step(step_start_s, step_end_s)  # -> ledger.add(...)
+  section = pipeline_section(schedule="gpipe", stages=2, micro_batches=2,
+                             per_stage=[stage_entry(0, recorder, ...), ...])
 """
 
 import statistics
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
-STAGE_COMPUTE = "stage_compute"
-BUBBLE = "bubble"
-TRANSFER = "transfer"
-PIPELINE_PHASES = (STAGE_COMPUTE, BUBBLE, TRANSFER)
-_THEORY_SCHEDULES = ("gpipe", "1f1b")
+STAGE_COMPUTE = "stage_compute"  # a stage's forward/backward of its chunks
+BUBBLE = "bubble"  # a stage waiting on a neighbour
+TRANSFER = "transfer"  # point-to-point activation/gradient copies
+PHASES = (STAGE_COMPUTE, BUBBLE, TRANSFER)
+
+Interval = Tuple[str, float, float]  # (phase, start_s, end_s)
 
 
-class StageStats:
-  """Seconds per stage, phase and step; thread-safe.
+def bubble_fraction_theory(schedule: str, stages: int, micro_batches: int,
+                           virtual_stages: int = 1) -> Optional[float]:
+  """The idle share of a step the schedule's own arithmetic predicts.
 
-  A stage's phases may be recorded from the thread that runs it; a step's
-  values are kept apart from the next step's by `end_step`.
+  GPipe and 1F1B: (S - 1) / (M + S - 1) (1F1B changes memory, not the
+  bubble). Interleaved 1F1B with V stages per rank shrinks the fill and
+  drain by V (Narayanan et al., 2021): (S - 1) / (V M + S - 1). Zero-bubble
+  schedules aim at none and have no closed form here: None.
+  """
+  if stages < 1 or micro_batches < 1 or virtual_stages < 1:
+    raise ValueError(f"Invalid stages/micro_batches/virtual_stages: "
+                     f"{stages}, {micro_batches}, {virtual_stages}; allowed:"
+                     " integers >= 1")
+  if schedule in ("gpipe", "1f1b"):
+    return (stages - 1) / (micro_batches + stages - 1)
+  if schedule == "interleaved_1f1b":
+    return (stages - 1) / (virtual_stages * micro_batches + stages - 1)
+  return None
+
+
+def partition_span(start_s: float, end_s: float,
+                   intervals: Sequence[Interval]) -> List[Interval]:
+  """Spans that tile [start_s, end_s]: the intervals, clipped to it and
+  in time order, and stage_compute in every gap between them.
+
+  Intervals come from one thread and do not overlap; should two touch or
+  overlap anyway (a clock read late), the later one starts where the
+  earlier ended, so no time is counted twice.
+  """
+  spans: List[Interval] = []
+  cursor = start_s
+  for phase, begin, end in sorted(intervals, key=lambda i: i[1]):
+    begin, end = max(begin, cursor), min(end, end_s)
+    if end <= begin:
+      continue
+    if begin > cursor:
+      spans.append((STAGE_COMPUTE, cursor, begin))
+    spans.append((phase, begin, end))
+    cursor = end
+  if end_s > cursor:
+    spans.append((STAGE_COMPUTE, cursor, end_s))
+  return spans
+
+
+class StageRecorder:
+  """Bubble and transfer intervals of the current step, and every closed
+  step's phase totals; thread-safe (gloo completes work on its own
+  threads, and a runtime may record from a hook there).
   """
 
-  def __init__(self, num_stages: int):
-    if num_stages < 1:
-      raise ValueError(f"Invalid value for argument `num_stages`. Received: "
-                       f"{num_stages}; allowed: an integer >= 1")
-    self.num_stages = num_stages
+  def __init__(self):
     self._lock = threading.Lock()
-    self.reset()
+    self._pending: List[Interval] = []
+    self._steps: List[Dict[str, float]] = []
 
-  def reset(self) -> None:
-    """Forgets every step so far (warm-up steps)."""
+  def record(self, phase: str, start_s: float, end_s: float) -> None:
+    """One interval of `phase` (BUBBLE or TRANSFER) in the current step."""
+    if phase not in (BUBBLE, TRANSFER):
+      raise ValueError(f"phase={phase!r}: allowed: {BUBBLE}, {TRANSFER} "
+                       f"({STAGE_COMPUTE} is what they leave)")
     with self._lock:
-      self._open = self._empty_step()
-      self._steps: List[List[Dict[str, float]]] = []
+      self._pending.append((phase, start_s, end_s))
 
-  def _empty_step(self) -> List[Dict[str, float]]:
-    return [{p: 0.0 for p in PIPELINE_PHASES} for _ in range(self.num_stages)]
-
-  def add(self, stage: int, phase: str, duration_s: float) -> None:
-    """Adds `duration_s` of `phase` to `stage` in the open step."""
-    if phase not in PIPELINE_PHASES:
-      raise ValueError(f"phase={phase!r}: allowed: "
-                       f"{', '.join(PIPELINE_PHASES)}")
-    if not 0 <= stage < self.num_stages:
-      raise ValueError(f"stage={stage}: allowed: 0 to {self.num_stages - 1}")
+  def end_step(self, start_s: float, end_s: float) -> List[Interval]:
+    """Closes the step that ran from start_s to end_s; returns its spans
+    (`partition_span`) and keeps their per-phase totals."""
     with self._lock:
-      self._open[stage][phase] += max(0.0, float(duration_s))
-
-  def end_step(self) -> None:
-    """Closes the open step."""
+      pending, self._pending = self._pending, []
+    spans = partition_span(start_s, end_s, pending)
+    totals = {phase: 0.0 for phase in PHASES}
+    for phase, begin, end in spans:
+      totals[phase] += end - begin
     with self._lock:
-      self._steps.append(self._open)
-      self._open = self._empty_step()
+      self._steps.append(totals)
+    return spans
 
   @property
-  def num_steps(self) -> int:
+  def steps(self) -> List[Dict[str, float]]:
     with self._lock:
-      return len(self._steps)
+      return list(self._steps)
 
-  def per_stage_ms(self, skip_steps: int = 0) -> List[Dict[str, float]]:
-    """Per stage, the per-step median of each phase in ms (None: no step)."""
-    with self._lock:
-      steps = self._steps[skip_steps:] or self._steps
-      return [{p: (1e3 * statistics.median(s[k][p] for s in steps)
-                   if steps else None) for p in PIPELINE_PHASES}
-              for k in range(self.num_stages)]
+  def medians_ms(self, warmup_steps: int = 0) -> Dict[str, Optional[float]]:
+    """{compute_ms, bubble_ms, transfer_ms}: per-step medians after the
+    warm-up (all steps if none is left); None before any step."""
+    steps = self.steps
+    measured = steps[warmup_steps:] or steps
+    keys = {STAGE_COMPUTE: "compute_ms", BUBBLE: "bubble_ms",
+            TRANSFER: "transfer_ms"}
+    return {key: (1e3 * statistics.median(s[phase] for s in measured)
+                  if measured else None)
+            for phase, key in keys.items()}
 
-  def bubble_fraction(self, skip_steps: int = 0) -> Optional[float]:
-    """Measured bubble over all three phases, summed over stages."""
-    per_stage = self.per_stage_ms(skip_steps)
-    if any(v is None for s in per_stage for v in s.values()):
+
+def stage_entry(stage: int, *, layers: Sequence[str], device: str,
+                medians_ms: Dict[str, Optional[float]],
+                predicted_ms: Optional[float] = None,
+                predicted_memory_mb: Optional[float] = None) -> dict:
+  """One row of `per_stage`: the plan's prediction beside the measurement
+  (predictions None when the run had no profile)."""
+  return {"stage": stage, "layers": list(layers), "device": device,
+          "predicted_ms": predicted_ms,
+          "predicted_memory_mb": predicted_memory_mb,
+          "compute_ms": medians_ms.get("compute_ms"),
+          "bubble_ms": medians_ms.get("bubble_ms"),
+          "transfer_ms": medians_ms.get("transfer_ms")}
+
+
+def measured_bubble_fraction(per_stage: Sequence[dict]) -> Optional[float]:
+  """bubble / (stage_compute + bubble + transfer), summed over stages."""
+  bubble = total = 0.0
+  for row in per_stage:
+    parts = [row.get("compute_ms"), row.get("bubble_ms"),
+             row.get("transfer_ms")]
+    if any(p is None for p in parts):
       return None
-    total = sum(sum(s.values()) for s in per_stage)
-    return sum(s[BUBBLE] for s in per_stage) / total if total else None
-
-
-def bubble_fraction_theory(schedule: str, stages: int,
-                           micro_batches: int) -> Optional[float]:
-  """(S - 1) / (M + S - 1) for GPipe and 1F1B; None for other schedules."""
-  if schedule not in _THEORY_SCHEDULES:
-    return None
-  return (stages - 1) / (micro_batches + stages - 1)
-
-
-def split_compute_span(start_s: float, end_s: float, *,
-                       stage_compute_s: float,
-                       transfer_s: float) -> List[Tuple[str, float, float]]:
-  """The ledger's three phases partitioning one compute span.
-
-  The span is the step's compute as the host saw it; `stage_compute_s` and
-  `transfer_s` are a stage's own (e.g. the mean stage's). Compute comes
-  first, then transfers, and the rest is bubble; a span shorter than the
-  parts is filled in that order, so the three always add up to the span.
-  """
-  span = max(0.0, end_s - start_s)
-  compute = min(span, max(0.0, stage_compute_s))
-  transfer = min(span - compute, max(0.0, transfer_s))
-  bounds = [start_s, start_s + compute, start_s + compute + transfer, end_s]
-  phases = (STAGE_COMPUTE, TRANSFER, BUBBLE)
-  return [(p, bounds[i], bounds[i + 1]) for i, p in enumerate(phases)]
+    bubble += parts[1]
+    total += sum(parts)
+  return bubble / total if total > 0 else None
 
 
 def pipeline_section(*, schedule: str, stages: int, micro_batches: int,
-                     virtual_stages: int, replicas: int, split: str,
-                     cut_layers: Sequence[str], stats: StageStats,
-                     stage_layers: Sequence[Sequence[str]],
-                     stage_devices: Sequence[str],
-                     predicted_ms: Optional[Sequence[float]] = None,
-                     predicted_memory_mb: Optional[Sequence[float]] = None,
-                     sources: Optional[Dict[str, str]] = None,
-                     skip_steps: int = 0) -> dict:
-  """run.json's `pipeline` section: the plan, theory and measurements.
-
-  Args:
-    schedule, stages, micro_batches, virtual_stages, replicas, split,
-      cut_layers: the run's pipeline as configured and cut.
-    stats: the per-stage phases of the run's steps.
-    stage_layers: per stage, the layers it runs.
-    stage_devices: per stage, where it runs.
-    predicted_ms: per stage, the plan's predicted ms per step (None: the
-      run had no profile to predict from).
-    predicted_memory_mb: per stage, the plan's predicted memory.
-    sources: phase -> how it was obtained ("measured: ...", "derived: ...").
-    skip_steps: warm-up steps left out of the medians.
-  """
-  measured = stats.per_stage_ms(skip_steps)
-  per_stage = []
-  for k in range(len(stage_layers)):
-    per_stage.append({
-        "stage": k,
-        "layers": list(stage_layers[k]),
-        "device": stage_devices[k],
-        "predicted_ms": predicted_ms[k] if predicted_ms else None,
-        "predicted_memory_mb": (predicted_memory_mb[k]
-                                if predicted_memory_mb else None),
-        "compute_ms": measured[k][STAGE_COMPUTE],
-        "bubble_ms": measured[k][BUBBLE],
-        "transfer_ms": measured[k][TRANSFER],
-    })
+                     virtual_stages: int = 1, replicas: int = 1,
+                     split: str = "even", cut_layers: Sequence[str] = (),
+                     per_stage: Sequence[dict] = ()) -> dict:
+  """run.json's `pipeline`: the schedule, the split, the theoretical and
+  the measured bubble, and one `stage_entry` per stage (ms per step)."""
   return {
       "schedule": schedule,
       "stages": stages,
@@ -169,9 +169,9 @@ def pipeline_section(*, schedule: str, stages: int, micro_batches: int,
       "replicas": replicas,
       "split": split,
       "cut_layers": list(cut_layers),
-      "bubble_fraction_theory": bubble_fraction_theory(schedule, stages,
-                                                       micro_batches),
-      "bubble_fraction": stats.bubble_fraction(skip_steps),
-      "per_stage": per_stage,
-      "sources": dict(sources or {}),
+      "bubble_fraction_theory": bubble_fraction_theory(
+          schedule, stages, micro_batches, virtual_stages),
+      "bubble_fraction": measured_bubble_fraction(per_stage),
+      "per_stage": sorted((dict(row) for row in per_stage),
+                          key=lambda row: row["stage"]),
   }
