@@ -1,4 +1,4 @@
-"""TensorFlow pipeline stages on the 2 logical CPU devices of the test session.
+"""TensorFlow pipeline stages on the 2 logical CPU devices conftest.py makes.
 
 A 2-stage x 4-micro-batch GPipe step is compared with the unsplit model
 trained on the same micro-batches; the traced step is read for where each
