@@ -31,9 +31,10 @@ from overlap_core.planning.profile import LayerTiming, Profile, utc_now_iso
 from tfoverlap.planning.graph import node_names, ordered_nodes
 
 
-def profile_layers(model: keras.Model, *, batch_sizes: Sequence[int] = (2, 4, 8),
-                   warmup: int = 2, repeats: int = 5, name: str = "",
-                   device: str = "", seed: int = 0) -> Profile:
+def profile_layers(model: keras.Model, *,
+                   batch_sizes: Sequence[int] = (2, 4, 8), warmup: int = 2,
+                   repeats: int = 5, name: str = "", device: str = "",
+                   seed: int = 0) -> Profile:
   """Times every layer of `model`, forward and backward, at each batch.
 
   Args:
