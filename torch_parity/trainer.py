@@ -355,6 +355,6 @@ def train(config: TrainConfig):
         notes=notes, wall_s=time.perf_counter() - start,
         offload_stats=(offloader.summary(num_steps=len(ledger.steps))
                        if offloader else None),
-        pipeline_section=pipeline_section)
+        pipeline=pipeline_section)
   finally:
     strategy.close()

@@ -23,7 +23,7 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
                          checkpoint_stats: Optional[dict], notes: list,
                          wall_s: float,
                          offload_stats: Optional[dict] = None,
-                         pipeline_section: Optional[dict] = None) -> dict:
+                         pipeline: Optional[dict] = None) -> dict:
   """Writes the trace (if asked for) and run.json of this worker.
 
   Args:
@@ -40,8 +40,7 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
     notes: plain-words notes for run.json.
     wall_s: the run's wall time so far.
     offload_stats: the offload copies (`Offloader.summary()`), or None.
-    pipeline_section: run.json's `pipeline` (stages, bubble, per-stage
-      times), or None when not pipelined.
+    pipeline: the run.json `pipeline` section, or None when not pipelined.
 
   Returns:
     The record written to `<out_dir>/run.json`.
@@ -74,6 +73,6 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
       checkpoint=checkpoint_stats,
       notes=notes,
       offload=offload_stats,
-      pipeline=pipeline_section)
+      pipeline=pipeline)
   run_record.write_run_record(out_dir, record)
   return record

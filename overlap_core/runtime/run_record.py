@@ -114,7 +114,7 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
   `offload` is the offload copies per direction, or None without offload
   (a section, not a ledger phase: the copies happen inside compute).
   `pipeline` is `pipeline_stats.pipeline_section(...)`, or None when the
-  model is not split into stages.
+  model is not pipelined.
   """
   return {
       "schema_version": SCHEMA_VERSION,
