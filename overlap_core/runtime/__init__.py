@@ -15,4 +15,5 @@
   evaluation        the eval result from summed losses, quality and count
   cost_calibration  --preprocess_cost_ms: the probe's rate and rounds
   processes         launchers' process supervision
+  cluster           the cluster a worker reads from TF_CONFIG, Slurm or torchrun
 """
