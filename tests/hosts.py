@@ -20,6 +20,7 @@ import subprocess
 import time
 from typing import List
 
+from tests import sockets
 from tests.helpers import REPO_ROOT, wait_until
 
 # The second "host": any 127.x.y.z reaches this machine.
@@ -53,7 +54,17 @@ def start_host(name: str, argv: List[str], *, env: dict, log_dir) -> Host:
 
 
 def kill_host(host: Host) -> None:
-  """SIGKILL to everything the host started: the machine is gone."""
+  """SIGKILL to everything the host started: the machine is gone.
+
+  Its whole process tree, not only its session: torchrun starts each worker
+  in a session of its own.
+  """
+  doomed = [host.process.pid] + sockets.descendants(host.process.pid)
+  for pid in doomed:
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
   try:
     os.killpg(host.process.pid, signal.SIGKILL)
   except ProcessLookupError:
@@ -91,17 +102,17 @@ def wait_for_output(host: Host, needle: str, timeout_s: float) -> None:
 def ports_free_everywhere(ports) -> bool:
   """Whether each port can be bound on every interface now (TensorFlow's
   gRPC servers bind 0.0.0.0)."""
-  sockets = []
+  bound = []
   try:
     for port in ports:
       s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-      sockets.append(s)
+      bound.append(s)
       s.bind(("", port))
     return True
   except OSError:
     return False
   finally:
-    for s in sockets:
+    for s in bound:
       s.close()
 
 
