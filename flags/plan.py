@@ -1,4 +1,5 @@
-"""Flags of the planning commands only (python -m torch_parity.plan).
+"""Flags of the planning commands only (python -m tfoverlap.plan and
+python -m torch_parity.plan).
 
 Not a trainer group: these say how to profile and report, not how to
 train, so `define_flags()` of the package leaves them out and the trainers

@@ -17,16 +17,31 @@ from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime.loop_context import LoopContext, ScalarWindows, after_step
 
 
-def run_custom_loop(ctx: LoopContext, *, train_step, iterator) -> float:
-  """Runs steps first_step..last_step; returns the last step's loss."""
+def run_custom_loop(ctx: LoopContext, *, train_step, iterator,
+                    split_compute=None) -> float:
+  """Runs steps first_step..last_step; returns the last step's loss.
+
+  Args:
+    ctx: the loop's bookkeeping.
+    train_step: batch -> loss.
+    iterator: the batches.
+    split_compute: (start_s, end_s) -> [(phase, start_s, end_s)] that
+      partition a step's compute span (a pipelined step's stage compute,
+      transfer and bubble); None: the span is the `compute` phase.
+  """
   loss = float("nan")
   for step in range(ctx.first_step, ctx.last_step + 1):
     with ctx.ledger.phase(ledger_lib.DATA_WAIT):
       batch = next(iterator)
-    with ctx.ledger.phase(ledger_lib.COMPUTE):
-      # Reading the loss waits for the step to finish, so the span covers
-      # the device work and not only its dispatch.
-      loss = float(train_step(batch))
+    start_s = time.perf_counter()
+    # Reading the loss waits for the step to finish, so the span covers
+    # the device work and not only its dispatch.
+    loss = float(train_step(batch))
+    end_s = time.perf_counter()
+    parts = (split_compute(start_s, end_s) if split_compute else
+             [(ledger_lib.COMPUTE, start_s, end_s)])
+    for phase, begin_s, finish_s in parts:
+      ctx.ledger.add(phase, begin_s, finish_s)
     after_step(ctx, step, loss)
   return loss
 

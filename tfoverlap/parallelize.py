@@ -2,8 +2,9 @@
 
 `parallelize` builds the model and optimizer and applies, in a fixed order:
 
-  1. pipeline stages: which layers run on which device (not yet: the
-     run's ParallelDims has pipeline = 1, and the trainers refuse more);
+  1. pipeline stages: the model is cut at the plan's layers into stage
+     sub-models on one device each, run by a GPipe step
+     (`tfoverlap.pipeline`); a pipelined run has no data parallelism here;
   2. data parallelism: the model's and optimizer's variables are created
      under the strategy's scope, so they are mirrored on every replica and
      `apply_gradients` all-reduces the gradients;
@@ -15,14 +16,15 @@ placed before the variables are mirrored; offload decides where the
 variables of an already placed, already replicated model live.
 """
 
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import keras
 import tensorflow as tf
 
 from overlap_core.planning.dims import ParallelDims
-from overlap_core.runtime.config import OffloadConfig
+from overlap_core.runtime.config import OffloadConfig, PipelineConfig
 from tfoverlap import offload as offload_lib
+from tfoverlap import pipeline as pipeline_lib
 
 
 class Parallelized(NamedTuple):
@@ -35,16 +37,23 @@ class Parallelized(NamedTuple):
     optimizer: its optimizer, slots built, so a restore fills them in place.
     dims: the run's degrees of parallelism.
     offload: the `Offloader` that wrapped the model's layers, or None.
-    pipeline: the pipeline runtime when pipelined; always None until
-      TensorFlow pipeline stages exist. The field keeps the tuple the same
-      shape as PyTorch's.
+    pipeline: the `GPipeRuntime` when pipelined (its stages share the
+      model's layers; the train step runs its schedule), else None.
   """
   model: keras.Model
   train_model: keras.Model
   optimizer: keras.optimizers.Optimizer
   dims: ParallelDims
   offload: Optional[offload_lib.Offloader] = None
-  pipeline: None = None
+  pipeline: Optional[pipeline_lib.GPipeRuntime] = None
+
+
+class PipelineSpec(NamedTuple):
+  """What step 1 needs to cut the model: the flags' pipeline settings, the
+  micro-batch the layer graph is read at, and one device per stage."""
+  config: PipelineConfig
+  microbatch_size: int
+  devices: Sequence[str]
 
 
 def parallel_dims(strategy: tf.distribute.Strategy) -> ParallelDims:
@@ -55,20 +64,25 @@ def parallel_dims(strategy: tf.distribute.Strategy) -> ParallelDims:
 def parallelize(strategy: tf.distribute.Strategy,
                 build_model: Callable[[], keras.Model],
                 build_optimizer: Callable[[], keras.optimizers.Optimizer],
-                offload: OffloadConfig = OffloadConfig()) -> Parallelized:
+                offload: OffloadConfig = OffloadConfig(),
+                pipeline: Optional[PipelineSpec] = None) -> Parallelized:
   """Builds the model and optimizer with the run's parallelism applied.
 
   Args:
-    strategy: the run's tf.distribute strategy (data parallelism).
+    strategy: the run's tf.distribute strategy (data parallelism); the
+      default strategy when pipelined.
     build_model: makes the Keras model.
     build_optimizer: makes its optimizer.
     offload: what to keep in host memory between uses.
+    pipeline: how to cut the model, when it has more than one stage.
+
+  Raises:
+    ValueError: pipeline stages with a real strategy or with offload.
   """
+  if pipeline is not None and pipeline.config.stages > 1:
+    return apply_pipeline(strategy, build_model, build_optimizer, offload,
+                          pipeline)
   dims = parallel_dims(strategy)
-  if dims.is_pipelined:
-    raise ValueError(f"Invalid value for argument `strategy`. Received: "
-                     f"pipeline={dims.pipeline}; allowed: 1 (TensorFlow "
-                     "pipeline stages are not built yet)")
   with strategy.scope():
     model = build_model()
     optimizer = build_optimizer()
@@ -76,3 +90,37 @@ def parallelize(strategy: tf.distribute.Strategy,
   # Outside the scope: the copy counter is one host variable, not mirrored.
   offloader = offload_lib.apply_offload(model, offload)
   return Parallelized(model, model, optimizer, dims, offloader)
+
+
+def apply_pipeline(strategy: tf.distribute.Strategy,
+                   build_model: Callable[[], keras.Model],
+                   build_optimizer: Callable[[], keras.optimizers.Optimizer],
+                   offload: OffloadConfig,
+                   spec: PipelineSpec) -> Parallelized:
+  """Step 1: the whole model in this process, its stages on their devices.
+
+  Raises:
+    ValueError: naming the argument, for a strategy with replicas or an
+      offload (neither combines with stages here).
+    ConfigError: for a split the model cannot take.
+  """
+  cfg = spec.config
+  if strategy.num_replicas_in_sync != 1:
+    raise ValueError(f"Invalid value for argument `strategy`. Received: "
+                     f"{strategy.num_replicas_in_sync} replicas with "
+                     f"pipeline={cfg.stages}; allowed: the default strategy "
+                     f"({pipeline_lib.DATA_PARALLEL_REFUSAL})")
+  if offload.enabled:
+    raise ValueError(f"Invalid value for argument `offload`. Received: "
+                     f"{offload.targets} with pipeline={cfg.stages}; "
+                     "allowed: no offload with pipeline stages")
+  model = build_model()
+  optimizer = build_optimizer()
+  optimizer.build(model.trainable_variables)
+  cuts = pipeline_lib.plan_cut_layers(model, cfg,
+                                      batch_size=spec.microbatch_size)
+  runtime = pipeline_lib.GPipeRuntime(model, cuts, devices=spec.devices,
+                                      num_microbatches=cfg.microbatches)
+  dims = ParallelDims(world_size=cfg.stages, data_parallel=1,
+                      pipeline=cfg.stages, world_flag="num_devices")
+  return Parallelized(model, model, optimizer, dims, None, runtime)

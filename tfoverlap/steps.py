@@ -43,6 +43,29 @@ def per_example_loss(task: str, targets, outputs):
                                                       from_logits=True)
 
 
+def make_microbatch_loss(task: str, global_batch_size: int):
+  """A pipelined micro-batch's loss: its examples' sum over the global
+  batch, so the micro-batches' losses (and gradients) add up to the
+  batch mean the unpipelined step computes."""
+
+  def loss_fn(targets, outputs):
+    return tf.reduce_sum(per_example_loss(task, targets, outputs)) / float(
+        global_batch_size)
+
+  return loss_fn
+
+
+def example_batch(model, task: str, batch_size: int):
+  """Zeros shaped like one training batch of `model` (inputs, targets), for
+  timing: what a step costs does not depend on the values."""
+  inputs = tf.zeros((batch_size,) + tuple(model.inputs[0].shape[1:]))
+  if task == SUPER_RESOLUTION:
+    targets = tf.zeros((batch_size,) + tuple(model.outputs[0].shape[1:]))
+  else:
+    targets = tf.zeros((batch_size,), tf.int32)
+  return inputs, targets
+
+
 def make_train_step(strategy, model, optimizer, *, task: str,
                     global_batch_size: int):
   """A tf.function running one optimizer step on a distributed batch.

@@ -16,11 +16,11 @@ import tensorflow as tf
 from overlap_core.checkpoint import engine as checkpoint_engine
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import outputs, run_record, zoo
-from overlap_core.runtime.config import TrainConfig, check_not_pipelined
+from overlap_core.runtime.config import TrainConfig
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
 from tfoverlap import (checkpoint, data, distribute, loops, models,
-                       offload, parallelize, steps)
+                       offload, parallelize, pipeline, steps)
 
 FRAMEWORK = "tensorflow"
 
@@ -41,7 +41,7 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
   """
   if num_gpus is None:
     num_gpus = len(tf.config.list_physical_devices("GPU"))
-  check_not_pipelined(config.pipeline, "TensorFlow")
+  pipeline.check_pipeline_supported(config)
   distribute.check_strategy(config.distribute, num_gpus=num_gpus)
   offload.check_offload(config)
 
@@ -85,12 +85,42 @@ def _build_model_and_optimizer(strategy, config: TrainConfig, num_classes,
           config.model.name, image_size=config.data.image_size,
           num_classes=num_classes, channels=channels),
       build_optimizer=lambda: steps.build_optimizer(config.model),
-      offload=config.offload)
+      offload=config.offload,
+      pipeline=_pipeline_spec(config))
+
+
+def _pipeline_spec(config: TrainConfig):
+  """How parallelize cuts the model, or None when it is not pipelined."""
+  cfg = config.pipeline
+  if cfg.stages == 1:
+    return None
+  # One pipeline takes the whole batch (no data parallelism with stages).
+  return parallelize.PipelineSpec(
+      cfg, microbatch_size=config.data.batch_size // cfg.microbatches,
+      devices=distribute.mirrored_devices(cfg.stages))
+
+
+def _build_strategy(config: TrainConfig) -> tf.distribute.Strategy:
+  """The run's strategy; a pipelined run places its stages itself, on the
+  devices a mirrored run would replicate over, under no strategy."""
+  if config.pipeline.stages > 1:
+    return tf.distribute.get_strategy()
+  return distribute.build_strategy(config.distribute)
+
+
+def _describe_strategy(strategy, config: TrainConfig,
+                       built: parallelize.Parallelized) -> dict:
+  described = {**distribute.describe_strategy(strategy, config.distribute),
+               "parallel_dims": built.dims.describe()}
+  if built.pipeline:
+    described["pipeline_devices"] = list(built.pipeline.devices)
+  return described
 
 
 def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
-              model, optimizer) -> float:
+              built: parallelize.Parallelized) -> float:
   """Runs the configured loop over the remaining steps; the last loss."""
+  model, optimizer = built.model, built.optimizer
   # One global batch per step: the steps done are the batches consumed.
   train_input = _build_train_input(strategy, config, spec,
                                    start_batch=ctx.first_step - 1)
@@ -100,11 +130,27 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
     return loops.run_fit_loop(ctx, model=model, optimizer=optimizer,
                               loss_fn=loops.fit_loss(spec.task),
                               distributed_data=train_input)
+  if built.pipeline:
+    return _run_pipelined_loop(ctx, config, spec, built.pipeline, optimizer,
+                               iter(train_input))
   train_step = steps.make_train_step(strategy, model, optimizer,
                                      task=spec.task,
                                      global_batch_size=config.data.batch_size)
   return loops.run_custom_loop(ctx, train_step=train_step,
                                iterator=iter(train_input))
+
+
+def _run_pipelined_loop(ctx: LoopContext, config: TrainConfig, spec, runtime,
+                        optimizer, iterator) -> float:
+  """The custom loop over GPipe steps, each step's compute span split into
+  stage compute, transfer and bubble from stages timed alone first."""
+  loss_fn = steps.make_microbatch_loss(spec.task, config.data.batch_size)
+  inputs, targets = steps.example_batch(runtime.model, spec.task,
+                                        config.data.batch_size)
+  runtime.measure_stages(inputs, targets, loss_fn)
+  return loops.run_custom_loop(
+      ctx, train_step=runtime.make_train_step(optimizer, loss_fn),
+      iterator=iterator, split_compute=runtime.record_step)
 
 
 def _evaluate(strategy, config: TrainConfig, spec, model) -> dict:
@@ -130,7 +176,7 @@ def train(config: TrainConfig) -> dict:
   keras.utils.set_random_seed(config.run.seed)
   if config.run.deterministic:
     tf.config.experimental.enable_op_determinism()
-  strategy = distribute.build_strategy(config.distribute)
+  strategy = _build_strategy(config)
   config = run_record.with_default_model_dir(config, FRAMEWORK)
   out_dir = run_record.worker_dir(config.run.model_dir, worker_index)
   os.makedirs(out_dir, exist_ok=True)
@@ -145,7 +191,7 @@ def train(config: TrainConfig) -> dict:
     info = data.describe(config.data)
     built = _build_model_and_optimizer(
         strategy, config, info.num_classes, info.channels)
-    model, optimizer, dims = built.model, built.optimizer, built.dims
+    model, optimizer = built.model, built.optimizer
     offloader = built.offload
     checkpointer = checkpoint.build_checkpointer(
         config.checkpoint, config.run.model_dir, model=model,
@@ -175,8 +221,7 @@ def train(config: TrainConfig) -> dict:
         last_step=config.run.train_steps,
         global_batch_size=config.data.batch_size)
     try:
-      final = {"train_loss": _run_loop(ctx, strategy, config, spec, model,
-                                       optimizer)}
+      final = {"train_loss": _run_loop(ctx, strategy, config, spec, built)}
     except BaseException:
       if checkpointer:
         # The running persist completes or is dropped whole, never half;
@@ -189,6 +234,9 @@ def train(config: TrainConfig) -> dict:
     # Before evaluation, whose forward passes would count copies too.
     offload_stats = (offloader.summary(num_steps=len(ledger.steps))
                      if offloader else None)
+    pipeline_section = (built.pipeline.describe(
+        config.pipeline, skip_steps=ledger.summary()["warmup_steps"])
+        if built.pipeline else None)
     if config.run.evaluate and info.num_eval_examples:
       final.update(_evaluate(strategy, config, spec, model))
   finally:
@@ -206,15 +254,21 @@ def train(config: TrainConfig) -> dict:
                    "arrival order: the resumed data order is not exact")
   phases_measured = ([ledger_lib.COMPUTE, ledger_lib.CHECKPOINT_STALL]
                      if config.run.loop == "fit" else list(ledger_lib.PHASES))
+  if built.pipeline:
+    # The compute span is split into stage compute, transfer and bubble.
+    phases_measured = [ledger_lib.DATA_WAIT, ledger_lib.CHECKPOINT_STALL]
+    notes.append("pipelined: each step's compute span is split into "
+                 "stage_compute and transfer (stages and copies timed alone "
+                 "before training) and bubble (the rest); see "
+                 "pipeline.sources")
   return outputs.write_worker_outputs(
       config, out_dir, ledger, framework=FRAMEWORK,
       worker_index=worker_index, num_workers=num_workers,
       environment=describe_environment(strategy),
-      strategy={**distribute.describe_strategy(strategy, config.distribute),
-                "parallel_dims": dims.describe()},
+      strategy=_describe_strategy(strategy, config, built),
       num_params=models.num_params(model),
       weights_digest=weights_digest(model), final=final,
       phases_measured=phases_measured,
       checkpoint_stats=checkpointer.stats() if checkpointer else None,
       notes=notes, wall_s=time.perf_counter() - start,
-      offload_stats=offload_stats)
+      offload_stats=offload_stats, pipeline=pipeline_section)

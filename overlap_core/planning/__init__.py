@@ -19,4 +19,6 @@ torch_parity/parallelize.py).
               a StagePlan that explains itself; GPipe's bubble fraction
   report      the planning command's printout and files, shared by both
               frameworks
+  command     the planning command's flow from a configuration: the
+              micro-batch, batch sizes to profile, early refusal, report
 """

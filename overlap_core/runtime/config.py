@@ -238,19 +238,6 @@ class PipelineConfig:
   virtual_stages: int = 1  # stages per rank (interleaved schedules)
 
 
-def check_not_pipelined(cfg: PipelineConfig, framework: str) -> None:
-  """Refuses --pipeline_stages > 1 until this framework's runtime exists.
-
-  Raises:
-    ConfigError: naming pipeline_stages.
-  """
-  if cfg.stages > 1:
-    raise ConfigError("pipeline_stages", cfg.stages,
-                      f"the {framework} pipeline runtime is not built yet "
-                      "(python -m torch_parity.plan plans a split offline);"
-                      " allowed: 1")
-
-
 @dataclasses.dataclass(frozen=True)
 class OffloadConfig:
   """Which tensors leave the device between uses, and how they travel.

@@ -12,6 +12,11 @@ and summarizes per-phase mean/p50/p95 over the steady-state steps.
       loss = train_step(batch)
     ledger.end_step(step, num_samples=batch_size)
   summary = ledger.summary()
+
+In a pipelined run, `compute` is not recorded: each step's compute span is
+recorded as the three phases of `overlap_core.runtime.pipeline_stats`
+(stage_compute, bubble, transfer), which partition it, so the phases still
+add up to the step.
 """
 
 import contextlib

@@ -106,12 +106,15 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
                      num_workers: int, phases_measured: Iterable[str],
                      outputs: dict, checkpoint: Optional[dict] = None,
                      notes: Optional[list] = None,
-                     offload: Optional[dict] = None) -> dict:
+                     offload: Optional[dict] = None,
+                     pipeline: Optional[dict] = None) -> dict:
   """Assembles the run.json payload; see README "run.json" for each field.
 
   `checkpoint` is `CheckpointEngine.stats()`, or None without checkpoints.
   `offload` is the offload copies per direction, or None without offload
   (a section, not a ledger phase: the copies happen inside compute).
+  `pipeline` is `pipeline_stats.pipeline_section(...)`, or None when the
+  model is not pipelined.
   """
   return {
       "schema_version": SCHEMA_VERSION,
@@ -132,6 +135,7 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
       "weights_digest": weights_digest,
       "checkpoint": checkpoint,
       "offload": offload,
+      "pipeline": pipeline,
       "outputs": outputs,
       "notes": list(notes or []),
   }

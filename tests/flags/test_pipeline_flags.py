@@ -62,7 +62,7 @@ def test_bad_combinations_are_refused(parsed, message):
     ("tfoverlap.train", ["--pipeline_stages=3", "--pipeline_microbatches=5"],
      "--pipeline_microbatches=5: must divide"),
     ("tfoverlap.train", ["--pipeline_stages=2", "--pipeline_microbatches=4"],
-     "--pipeline_stages=2: the TensorFlow pipeline runtime is not built"),
+     "--pipeline_split=auto: the runtime cuts without profiling"),
     ("torch_parity.train", ["--pipeline_stages=2",
                             "--pipeline_microbatches=4", "--strategy=default",
                             "--num_devices=1"],

@@ -1,0 +1,133 @@
+"""TensorFlow against PyTorch pipelines on the same plan; bubble against theory.
+
+  python -m benchmarks.tf_pipeline --quick            # smoke: mechanics only
+  python -m benchmarks.tf_pipeline                    # S = 2, M = S..8S
+  python -m benchmarks.tf_pipeline --stages=4 --image_size=64
+
+Both trainers run VGG-16 on resident synthetic images as S GPipe stages
+(`--strategy=mirrored --num_devices=S --pipeline_stages=S`), cut after the
+same layers: VGG-16's max-pooling layers keep torchvision's indices in both
+zoos (Keras "features_16" is torch "features.16"), so the two frameworks
+run the same plan. For M = S, 2S, 4S, 8S micro-batches (S and 2S with
+--quick) each run reports throughput and its run.json `pipeline` section:
+the measured bubble fraction beside GPipe's (S - 1) / (M + S - 1), and per
+stage the compute, transfer and bubble ms. TensorFlow runs its stages in
+one process on S devices (logical CPUs on a host without GPUs, which share
+one thread pool, so little overlap is possible there); PyTorch runs one
+process per stage.
+
+Repeats are interleaved (every framework and M once per repeat); medians
+are reported. A PyTorch run whose run.json has no `pipeline` section yet
+reports its throughput only.
+"""
+
+import argparse
+import json
+import os
+import tempfile
+
+from benchmarks import common
+
+NAME = "tf_pipeline"
+DEFAULT_REPEATS = 3
+# VGG-16's pooling layers, by torchvision index: a cut after one of them is
+# the same place in both zoos.
+_CUTS = {2: (16,), 3: (9, 23), 4: (9, 16, 23)}
+_SEPARATOR = {"tensorflow": "_", "pytorch": "."}
+
+
+def _parse_args():
+  parser = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  common.add_common_args(parser, repeats=DEFAULT_REPEATS)
+  parser.add_argument("--stages", type=int, default=2, choices=sorted(_CUTS))
+  parser.add_argument("--image_size", type=int, default=32)
+  parser.add_argument("--microbatch_size", type=int, default=4,
+                      help="Samples per micro-batch; the batch is M times it.")
+  parser.add_argument("--frameworks", default="tensorflow,pytorch")
+  return parser.parse_args()
+
+
+def _flags(framework: str, stages: int, microbatches: int, args,
+           train_steps: int):
+  cuts = ",".join(f"features{_SEPARATOR[framework]}{i}"
+                  for i in _CUTS[stages])
+  return ["--model=vgg16", "--dataset=synthetic", "--synthetic_on_device",
+          f"--image_size={args.image_size}",
+          f"--batch_size={microbatches * args.microbatch_size * stages}",
+          "--strategy=mirrored", f"--num_devices={stages}",
+          f"--pipeline_stages={stages}",
+          f"--pipeline_microbatches={microbatches}",
+          f"--pipeline_split={cuts}", f"--train_steps={train_steps}"]
+
+
+def _run(framework: str, flags, model_dir: str) -> dict:
+  process = common.run_process(
+      ["-m", common.TRAINER_MODULES[framework], *common.QUIET_TRAINER_FLAGS,
+       *flags, f"--model_dir={model_dir}"])
+  with open(os.path.join(model_dir, "run.json"), encoding="utf-8") as f:
+    record = json.load(f)
+  section = record.get("pipeline") or {}
+  return {"samples_per_second": record["samples_per_second"],
+          "bubble_fraction": section.get("bubble_fraction"),
+          "bubble_fraction_theory": section.get("bubble_fraction_theory"),
+          "per_stage": section.get("per_stage"),
+          "sources": section.get("sources"),
+          **common.process_stats(process)}
+
+
+def _median_or_none(values):
+  values = [v for v in values if v is not None]
+  return common.median(values) if values else None
+
+
+def main():
+  args = _parse_args()
+  repeats = common.resolve_repeats(args, DEFAULT_REPEATS)
+  frameworks = args.frameworks.split(",")
+  stages = args.stages
+  multipliers = (1, 2) if args.quick else (1, 2, 4, 8)
+  train_steps = 6 if args.quick else 30
+  runs = {}
+  with tempfile.TemporaryDirectory() as scratch:
+    for repeat in range(repeats):
+      for m in multipliers:
+        for framework in (frameworks if repeat % 2 == 0 else
+                          frameworks[::-1]):
+          key = f"{framework}/M={m * stages}"
+          model_dir = os.path.join(scratch, f"{repeat}-{key}".replace(
+              "/", "-"))
+          runs.setdefault(key, []).append(_run(
+              framework, _flags(framework, stages, m * stages, args,
+                                train_steps), model_dir))
+          common.log(f"repeat {repeat + 1}/{repeats} {key}: "
+                     f"{runs[key][-1]['samples_per_second']:.1f} samples/s")
+  rows, summary = [], {}
+  for key, results in runs.items():
+    summary[key] = {
+        "samples_per_second_median": common.median(
+            [r["samples_per_second"] for r in results]),
+        "bubble_fraction_median": _median_or_none(
+            [r["bubble_fraction"] for r in results]),
+        "bubble_fraction_theory": results[0]["bubble_fraction_theory"],
+        "runs": results}
+    s = summary[key]
+    rows.append([key, s["samples_per_second_median"],
+                 "-" if s["bubble_fraction_median"] is None
+                 else s["bubble_fraction_median"],
+                 "-" if s["bubble_fraction_theory"] is None
+                 else s["bubble_fraction_theory"]])
+  print(common.format_table(
+      ["framework/M", "samples/s", "bubble measured", "bubble theory"], rows))
+  payload = {"name": NAME, "command": common.command_line(),
+             "machine": common.describe_machine(), "repeats": repeats,
+             "stages": stages, "cut_pool_indices": list(_CUTS[stages]),
+             "image_size": args.image_size,
+             "microbatch_size": args.microbatch_size, "results": summary}
+  path = common.result_path(NAME, args)
+  common.write_results(path, payload)
+  print(f"results: {os.path.relpath(path, common.REPO_ROOT)}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,97 @@
+"""What the planning commands of both frameworks share, from flags to report.
+
+`python -m tfoverlap.plan` and `python -m torch_parity.plan` differ only
+in how they read a model's graph and time its layers. The arithmetic on
+the run's configuration (which micro-batch a stage sees, which batch sizes
+to profile), the early refusal of an impossible split and the report are
+here, so both commands print the same plan for the same flags.
+
+  microbatch = plan_microbatch_size(config)
+  sizes = profile_batch_sizes(values.plan_batch_sizes, microbatch)
+  check_split(graph, config.pipeline, microbatch)   # before profiling
+  print(run_plan(graph, profile, config, bandwidth_bytes_per_s=None,
+                 output_dir="plan/"))
+"""
+
+from typing import List, Optional, Sequence
+
+from overlap_core.planning import partition, report
+from overlap_core.planning.graph import LayerGraph
+from overlap_core.planning.profile import Profile
+from overlap_core.runtime.config import PipelineConfig, TrainConfig
+
+
+def data_parallel_replicas(config: TrainConfig) -> int:
+  """Data-parallel copies of the pipeline: the world over the stages.
+
+  The world is --num_workers (times --num_devices under mirrored); a
+  pipelined world is stages x replicas, so each replica's pipeline sees
+  its share of the global batch.
+  """
+  dist = config.distribute
+  world = dist.num_workers * (dist.num_devices
+                              if dist.strategy == "mirrored" else 1)
+  return max(1, world // config.pipeline.stages)
+
+
+def plan_microbatch_size(config: TrainConfig) -> int:
+  """The micro-batch one stage runs: the replica's batch over M."""
+  per_replica = config.data.batch_size // data_parallel_replicas(config)
+  return max(1, per_replica // config.pipeline.microbatches)
+
+
+def profile_batch_sizes(requested: Sequence[str], microbatch: int) -> List[int]:
+  """--plan_batch_sizes as integers, or the micro-batch, half and double.
+
+  Raises:
+    ValueError: one line, for a size that is not a positive integer.
+  """
+  if not requested:
+    return sorted({max(1, microbatch // 2), microbatch, 2 * microbatch})
+  try:
+    sizes = sorted({int(b) for b in requested})
+  except ValueError:
+    sizes = [0]
+  if sizes[0] < 1:
+    raise ValueError(f"--plan_batch_sizes={','.join(requested)}: allowed: "
+                     "positive integers")
+  return sizes
+
+
+def check_split(graph: LayerGraph, pipe: PipelineConfig,
+                microbatch: int) -> None:
+  """Refuses a split the graph cannot take, before minutes of profiling.
+
+  Raises:
+    ValueError: one line (too many stages, a cut layer that is no cut).
+  """
+  partition.partition(graph, {n.name: 0.0 for n in graph.nodes},
+                      num_stages=pipe.stages * pipe.virtual_stages,
+                      batch_size=microbatch, mode=pipe.split,
+                      cut_layers=pipe.cut_layers)
+
+
+def run_plan(graph: LayerGraph, profile: Profile, config: TrainConfig, *,
+             bandwidth_bytes_per_s: Optional[float],
+             output_dir: str = "") -> str:
+  """Fits, splits and reports; writes the plan files when asked.
+
+  Returns:
+    The report, followed by a "wrote <path>" line per file written.
+
+  Raises:
+    ValueError, KeyError: one line, for a split or profile that does not
+      fit the graph.
+  """
+  pipe = config.pipeline
+  result = report.make_plan(
+      graph, profile, num_stages=pipe.stages * pipe.virtual_stages,
+      microbatch_size=plan_microbatch_size(config),
+      num_microbatches=pipe.microbatches, split=pipe.split,
+      cut_layers=pipe.cut_layers,
+      bandwidth_bytes_per_s=bandwidth_bytes_per_s)
+  lines = [report.format_report(result)]
+  if output_dir:
+    lines += [f"wrote {path}"
+              for path in report.write_plan_files(result, output_dir)]
+  return "\n".join(lines)

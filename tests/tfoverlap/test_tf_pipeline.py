@@ -1,0 +1,231 @@
+"""TensorFlow pipeline stages on the 2 logical CPU devices conftest.py makes.
+
+A 2-stage x 4-micro-batch GPipe step is compared with the unsplit model
+trained on the same micro-batches; the traced step is read for where each
+stage's convolutions, forward and backward, were placed; and the trainer
+runs a pipelined job whose checkpoint an unpipelined run resumes.
+"""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from overlap_core.runtime import pipeline_stats, run_record
+from overlap_core.runtime.config import ConfigError, PipelineConfig
+from tfoverlap import pipeline, steps
+from tfoverlap.models import build_model
+
+from tests.helpers import run_module
+
+IMAGE_SIZE = 32
+BATCH = 8
+MICROBATCHES = 4
+STEPS = 1  # one update: its loss, gradients, new weights and statistics
+LEARNING_RATE = 0.05
+CONFIG = PipelineConfig(stages=2, microbatches=MICROBATCHES, split="even")
+# float64 weights and activations: the pipelined and the unsplit step run
+# the same kernels on the same values and differ only in summation order
+# and in grappler's rewrites of two differently shaped graphs. But the
+# zoo's last layer casts the logits to float32, so the loss and the
+# gradient entering backward carry float32 rounding, ~1e-7 relative, and
+# ResNet's last BatchNorms (2 values per channel: a micro-batch of 2 at 1x1
+# pixels) amplify differences further; seen: 3e-7 relative on one weight
+# near zero, 4e-8 of its tensor's largest value. So, as on the torch side,
+# each tensor is compared at its own scale: rtol 1e-6 and atol 1e-6 x its
+# largest magnitude. A real fault (a micro-batch lost, a stage's gradient
+# not chained, gradients applied per micro-batch) changes results by
+# percent of that scale.
+RTOL = 1e-6
+SCALE_ATOL = 1e-6
+
+
+def _assert_close(got, want):
+  scale = float(np.max(np.abs(want))) + 1e-12
+  np.testing.assert_allclose(got, want, rtol=RTOL, atol=SCALE_ATOL * scale)
+
+
+def _model(name: str) -> keras.Model:
+  keras.utils.set_random_seed(0)
+  keras.config.set_dtype_policy("float64")
+  try:
+    model = build_model(name, image_size=IMAGE_SIZE, num_classes=10)
+  finally:
+    keras.config.set_dtype_policy("float32")
+  # Dropout's masks come from a seed state that the split consumes in
+  # another order; without dropout, the comparison is of arithmetic alone.
+  for layer in model.layers:
+    if isinstance(layer, keras.layers.Dropout):
+      layer.rate = 0.0
+  return model
+
+
+def _batches():
+  generator = np.random.default_rng(1)
+  return [(tf.constant(generator.normal(size=(BATCH, IMAGE_SIZE, IMAGE_SIZE,
+                                              3))),
+           tf.constant(generator.integers(0, 10, size=(BATCH,)), tf.int32))
+          for _ in range(STEPS)]
+
+
+def _unsplit_step(model, loss_fn):
+  """The reference: the whole model, one tape per micro-batch, summed."""
+
+  @tf.function
+  def step(inputs, targets):
+    total, sums = 0.0, None
+    for x, y in zip(tf.split(inputs, MICROBATCHES),
+                    tf.split(targets, MICROBATCHES)):
+      with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+      grads = tape.gradient(loss, model.trainable_variables)
+      sums = grads if sums is None else [a + b for a, b in zip(sums, grads)]
+      total += loss
+    return total, sums
+
+  return step
+
+
+def _train(model, step):
+  """STEPS SGD steps; the losses, the first gradients, the final weights."""
+  optimizer = keras.optimizers.SGD(LEARNING_RATE)
+  losses, first_grads = [], None
+  for inputs, targets in _batches():
+    loss, grads = step(inputs, targets)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    losses.append(float(loss))
+    if first_grads is None:
+      first_grads = [g.numpy() for g in grads]
+  return losses, first_grads, [w.numpy() for w in model.weights]
+
+
+@pytest.mark.parametrize("name", ["vgg16", "resnet18"])
+def test_two_stages_train_like_the_unsplit_model(name, two_cpu_devices):
+  model = _model(name)
+  initial = model.get_weights()
+  loss_fn = steps.make_microbatch_loss("classification", BATCH)
+  expected = _train(model, _unsplit_step(model, loss_fn))
+  model.set_weights(initial)
+  cuts = pipeline.plan_cut_layers(model, CONFIG,
+                                  batch_size=BATCH // MICROBATCHES)
+  runtime = pipeline.GPipeRuntime(model, cuts, devices=two_cpu_devices,
+                                  num_microbatches=MICROBATCHES)
+  got = _train(model, tf.function(
+      lambda x, y: runtime.forward_backward(x, y, loss_fn)))
+  _assert_close(np.array(got[0]), np.array(expected[0]))
+  for g, e in zip(got[1], expected[1]):
+    _assert_close(g, e)
+  # Weights and BatchNorm statistics after the update.
+  for g, e in zip(got[2], expected[2]):
+    _assert_close(g, e)
+  # The stages hold the model's own variables, every one exactly once.
+  stage_vars = [id(v) for s in runtime.stages for v in s.trainable_variables]
+  assert sorted(stage_vars) == sorted(id(v)
+                                      for v in model.trainable_variables)
+
+
+def _device_index(op) -> int:
+  spec = tf.DeviceSpec.from_string(op.device)
+  assert spec.device_type == "CPU", op.device
+  return spec.device_index
+
+
+def test_each_stage_runs_forward_and_backward_on_its_own_device(
+    two_cpu_devices):
+  model = build_model("vgg16", image_size=IMAGE_SIZE, num_classes=10)
+  cuts = pipeline.plan_cut_layers(model, CONFIG, batch_size=2)
+  runtime = pipeline.GPipeRuntime(model, cuts, devices=two_cpu_devices,
+                                  num_microbatches=MICROBATCHES)
+  loss_fn = steps.make_microbatch_loss("classification", BATCH)
+  step = runtime.make_train_step(keras.optimizers.SGD(0.01), loss_fn)
+  spec = (tf.TensorSpec((BATCH, IMAGE_SIZE, IMAGE_SIZE, 3)),
+          tf.TensorSpec((BATCH,), tf.int32))
+  graph = step.get_concrete_function(spec).graph
+  convs_per_stage = [
+      sum(isinstance(model.get_layer(l), keras.layers.Conv2D) for l in layers)
+      for layers in runtime.stage_layers()]
+  assert all(convs_per_stage), convs_per_stage  # both stages have convs
+  for op_type in ("Conv2D", "Conv2DBackpropFilter"):
+    found = [0, 0]
+    for op in graph.get_operations():
+      if op.type == op_type:
+        found[_device_index(op)] += 1
+    # Every convolution of stage k, forward and weight gradient, once per
+    # micro-batch, on device k and nowhere else.
+    assert found == [MICROBATCHES * c for c in convs_per_stage], op_type
+
+
+def test_stage_models_share_the_models_layers_and_refuse_a_non_cut():
+  model = build_model("resnet18", image_size=IMAGE_SIZE, num_classes=10)
+  first, second = pipeline.build_stage_models(model, ["layer2_1_out"])
+  assert first.get_layer("conv1") is model.get_layer("conv1")
+  assert second.get_layer("fc") is model.get_layer("fc")
+  x = tf.random.normal((2, IMAGE_SIZE, IMAGE_SIZE, 3))
+  np.testing.assert_allclose(second(first(x)), model(x), rtol=1e-5,
+                             atol=1e-5)  # float32: the same ops, in order
+  with pytest.raises(ValueError, match="not cut points"):
+    pipeline.build_stage_models(model, ["layer2_1_conv1"])
+  with pytest.raises(ConfigError, match="--pipeline_split=auto"):
+    pipeline.plan_cut_layers(model, PipelineConfig(stages=2), batch_size=2)
+
+
+def test_measurements_partition_the_compute_span(two_cpu_devices):
+  model = build_model("small_cnn", image_size=16, num_classes=10)
+  cuts = pipeline.plan_cut_layers(model, CONFIG, batch_size=2)
+  runtime = pipeline.GPipeRuntime(model, cuts, devices=two_cpu_devices,
+                                  num_microbatches=MICROBATCHES)
+  loss_fn = steps.make_microbatch_loss("classification", BATCH)
+  inputs, targets = steps.example_batch(model, "classification", BATCH)
+  before = [v.numpy() for v in model.weights]
+  runtime.measure_stages(inputs, targets, loss_fn, repeats=1)
+  for old, new in zip(before, model.weights):
+    np.testing.assert_array_equal(old, new.numpy())
+  compute_s, transfer_s = runtime.stage_seconds()
+  assert len(compute_s) == 2 and all(s > 0 for s in compute_s)
+  span_end = 10.0 + sum(compute_s) + sum(transfer_s)  # a span they fit in
+  parts = runtime.record_step(10.0, span_end)
+  assert [p for p, _, _ in parts] == [pipeline_stats.STAGE_COMPUTE,
+                                      pipeline_stats.TRANSFER,
+                                      pipeline_stats.BUBBLE]
+  assert parts[0][1] == 10.0 and parts[-1][2] == span_end
+  assert all(a[2] == b[1] for a, b in zip(parts, parts[1:]))
+  section = runtime.describe(CONFIG)
+  assert section["bubble_fraction_theory"] == pytest.approx(1 / 5)
+  assert [s["device"] for s in section["per_stage"]] == two_cpu_devices
+  assert section["per_stage"][0]["predicted_ms"] is None  # no profile
+  assert "derived" in section["sources"]["bubble"]
+
+
+def test_a_pipelined_checkpoint_resumes_unpipelined(tmp_path):
+  """Same engine, same files: an unpipelined run restores the pipelined
+  run's last checkpoint and ends with exactly its weights."""
+  model_dir = tmp_path / "run"
+  common = ["--model=small_cnn", "--image_size=8", "--batch_size=16",
+            "--train_steps=4", "--checkpoint=async", "--checkpoint_every=2",
+            "--deterministic", "--evaluate=false", "--trace=false",
+            "--tensorboard=false", f"--model_dir={model_dir}"]
+  piped = run_module("tfoverlap.train", *common, "--strategy=mirrored",
+                     "--num_devices=2", "--pipeline_stages=2",
+                     "--pipeline_microbatches=4", "--pipeline_split=even",
+                     timeout=600)
+  assert piped.returncode == 0, piped.stderr[-4000:]
+  first = run_record.load_run_record(str(model_dir))
+  section = first["pipeline"]
+  assert section["stages"] == 2 and section["micro_batches"] == 4
+  assert first["phases"][pipeline_stats.STAGE_COMPUTE]["total"] > 0
+  assert first["phases"]["compute"]["total"] == 0  # replaced by the three
+  ckpt = model_dir / "checkpoints" / "ckpt-0000000004"
+  assert (ckpt / "model.safetensors").exists()
+  resumed = run_module("tfoverlap.train", *common, "--strategy=default",
+                       timeout=600)
+  assert resumed.returncode == 0, resumed.stderr[-4000:]
+  second = run_record.load_run_record(str(model_dir))
+  assert second["pipeline"] is None
+  assert second["checkpoint"]["restore"]["step"] == 4
+  assert second["weights_digest"] == first["weights_digest"]
+  with open(ckpt / "state.json", encoding="utf-8") as f:
+    assert json.load(f)["step"] == 4
+  assert os.path.isdir(model_dir / "checkpoints")

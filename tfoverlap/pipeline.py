@@ -1,0 +1,343 @@
+"""TensorFlow pipeline stages: GPipe micro-batching across devices, in one
+tf.function.
+
+TensorFlow 2 has no pipeline-parallel API. This module builds one from what
+it has:
+
+- **Stages are sub-models of the model itself.** A functional model is cut
+  at the plan's cut layers, where exactly one tensor crosses; stage k is
+  `keras.Model(crossing tensor k, crossing tensor k+1)`, built from the
+  model's own layer objects. Weights, optimizer slots and checkpoints stay
+  the whole model's: a pipelined checkpoint is an unpipelined one.
+- **Stage k runs on device k** (GPU k, or logical CPU k on a host without
+  GPUs): its forward and its backward are traced under `tf.device`.
+- **A GPipe step is one tf.function.** The batch is split into M
+  micro-batches; every micro-batch goes forward through every stage, each
+  stage under a gradient tape of its own, then backward stage by stage,
+  handing the gradient of the crossing tensor to the stage before. Weight
+  gradients are summed over micro-batches and applied once. TensorFlow's
+  executor runs any op whose inputs are ready, so stage k on micro-batch i
+  overlaps stage k+1 on micro-batch i-1: the schedule is the data flow.
+
+On a CPU the logical devices share one thread pool, so the stages overlap
+in the graph but hardly in time; on GPUs each device has its own streams.
+
+  cuts = plan_cut_layers(model, cfg, batch_size=8)
+  runtime = GPipeRuntime(model, cuts, devices=["/cpu:0", "/cpu:1"],
+                         num_microbatches=4)
+  train_step = runtime.make_train_step(optimizer, loss_fn)
+"""
+
+import statistics
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import keras
+import tensorflow as tf
+
+from overlap_core.planning import partition as partition_lib
+from overlap_core.runtime import pipeline_stats
+from overlap_core.runtime.config import (ConfigError, PipelineConfig,
+                                         TrainConfig)
+from tfoverlap import pipeline_timing
+from tfoverlap.planning.graph import (build_layer_graph, node_names,
+                                      ordered_nodes)
+
+SCHEDULE_REFUSALS = {
+    "1f1b": (
+        "1F1B frees a micro-batch's activations by running its backward "
+        "before later forwards; in one traced function TensorFlow's executor "
+        "orders ops by data dependence alone and keeps every activation a "
+        "later gradient reads, so a 1F1B order frees nothing earlier "
+        "without control edges this runtime does not add; allowed: gpipe"),
+    "interleaved_1f1b": (
+        "virtual stages interleave 1F1B, which this runtime does not run "
+        "(see 1f1b); allowed: gpipe"),
+    "zero_bubble": (
+        "zero-bubble splits backward into input and weight gradients, "
+        "which one gradient tape per stage does not provide; allowed: gpipe"),
+}
+DATA_PARALLEL_REFUSAL = (
+    "data parallelism across pipelines is not built in TensorFlow: a "
+    "tf.distribute replica owns one device, so a replica cannot hold stages "
+    "on several devices, and the stages' gradients would need an all-reduce "
+    "outside the strategy")
+
+
+def check_pipeline_supported(config: TrainConfig) -> None:
+  """Refuses what the TensorFlow pipeline cannot run, one reason each.
+
+  Raises:
+    ConfigError: naming the flag, the value and why.
+  """
+  cfg = config.pipeline
+  if cfg.stages == 1:
+    return
+  if cfg.schedule in SCHEDULE_REFUSALS:
+    raise ConfigError("pipeline_schedule", cfg.schedule,
+                      SCHEDULE_REFUSALS[cfg.schedule])
+  dist = config.distribute
+  if dist.strategy == "multi_worker":
+    raise ConfigError("strategy", "multi_worker", DATA_PARALLEL_REFUSAL +
+                      "; allowed with --pipeline_stages > 1: mirrored")
+  if dist.strategy != "mirrored":
+    raise ConfigError("strategy", dist.strategy,
+                      "pipeline stages run on the --num_devices local "
+                      "devices, one each; allowed with --pipeline_stages > "
+                      "1: mirrored")
+  if dist.num_devices != cfg.stages:
+    raise ConfigError("num_devices", dist.num_devices,
+                      DATA_PARALLEL_REFUSAL + "; allowed: one device per "
+                      f"stage, --num_devices={cfg.stages}")
+  if dist.all_reduce != "auto":
+    raise ConfigError("all_reduce", dist.all_reduce,
+                      "one pipeline runs no all-reduce; allowed with "
+                      "--pipeline_stages > 1: auto")
+  if config.model.precision != "float32":
+    raise ConfigError("precision", config.model.precision,
+                      "the pipelined step runs no loss scaling yet; allowed "
+                      "with --pipeline_stages > 1: float32")
+  if config.offload.enabled:
+    raise ConfigError("offload", ",".join(config.offload.targets),
+                      "offload wraps layers the stages share; allowed with "
+                      "--pipeline_stages > 1: none")
+  if config.run.loop == "fit":
+    raise ConfigError("loop", "fit",
+                      "the trainer splits a pipelined step's time in its "
+                      "custom loop (your own model.fit pipelines through "
+                      "tfoverlap.pipelined_model.PipelinedModel); allowed "
+                      "with --pipeline_stages > 1: ctl")
+  if cfg.split == "auto":
+    raise ConfigError("pipeline_split", "auto",
+                      "the runtime cuts without profiling; run python -m "
+                      "tfoverlap.plan and pass its cut layers, or even")
+
+
+def plan_cut_layers(model: keras.Model, cfg: PipelineConfig, *,
+                    batch_size: int, name: str = "") -> List[str]:
+  """The layers the first S - 1 stages end with, from the flags' split.
+
+  Raises:
+    ConfigError: naming pipeline_split, for a split the graph cannot take
+      (auto needs a profile: python -m tfoverlap.plan measures one).
+  """
+  if cfg.split == "auto":
+    raise ConfigError("pipeline_split", "auto",
+                      "the runtime needs cut layers it can use without "
+                      "profiling; run python -m tfoverlap.plan and pass its "
+                      "cuts, or even")
+  graph = build_layer_graph(model, batch_size=batch_size, name=name)
+  try:
+    plan = partition_lib.partition(
+        graph, {n.name: 0.0 for n in graph.nodes}, num_stages=cfg.stages,
+        batch_size=batch_size, mode=cfg.split, cut_layers=cfg.cut_layers)
+  except ValueError as e:
+    raise ConfigError("pipeline_split", cfg.split, str(e)) from None
+  return list(plan.cuts)
+
+
+def build_stage_models(model: keras.Model,
+                       cut_layers: Sequence[str]) -> List[keras.Model]:
+  """The model as len(cut_layers) + 1 stage sub-models, in order.
+
+  Each stage is built from the model's own layers (shared, not copied), so
+  its variables are the model's.
+
+  Raises:
+    ValueError: a cut layer is not a layer of the model, or not a place
+      where exactly one tensor crosses.
+  """
+  nodes = ordered_nodes(model)
+  names = node_names(nodes)
+  by_name = {names[id(node)]: node for node in nodes}
+  missing = [c for c in cut_layers if c not in by_name]
+  if missing:
+    raise ValueError(f"cut layers {missing} are not layers of the model")
+  graph = build_layer_graph(model, batch_size=1)
+  cuts = set(graph.cut_points())
+  bad = [c for c in cut_layers if graph.index(c) not in cuts]
+  if bad:
+    raise ValueError(f"cut layers {bad} are not cut points: more than one "
+                     "tensor crosses after them")
+  order = sorted(cut_layers, key=graph.index)
+  if list(order) != list(cut_layers) or len(set(order)) != len(order):
+    raise ValueError(f"cut layers {list(cut_layers)} must be distinct and "
+                     "in model order")
+  bounds = ([model.inputs[0]] + [by_name[c].outputs[0] for c in cut_layers] +
+            [model.outputs[0]])
+  return [keras.Model(bounds[k], bounds[k + 1], name=f"{model.name}_stage{k}")
+          for k in range(len(bounds) - 1)]
+
+
+class GPipeRuntime:
+  """A model's stages on their devices, and the GPipe step over them.
+
+  Attributes:
+    model: the whole model; its variables are the stages' variables.
+    stages: the stage sub-models, in order.
+    devices: stage k runs on devices[k].
+    cut_layers: the layers stages 0..S-2 end with.
+    num_microbatches: M, micro-batches per step.
+    recorders: per stage, the phases of every step (`record_step`).
+  """
+
+  def __init__(self, model: keras.Model, cut_layers: Sequence[str], *,
+               devices: Sequence[str], num_microbatches: int):
+    if len(devices) != len(cut_layers) + 1:
+      raise ValueError(f"Invalid value for argument `devices`. Received: "
+                       f"{list(devices)}; allowed: one device per stage "
+                       f"({len(cut_layers) + 1})")
+    if num_microbatches < 1:
+      raise ValueError(f"Invalid value for argument `num_microbatches`. "
+                       f"Received: {num_microbatches}; allowed: >= 1")
+    self.model = model
+    self.cut_layers = list(cut_layers)
+    self.stages = build_stage_models(model, cut_layers)
+    self.devices = list(devices)
+    self.num_microbatches = num_microbatches
+    self.recorders = [pipeline_stats.StageRecorder() for _ in self.stages]
+    index = {id(v): i for i, v in enumerate(model.trainable_variables)}
+    self._variable_index = [[index[id(v)] for v in stage.trainable_variables]
+                            for stage in self.stages]
+    self._stage_s: Optional[List[float]] = None
+    self._transfer_s: Optional[List[float]] = None
+
+  @property
+  def num_stages(self) -> int:
+    return len(self.stages)
+
+  def stage_layers(self) -> List[List[str]]:
+    """Per stage, the names of the layers it runs."""
+    return [list(node_names(ordered_nodes(stage)).values())
+            for stage in self.stages]
+
+  def forward_backward(self, inputs, targets, loss_fn: Callable, *,
+                       return_outputs: bool = False) -> Tuple:
+    """The GPipe schedule of one batch, for use inside a tf.function.
+
+    Args:
+      inputs, targets: the batch; its size must divide by M.
+      loss_fn: (targets, outputs) -> the scalar loss of one micro-batch,
+        scaled so that the micro-batches' losses add up to the batch's.
+
+    Returns:
+      (the batch's loss, gradients aligned with model.trainable_variables,
+      summed over the micro-batches), and the model's outputs for the
+      batch third when `return_outputs`.
+    """
+    micro_inputs = tf.split(inputs, self.num_microbatches)
+    micro_targets = tf.split(targets, self.num_microbatches)
+    forwards = [self._forward(x, y, loss_fn)
+                for x, y in zip(micro_inputs, micro_targets)]
+    chains = [chain for chain, _ in forwards]
+    sums: List = [None] * len(self.model.trainable_variables)
+    for chain in chains:
+      self._backward(chain, sums)
+    grads = [tf.zeros_like(v) if g is None else g
+             for g, v in zip(sums, self.model.trainable_variables)]
+    loss = tf.add_n([chain[-1][2] for chain in chains])
+    if return_outputs:
+      return loss, grads, tf.concat([out for _, out in forwards], axis=0)
+    return loss, grads
+
+  def _forward(self, x, y, loss_fn):
+    """One micro-batch through every stage: (tape, input, output) per
+    stage (the last one's output is the loss), and the model's output."""
+    chain, h, outputs = [], x, None
+    last = self.num_stages - 1
+    for k, stage in enumerate(self.stages):
+      with tf.device(self.devices[k]):
+        with tf.GradientTape() as tape:
+          if k:
+            tape.watch(h)
+          out = stage(h, training=True)
+          if k == last:
+            outputs, out = out, loss_fn(y, out)
+      chain.append((tape, h, out))
+      h = out
+    return chain, outputs
+
+  def _backward(self, chain, sums: List) -> None:
+    """Gradients stage by stage, last first, each on its stage's device."""
+    upstream = None
+    for k in reversed(range(self.num_stages)):
+      tape, stage_input, out = chain[k]
+      variables = self.stages[k].trainable_variables
+      sources = list(variables) + ([stage_input] if k else [])
+      with tf.device(self.devices[k]):
+        grads = tape.gradient(out, sources, output_gradients=upstream)
+        for i, g in zip(self._variable_index[k], grads[:len(variables)]):
+          if g is not None:
+            sums[i] = g if sums[i] is None else sums[i] + g
+      upstream = grads[-1] if k else None
+
+  def make_train_step(self, optimizer: keras.optimizers.Optimizer,
+                      loss_fn: Callable):
+    """train_step((inputs, targets)) -> loss: one GPipe step, one update."""
+
+    @tf.function
+    def train_step(batch):
+      inputs, targets = batch
+      loss, grads = self.forward_backward(inputs, targets, loss_fn)
+      optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+      return loss
+
+    return train_step
+
+  def measure_stages(self, example_inputs, example_targets,
+                     loss_fn: Callable, *, repeats: int = 3) -> None:
+    """Times every stage and cut alone (`pipeline_timing.time_stages`);
+    `record_step` splits each step's span with these times."""
+    self._stage_s, self._transfer_s = pipeline_timing.time_stages(
+        self, example_inputs, example_targets, loss_fn, repeats=repeats)
+
+  def stage_seconds(self) -> Tuple[List[float], List[float]]:
+    """Per stage, (compute, transfer) seconds of one step: M times one
+    micro-batch's, as `measure_stages` timed them."""
+    if self._stage_s is None:
+      raise RuntimeError("measure_stages() has not run")
+    m = self.num_microbatches
+    return ([m * s for s in self._stage_s], [m * s for s in self._transfer_s])
+
+  def record_step(self, start_s: float, end_s: float
+                  ) -> List[Tuple[str, float, float]]:
+    """Records one step's compute span per stage; returns the ledger's
+    three phases partitioning it (the mean stage's view).
+
+    Each stage's step is taken as the schedule implies: its own compute
+    (measured alone) first, then its transfers (measured alone), waiting
+    for the rest of the span (derived).
+    """
+    compute_s, transfer_s = self.stage_seconds()
+    for k, recorder in enumerate(self.recorders):
+      for interval in _derived_intervals(start_s, end_s, compute_s[k],
+                                         transfer_s[k]):
+        recorder.record(*interval)
+      recorder.end_step(start_s, end_s)
+    return pipeline_stats.partition_span(start_s, end_s, _derived_intervals(
+        start_s, end_s, statistics.mean(compute_s),
+        statistics.mean(transfer_s)))
+
+  def describe(self, cfg: PipelineConfig, *, skip_steps: int = 0) -> dict:
+    """run.json's `pipeline` section, with `sources`: which figures are
+    measured and which derived."""
+    per_stage = [
+        pipeline_stats.stage_entry(
+            k, layers=layers, device=self.devices[k],
+            medians_ms=self.recorders[k].medians_ms(skip_steps))
+        for k, layers in enumerate(self.stage_layers())]
+    section = pipeline_stats.pipeline_section(
+        schedule=cfg.schedule, stages=self.num_stages,
+        micro_batches=self.num_microbatches,
+        virtual_stages=cfg.virtual_stages, replicas=1, split=cfg.split,
+        cut_layers=self.cut_layers, per_stage=per_stage)
+    section["sources"] = dict(pipeline_timing.MEASUREMENT_SOURCES)
+    return section
+
+
+def _derived_intervals(start_s: float, end_s: float, compute_s: float,
+                       transfer_s: float) -> List[Tuple[str, float, float]]:
+  """A stage's transfer and bubble intervals within a step's span."""
+  transfer_start_s = start_s + compute_s
+  bubble_start_s = transfer_start_s + transfer_s
+  return [(pipeline_stats.TRANSFER, transfer_start_s, bubble_start_s),
+          (pipeline_stats.BUBBLE, bubble_start_s, end_s)]

@@ -1,0 +1,81 @@
+"""python -m tfoverlap.plan: plan a pipeline split offline, in TensorFlow.
+
+The mirror of `python -m torch_parity.plan`, with the same flags and the
+same report: reads the Keras model's layer graph, times every layer forward
+and backward at a few batch sizes in TensorFlow (or reads --plan_profile),
+fits the per-layer cost model and splits the model into --pipeline_stages
+stages; prints the graph, the profile, the cost model's held-out error, the
+chosen split with its predicted stage times, and the even split beside it.
+
+  python -m tfoverlap.plan --model=vgg16 --image_size=32 \\
+      --batch_size=32 --strategy=default --pipeline_stages=4 \\
+      --pipeline_microbatches=4 --plan_output_dir=plan/
+
+Pass the cuts it prints to the trainer as --pipeline_split=<layers>.
+Nothing is trained.
+"""
+
+import sys
+
+from absl import app
+
+import flags as tfo_flags
+from flags import plan as plan_flags
+
+tfo_flags.define_flags()
+plan_flags.define_flags()
+PROGRAM = "tfoverlap.plan"
+
+
+def main(argv):
+  del argv
+  values = tfo_flags.FLAGS
+  config = tfo_flags.to_config(values)
+  # pylint: disable=g-import-not-at-top
+  import keras
+  from overlap_core.planning import command
+  from overlap_core.planning import profile as profile_lib
+  from tfoverlap.models import build_model
+  from tfoverlap.planning.graph import build_layer_graph
+  from tfoverlap.planning.profiler import profile_layers
+
+  microbatch = command.plan_microbatch_size(config)
+  try:
+    sizes = command.profile_batch_sizes(values.plan_batch_sizes, microbatch)
+  except ValueError as e:
+    tfo_flags.exit_with_usage_error(str(e))
+  keras.utils.set_random_seed(config.run.seed)
+  model = build_model(config.model.name, image_size=config.data.image_size,
+                      num_classes=config.data.num_classes)
+  graph = build_layer_graph(model, batch_size=microbatch,
+                            name=config.model.name)
+  try:
+    command.check_split(graph, config.pipeline, microbatch)
+  except ValueError as e:
+    tfo_flags.exit_with_usage_error(str(e))
+  if values.plan_profile:
+    with open(values.plan_profile, encoding="utf-8") as f:
+      profile = profile_lib.Profile.from_json(f.read())
+  else:
+    # Layers are timed where the trainer runs them: the first GPU, else
+    # the CPU.
+    profile = profile_layers(model, batch_sizes=sizes,
+                             warmup=values.plan_warmup,
+                             repeats=values.plan_repeats,
+                             name=config.model.name, seed=config.run.seed)
+  try:
+    print(command.run_plan(
+        graph, profile, config,
+        bandwidth_bytes_per_s=values.plan_bandwidth_gbps * 1e9 or None,
+        output_dir=values.plan_output_dir))
+  except (ValueError, KeyError) as e:
+    tfo_flags.exit_with_usage_error(str(e).strip("'\""))
+  return 0
+
+
+def run_main():
+  app.run(main, flags_parser=tfo_flags.parse_or_exit)
+
+
+if __name__ == "__main__":
+  sys.exit(run_main())

@@ -1,0 +1,1 @@
+"""TensorFlow planning side: the Keras layer graph and the layer profiler."""
