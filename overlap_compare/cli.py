@@ -25,6 +25,7 @@ Exit status: 0 when every cell ran or was refused, 1 when a cell failed
 """
 
 import copy
+import dataclasses
 import json
 import os
 import shlex
@@ -39,6 +40,7 @@ import flags as tfo_flags
 from overlap_compare import autotune_runs as compare_autotune
 from overlap_compare import report as compare_report
 from overlap_compare import comparison
+from overlap_compare import launcher as launcher_lib
 from overlap_compare import matrix as matrix_lib
 from overlap_compare import autotune
 from overlap_compare import metrics as overlap_metrics
@@ -72,6 +74,11 @@ _TRAINERS = absl_flags.DEFINE_string(
     "trainers", trainer_runs.DEFAULT_TRAINERS,
     "The trainer each framework name runs, as framework=train.module:"
     "launch.module, comma-separated; --frameworks picks among them.")
+_LAUNCHER = absl_flags.DEFINE_string(
+    "launcher", "",
+    "Start every run through this command, e.g. 'srun -N2 {command}': "
+    "{command} is the trainer's command line, {flags} its flags alone "
+    "(see overlap_compare.launcher). Empty: local processes.")
 _REPEATS = absl_flags.DEFINE_integer(
     "repeats", 3, "Runs of every cell; the report gives medians.",
     lower_bound=1)
@@ -117,7 +124,8 @@ _MAX_CHECKPOINT_STALL_FRAC = absl_flags.DEFINE_float(
     "Constraint: checkpoint stall at most this share of the step.",
     lower_bound=0.0, upper_bound=1.0)
 
-COMPARE_FLAGS = ("matrix", "workloads", "frameworks", "trainers", "repeats",
+COMPARE_FLAGS = ("matrix", "workloads", "frameworks", "trainers", "launcher",
+                 "repeats",
                  "output_dir",
                  "run_timeout_s", "noise_floor", "plots", "title",
                  "report_only", "autotune", "autotune_min_steps",
@@ -324,6 +332,10 @@ def main(argv):
     return
   try:
     trainers = trainer_runs.parse_trainers(_TRAINERS.value)
+    if _LAUNCHER.value:
+      template = launcher_lib.LauncherTemplate.parse(_LAUNCHER.value)
+      trainers = {name: dataclasses.replace(t, launcher=template)
+                  for name, t in trainers.items()}
   except ValueError as e:
     tfo_flags.exit_with_usage_error(str(e))
   try:

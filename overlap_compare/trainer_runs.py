@@ -24,6 +24,7 @@ from typing import Dict, List, Optional, Sequence
 
 from overlap_core.runtime import processes
 from overlap_compare.comparison import FAILED, OK, UNSUPPORTED
+from overlap_compare.launcher import LauncherTemplate
 from overlap_core.runtime.run_record import RUN_RECORD_NAME, load_run_record
 
 # The trainers a comparison can run, as `python -m overlap_compare
@@ -50,10 +51,13 @@ class Trainer:
     framework: its name in the report, e.g. "pytorch".
     train_module: `python -m <it> <flags>` runs one worker's training.
     launch_module: `python -m <it> --num_workers=N -- <flags>` runs N.
+    launcher: when set, every run goes through this command template
+      (`overlap_compare.launcher`), which starts the workers itself.
   """
   framework: str
   train_module: str
   launch_module: str
+  launcher: Optional[LauncherTemplate] = None
 
 
 def parse_trainers(spec: str) -> Dict[str, Trainer]:
@@ -94,9 +98,14 @@ def _last_value(args: Sequence[str], name: str) -> Optional[str]:
 def build_command(trainer: Trainer, flag_args: Sequence[str],
                   model_dir: str) -> List[str]:
   """The argv that runs `flag_args` with `trainer`, writing to model_dir:
-  its launcher when the flags ask for more than one worker."""
+  its launcher when the flags ask for more than one worker, or the
+  trainer's launcher template (which then starts every worker) if set."""
   num_workers = _last_value(flag_args, "num_workers")
   args = list(QUIET_FLAGS) + list(flag_args) + [f"--model_dir={model_dir}"]
+  if trainer.launcher is not None:
+    return trainer.launcher.expand(
+        python=sys.executable, module=trainer.train_module,
+        framework=trainer.framework, flags=args, model_dir=model_dir)
   if num_workers and num_workers.isdigit() and int(num_workers) > 1:
     args = [a for a in args if not processes.has_flag([a], "num_workers")]
     return [sys.executable, "-m", trainer.launch_module,

@@ -8,16 +8,16 @@ anywhere. `build_strategy()` then maps the flag names onto tf.distribute:
   default       tf.distribute.get_strategy(): no replicas, no all-reduce
   one_device    OneDeviceStrategy on the first GPU, else the CPU
   mirrored      MirroredStrategy over --num_devices local devices
-  multi_worker  MultiWorkerMirroredStrategy over the TF_CONFIG cluster
+  multi_worker  MultiWorkerMirroredStrategy over the TF_CONFIG cluster, or
+                the srun step's tasks (overlap_core.runtime.cluster)
   horovod       refused: Horovod's TensorFlow extension does not build here
 """
 
-import json
 import os
 
 import tensorflow as tf
 
-from overlap_core.runtime import waits
+from overlap_core.runtime import cluster, waits
 from overlap_core.runtime.config import (ConfigError, DistributeConfig,
                                          RunConfig, check_all_reduce_applies,
                                          check_nccl_has_gpus)
@@ -105,19 +105,30 @@ def communication_options(cfg: DistributeConfig):
       implementation=_IMPLEMENTATIONS[cfg.all_reduce])
 
 
-def cluster_from_tf_config():
-  """(worker index, number of workers) from TF_CONFIG, or (0, 1)."""
-  raw = os.environ.get("TF_CONFIG")
-  if not raw:
+def cluster_from_env():
+  """(worker index, number of workers) from TF_CONFIG or the srun step's
+  Slurm variables, or (0, 1) outside a multi-worker job."""
+  found = cluster.tf_cluster_from_env(os.environ)
+  if found is None:
     return 0, 1
-  try:
-    tf_config = json.loads(raw)
-    workers = tf_config["cluster"]["worker"]
-    index = int(tf_config["task"]["index"])
-  except (ValueError, KeyError, TypeError) as e:
-    raise ConfigError("strategy", "multi_worker",
-                      f"TF_CONFIG is not a valid worker cluster ({e})")
-  return index, len(workers)
+  return found.task_index, found.num_workers
+
+
+
+
+def cluster_resolver(found: cluster.Cluster):
+  """The resolver MultiWorkerMirroredStrategy gets for `found`.
+
+  None for TF_CONFIG, which TensorFlow reads itself; a Slurm step becomes
+  the same worker list TF_CONFIG would hold. TensorFlow's own
+  SlurmClusterResolver is not used: it counts GPUs with nvidia-smi and
+  fails on nodes without GPUs.
+  """
+  if found.source == "TF_CONFIG":
+    return None
+  return tf.distribute.cluster_resolver.SimpleClusterResolver(
+      tf.train.ClusterSpec({"worker": list(found.workers)}),
+      task_type="worker", task_id=found.task_index, rpc_layer="grpc")
 
 
 def build_strategy(cfg: DistributeConfig) -> tf.distribute.Strategy:
@@ -139,17 +150,20 @@ def build_strategy(cfg: DistributeConfig) -> tf.distribute.Strategy:
     return tf.distribute.MirroredStrategy(devices,
                                           cross_device_ops=cross_device_ops)
   if cfg.strategy == "multi_worker":
-    if "TF_CONFIG" not in os.environ and cfg.num_workers > 1:
+    found = cluster.tf_cluster_from_env(os.environ)
+    if found is None and cfg.num_workers > 1:
       raise ConfigError(
           "strategy", "multi_worker",
-          f"--num_workers={cfg.num_workers} needs TF_CONFIG; start the "
-          "workers with python -m tfoverlap.launch --num_workers="
-          f"{cfg.num_workers} -- <trainer flags>")
-    _, num_workers = cluster_from_tf_config()
+          f"--num_workers={cfg.num_workers} needs TF_CONFIG or an srun "
+          "step; start the workers with python -m tfoverlap.launch "
+          f"--num_workers={cfg.num_workers} -- <trainer flags>, or see "
+          "the README's \"Several hosts\"")
+    num_workers = found.num_workers if found else 1
     if num_workers != cfg.num_workers:
       raise ConfigError("num_workers", cfg.num_workers,
-                        f"TF_CONFIG lists {num_workers} worker(s)")
+                        f"{found.source} lists {num_workers} worker(s)")
     return tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=cluster_resolver(found) if found else None,
         communication_options=communication_options(cfg))
   raise ConfigError("strategy", cfg.strategy,
                     "allowed: default, one_device, mirrored, multi_worker")

@@ -169,7 +169,7 @@ def train(config: TrainConfig) -> dict:
   """
   start = time.perf_counter()
   check_supported(config)
-  worker_index, num_workers = (distribute.cluster_from_tf_config()
+  worker_index, num_workers = (distribute.cluster_from_env()
                                if config.distribute.strategy == "multi_worker"
                                else (0, 1))
   distribute.configure_host(config.distribute, config.run)

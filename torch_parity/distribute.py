@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch import nn
 
 from overlap_core.planning.dims import ParallelDims
-from overlap_core.runtime import waits
+from overlap_core.runtime import cluster, waits
 from overlap_core.runtime.config import (ConfigError, DistributeConfig,
                                          RunConfig, check_all_reduce_applies,
                                          check_nccl_has_gpus)
@@ -354,12 +354,29 @@ def _dims(cfg: DistributeConfig, world_size: int) -> ParallelDims:
   return ParallelDims.data_parallel_only(world_size, world_flag=world_flag)
 
 
+def _launched_world(cfg: DistributeConfig):
+  """This rank's world from its launcher's variables, or None.
+
+  torchrun's (and torch_parity.launch's) RANK, WORLD_SIZE, ... for either
+  DDP strategy; for multi_worker also an srun step's tasks, which become
+  the same variables here so that torch's env:// rendezvous reads them.
+  """
+  if cfg.strategy == "mirrored" and "RANK" not in os.environ:
+    return None
+  world = cluster.torch_world_from_env(os.environ)
+  if world is None or world.source != "slurm":
+    return world
+  if world.world_size == 1:
+    return None  # one task: nothing to meet, so no store to serve
+  os.environ.update(world.torchrun_env())
+  return world
+
+
 def _build_ddp(cfg: DistributeConfig) -> Strategy:
-  if is_launched():
-    rank = _env_int("RANK", 0)
-    world_size = _env_int("WORLD_SIZE", 1)
-    local_rank = _env_int("LOCAL_RANK", 0)
-    local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
+  world = _launched_world(cfg)
+  if world is not None:
+    rank, world_size = world.rank, world.world_size
+    local_rank, local_world_size = world.local_rank, world.local_world_size
   elif (cfg.strategy == "mirrored" and cfg.num_devices == 1) or (
       cfg.strategy == "multi_worker" and cfg.num_workers == 1):
     rank, world_size, local_rank, local_world_size = 0, 1, 0, 1
@@ -370,16 +387,17 @@ def _build_ddp(cfg: DistributeConfig) -> Strategy:
   else:
     raise ConfigError(
         "strategy", "multi_worker",
-        f"--num_workers={cfg.num_workers} needs a torchrun world; start the "
-        f"workers with python -m torch_parity.launch --num_workers="
-        f"{cfg.num_workers} -- <trainer flags> (or torchrun)")
+        f"--num_workers={cfg.num_workers} needs a torchrun world or an srun "
+        "step; start the workers with python -m torch_parity.launch "
+        f"--num_workers={cfg.num_workers} -- <trainer flags>, or see the "
+        "README's \"Several hosts\"")
   _check_world(cfg, world_size, local_world_size)
   device = _device_for(local_rank)
   backend = _ddp_backend(cfg, device)
   if device.type == "cuda":
     torch.cuda.set_device(device)
   timeout = datetime.timedelta(seconds=waits.collective_timeout_s())
-  if is_launched():
+  if world is not None:
     rendezvous.join_launched_world(backend, rank=rank, world_size=world_size,
                                    timeout=timeout)
   else:

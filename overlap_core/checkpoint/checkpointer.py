@@ -41,6 +41,10 @@ class CheckpointsExistError(CheckpointError):
   """A run that does not restore found checkpoints where it would write."""
 
 
+class CheckpointNotSharedError(CheckpointError):
+  """Workers of one run found different checkpoints to resume from."""
+
+
 class Checkpointer:
   """Saves and restores training state; the framework supplies the state.
 
@@ -147,11 +151,18 @@ class Checkpointer:
   def restore_latest(self) -> Optional[ResumePoint]:
     """Restores the newest good checkpoint; None when there is none.
 
+    In a multi-worker run every worker must call it: the workers compare
+    the step each found (a collective), so that none starts from scratch
+    beside others that resume.
+
     Raises:
       CheckpointError: checkpoints exist but none verifies.
       CheckpointMismatchError: the newest good one does not fit the model.
+      CheckpointNotSharedError: the workers found different checkpoints.
     """
     point = self._restore_point()
+    check_every_worker_sees(point.step if point else 0, self.directory,
+                            self._agree)
     if point is not None:
       self.engine.resumed_from(point.step, point.path)
     return point
@@ -195,6 +206,43 @@ class Checkpointer:
     return self.engine.stats()
 
 
+def check_every_worker_sees(step: int, directory: str,
+                            agree: Optional[Agree]) -> None:
+  """Raises unless every worker found the checkpoint of `step` (0: none).
+
+  Only the chief writes; a worker on another host restores from the same
+  path, which must therefore be a directory every host reads. A worker
+  that sees nothing there must not start from scratch while the others
+  resume: the replicas would train from different states.
+
+  Args:
+    step: the step this worker restores (0 when it found none).
+    directory: where this worker looked.
+    agree: the workers' all-reduce maximum (a collective every worker calls
+      here); None in a single process.
+
+  Raises:
+    CheckpointNotSharedError: one line naming `directory` and both steps.
+  """
+  if agree is None:
+    return
+  # One maximum gives both extremes: max(-x) is -min(x).
+  highest, negated_lowest = agree([float(step), -float(step)])
+  highest, lowest = int(highest), int(-negated_lowest)
+  if highest == lowest:
+    return
+  if step < highest:
+    raise CheckpointNotSharedError(
+        f"{directory}: this worker sees {_seen(step)}, another resumes from "
+        f"{_seen(highest)}; the chief's checkpoint directory must be one "
+        "every host reads (a shared filesystem), so no worker starts from "
+        "scratch")
+  raise CheckpointNotSharedError(
+      f"{directory}: this worker resumes from {_seen(step)}, another sees "
+      f"{_seen(lowest)} there; the chief's checkpoint directory must be one "
+      "every host reads (a shared filesystem)")
+
+
 def refuse_existing_checkpoints(directory: str, resolve: str) -> None:
   """Raises unless `directory` holds no committed checkpoint.
 
@@ -227,3 +275,7 @@ def remove_checkpoints(directory: str) -> Sequence[int]:
                            checkpoint_files.checkpoint_dir_name(step)), doomed)
     shutil.rmtree(doomed, ignore_errors=True)
   return steps
+
+
+def _seen(step: int) -> str:
+  return f"the checkpoint of step {step}" if step else "no checkpoint"

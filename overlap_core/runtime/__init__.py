@@ -15,6 +15,7 @@
   evaluation        the eval result from summed losses, quality and count
   cost_calibration  --preprocess_cost_ms: the probe's rate and rounds
   processes         launchers' process supervision
+  cluster           the cluster a worker reads from TF_CONFIG, Slurm or torchrun
   offload_stats     offload copy counts and times: run.json's offload
   pipeline_stats    a pipeline stage's compute, bubble and transfer per
                     step: run.json's pipeline section

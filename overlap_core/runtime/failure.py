@@ -16,7 +16,7 @@ import json
 import os
 from typing import Optional, Tuple
 
-from overlap_core.runtime import run_record
+from overlap_core.runtime import cluster, run_record
 from overlap_core.runtime import waits
 from overlap_core.runtime.config import TrainConfig
 
@@ -28,8 +28,8 @@ def launched_worker(strategy: str,
   mirrored replica other than rank 0).
 
   The launchers' names: TF_CONFIG (TensorFlow multi-worker), RANK and
-  WORLD_SIZE (torchrun, torch_parity.launch), HOROVOD_RANK and HOROVOD_SIZE
-  (horovodrun).
+  WORLD_SIZE (torchrun, torch_parity.launch), SLURM_PROCID (an srun step),
+  HOROVOD_RANK and HOROVOD_SIZE (horovodrun).
   """
   env = os.environ if env is None else env
   if strategy == "multi_worker" and env.get("TF_CONFIG"):
@@ -39,6 +39,14 @@ def launched_worker(strategy: str,
               len(tf_config["cluster"]["worker"]))
     except (ValueError, KeyError, TypeError):
       return None
+  if (strategy == "multi_worker" and "RANK" not in env and
+      "SLURM_PROCID" in env):
+    # A task of an srun step, TensorFlow or PyTorch alike.
+    try:
+      step = cluster.slurm_step_from_env(env)
+    except ValueError:
+      return None
+    return step.rank, step.num_tasks
   rank_names = {"multi_worker": ("RANK", "WORLD_SIZE"),
                 "horovod": ("HOROVOD_RANK", "HOROVOD_SIZE")}
   try:

@@ -64,12 +64,12 @@ def test_cluster_comes_from_tf_config(monkeypatch):
   monkeypatch.setenv("TF_CONFIG", json.dumps({
       "cluster": {"worker": ["localhost:1", "localhost:2", "localhost:3"]},
       "task": {"type": "worker", "index": 2}}))
-  assert distribute.cluster_from_tf_config() == (2, 3)
+  assert distribute.cluster_from_env() == (2, 3)
   monkeypatch.setenv("TF_CONFIG", "{not json")
   with pytest.raises(ConfigError):
-    distribute.cluster_from_tf_config()
+    distribute.cluster_from_env()
   monkeypatch.delenv("TF_CONFIG")
-  assert distribute.cluster_from_tf_config() == (0, 1)
+  assert distribute.cluster_from_env() == (0, 1)
 
 
 @pytest.mark.parametrize("overrides, flag", [

@@ -1,0 +1,174 @@
+"""TensorFlow workers on two "hosts" of this machine (127.0.0.1, 127.0.0.2),
+each started on its own with its TF_CONFIG, and under Slurm's variables.
+
+TensorFlow's gRPC servers bind 0.0.0.0 whatever address TF_CONFIG names,
+so two "hosts" of one machine must still use two different ports.
+"""
+
+import json
+import os
+import shutil
+import sys
+import time
+
+import pytest
+
+from overlap_core.runtime import cluster, processes, run_record
+from tests import hosts as hosts_lib
+from tests.helpers import run_module, subprocess_env
+
+TINY_RUN = ["--model=mlp", "--dataset=synthetic", "--image_size=8",
+            "--batch_size=16", "--prefetch=2", "--log_every_steps=5",
+            "--tensorboard=false", "--trace=false", "--evaluate=false",
+            "--deterministic", "--intra_op_threads=1", "--inter_op_threads=1"]
+CHECKPOINTED = ["--checkpoint=sync", "--checkpoint_every=5"]
+WORKER = [sys.executable, "-m", "tfoverlap.train", "--strategy=multi_worker",
+          "--num_workers=2"]
+# Start-up of two TensorFlow processes on a loaded 2-core machine, and ten
+# steps of a tiny MLP.
+JOB_TIMEOUT_S = 300
+# The collective timeout the killed-host test runs with: the survivor must
+# end by it at the latest (TensorFlow may notice the lost peer sooner).
+LOST_PEER_TIMEOUT_S = 60
+# The timeout, plus TensorFlow's own shutdown with a peer gone, plus slack
+# for a loaded machine.
+LOST_PEER_BOUND_S = LOST_PEER_TIMEOUT_S + 90
+
+
+def _tf_config(ports, index: int) -> str:
+  workers = [f"{address}:{port}"
+             for address, port in zip(hosts_lib.HOST_ADDRESSES, ports)]
+  return json.dumps({"cluster": {"worker": workers},
+                     "task": {"type": "worker", "index": index}})
+
+
+def _start_tf_config_hosts(model_dirs, log_dir, *extra, **env):
+  ports = processes.free_ports(2)
+  return [hosts_lib.start_host(
+      f"host{index}", WORKER + TINY_RUN + list(extra) +
+      [f"--model_dir={model_dirs[index]}"],
+      env=subprocess_env(TF_CONFIG=_tf_config(ports, index), **env),
+      log_dir=log_dir) for index in range(2)]
+
+
+def _run_hosts(hosts):
+  try:
+    return hosts_lib.wait_all(hosts, JOB_TIMEOUT_S)
+  finally:
+    hosts_lib.stop_all(hosts)
+
+
+@pytest.fixture(scope="module")
+def single_host_digest(tmp_path_factory):
+  """The weights of the same job launched on one host."""
+  model_dir = tmp_path_factory.mktemp("single_host")
+  result = run_module("tfoverlap.launch", "--num_workers=2", "--", *TINY_RUN,
+                      *CHECKPOINTED, "--train_steps=10",
+                      f"--model_dir={model_dir}",
+                      timeout=JOB_TIMEOUT_S)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return run_record.load_run_record(str(model_dir))["weights_digest"]
+
+
+@pytest.fixture(scope="module")
+def two_hosts_dir(tmp_path_factory):
+  """A finished two-host job whose hosts share one model_dir."""
+  model_dir = tmp_path_factory.mktemp("two_hosts")
+  logs = tmp_path_factory.mktemp("two_hosts_logs")
+  hosts = _start_tf_config_hosts([model_dir, model_dir], logs,
+                                 *CHECKPOINTED, "--train_steps=10")
+  codes = _run_hosts(hosts)
+  assert codes == [0, 0], hosts[0].stderr()[-3000:] + hosts[1].stderr()[-3000:]
+  return model_dir
+
+
+def test_two_tf_config_hosts_train_to_the_single_host_weights(
+    two_hosts_dir, single_host_digest):
+  chief = run_record.load_run_record(str(two_hosts_dir))
+  other = run_record.load_run_record(str(two_hosts_dir / "worker-1"))
+  assert chief["worker"] == {"index": 0, "num_workers": 2}
+  assert chief["strategy"]["num_replicas"] == 2
+  assert chief["steps"] == other["steps"] == 10
+  # --deterministic and the same global batches: the same all-reduce sums
+  # in the same order as on one host, so the digests match exactly.
+  assert chief["weights_digest"] == other["weights_digest"]
+  assert chief["weights_digest"] == single_host_digest
+  assert (two_hosts_dir / "checkpoints" / "ckpt-10.index").exists()
+
+
+def test_a_worker_that_cannot_see_the_checkpoint_does_not_start_over(
+    two_hosts_dir, tmp_path):
+  shared = tmp_path / "shared"
+  shutil.copytree(two_hosts_dir, shared)
+  local = tmp_path / "host1_local"  # host 1 was given a directory of its own
+  hosts = _start_tf_config_hosts([shared, local], tmp_path,
+                                 *CHECKPOINTED, "--train_steps=15")
+  codes = _run_hosts(hosts)
+  assert codes == [1, 1]
+  errors = hosts_lib.error_lines(hosts[1].stderr(), "tfoverlap.train")
+  assert errors == [
+      "tfoverlap.train: error: CheckpointNotSharedError: "
+      f"{local / 'checkpoints'}: this worker sees no checkpoint, another "
+      "resumes from the checkpoint of step 10; the chief's checkpoint "
+      "directory must be one every host reads (a shared filesystem), so no "
+      "worker starts from scratch"], hosts[1].stderr()[-3000:]
+  assert len(hosts_lib.error_lines(hosts[0].stderr(), "tfoverlap.train")) == 1
+  # Nobody trained: no new checkpoint anywhere, the chief's still there.
+  before = sorted(p.name for p in (two_hosts_dir / "checkpoints").iterdir())
+  assert sorted(p.name for p in (shared / "checkpoints").iterdir()) == before
+  assert "ckpt-10.index" in before
+  assert not list(local.glob("**/ckpt-*"))
+  assert run_record.load_run_record(str(local / "worker-1"))["status"] == (
+      "failed")
+
+
+def _slurm_job_with_free_ports(num_ports: int) -> str:
+  """A job id whose Slurm ports are free here now."""
+  for job_id in range(1, 600):
+    base = cluster.slurm_port_base({"SLURM_JOB_ID": str(job_id)})
+    if hosts_lib.ports_free_everywhere(range(base, base + num_ports)):
+      return str(job_id)
+  raise AssertionError("no free Slurm port range")
+
+
+def test_two_srun_tasks_train_to_the_single_host_weights(
+    tmp_path, single_host_digest):
+  # What `srun -N1 -n2 python -m tfoverlap.train ...` sets for each task;
+  # two tasks on one node, as two on one "host" cannot share a port.
+  job_id = _slurm_job_with_free_ports(2)
+  hosts = [hosts_lib.start_host(
+      f"task{procid}", WORKER + TINY_RUN +
+      CHECKPOINTED + ["--train_steps=10", f"--model_dir={tmp_path / 'run'}"],
+      env=subprocess_env(
+          SLURM_JOB_ID=job_id, SLURM_PROCID=str(procid), SLURM_NTASKS="2",
+          SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST="127.0.0.1",
+          SLURM_JOB_NODELIST="127.0.0.1", SLURM_STEP_TASKS_PER_NODE="2",
+          SLURM_TASKS_PER_NODE="2", SLURM_NODEID="0",
+          SLURM_LOCALID=str(procid)),
+      log_dir=tmp_path) for procid in range(2)]
+  codes = _run_hosts(hosts)
+  assert codes == [0, 0], hosts[0].stderr()[-3000:]
+  chief = run_record.load_run_record(str(tmp_path / "run"))
+  assert chief["worker"] == {"index": 0, "num_workers": 2}
+  assert chief["weights_digest"] == single_host_digest
+
+
+def test_a_killed_host_ends_the_other_with_one_line(tmp_path):
+  hosts = _start_tf_config_hosts(
+      [tmp_path / "run", tmp_path / "run"], tmp_path, "--train_steps=100000",
+      TFOVERLAP_COLLECTIVE_TIMEOUT_S=str(LOST_PEER_TIMEOUT_S))
+  try:
+    # Training progress on the chief: the collectives are live.
+    hosts_lib.wait_for_output(hosts[0], "[worker 0] step ", JOB_TIMEOUT_S)
+    hosts_lib.kill_host(hosts[1])
+    started = time.monotonic()
+    code = hosts_lib.wait_all(hosts[:1], LOST_PEER_BOUND_S)[0]
+    ended_s = time.monotonic() - started
+  finally:
+    hosts_lib.stop_all(hosts)
+  assert code != 0
+  assert ended_s < LOST_PEER_BOUND_S
+  errors = hosts_lib.error_lines(hosts[0].stderr(), "tfoverlap.train")
+  assert len(errors) == 1, hosts[0].stderr()[-3000:]
+  assert "Traceback" not in hosts[0].stderr()
+  assert os.path.exists(tmp_path / "run" / run_record.RUN_RECORD_NAME)
