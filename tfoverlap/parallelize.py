@@ -22,6 +22,7 @@ import keras
 import tensorflow as tf
 
 from overlap_core.planning.dims import ParallelDims
+from overlap_core.planning.profile import Profile
 from overlap_core.runtime.config import OffloadConfig, PipelineConfig
 from tfoverlap import offload as offload_lib
 from tfoverlap import pipeline as pipeline_lib
@@ -50,10 +51,12 @@ class Parallelized(NamedTuple):
 
 class PipelineSpec(NamedTuple):
   """What step 1 needs to cut the model: the flags' pipeline settings, the
-  micro-batch the layer graph is read at, and one device per stage."""
+  micro-batch the layer graph is read at, one device per stage, and the
+  layer profile that predicts stage times (None: no predictions)."""
   config: PipelineConfig
   microbatch_size: int
   devices: Sequence[str]
+  profile: Optional[Profile] = None
 
 
 def parallel_dims(strategy: tf.distribute.Strategy) -> ParallelDims:
@@ -117,10 +120,12 @@ def apply_pipeline(strategy: tf.distribute.Strategy,
   model = build_model()
   optimizer = build_optimizer()
   optimizer.build(model.trainable_variables)
-  cuts = pipeline_lib.plan_cut_layers(model, cfg,
-                                      batch_size=spec.microbatch_size)
-  runtime = pipeline_lib.GPipeRuntime(model, cuts, devices=spec.devices,
+  plan = pipeline_lib.plan_split(model, cfg, batch_size=spec.microbatch_size,
+                                 profile=spec.profile)
+  runtime = pipeline_lib.GPipeRuntime(model, plan.cuts, devices=spec.devices,
                                       num_microbatches=cfg.microbatches)
+  if spec.profile is not None:
+    runtime.predicted_by = plan
   dims = ParallelDims(world_size=cfg.stages, data_parallel=1,
                       pipeline=cfg.stages, world_flag="num_devices")
   return Parallelized(model, model, optimizer, dims, None, runtime)

@@ -35,6 +35,8 @@ import keras
 import tensorflow as tf
 
 from overlap_core.planning import partition as partition_lib
+from overlap_core.planning import split as split_lib
+from overlap_core.planning.profile import Profile
 from overlap_core.runtime import pipeline_stats
 from overlap_core.runtime.config import (ConfigError, PipelineConfig,
                                          TrainConfig)
@@ -106,33 +108,30 @@ def check_pipeline_supported(config: TrainConfig) -> None:
                       "custom loop (your own model.fit pipelines through "
                       "tfoverlap.pipelined_model.PipelinedModel); allowed "
                       "with --pipeline_stages > 1: ctl")
-  if cfg.split == "auto":
-    raise ConfigError("pipeline_split", "auto",
-                      "the runtime cuts without profiling; run python -m "
-                      "tfoverlap.plan and pass its cut layers, or even")
+  split_lib.check_profile(cfg)
+
+
+def plan_split(model: keras.Model, cfg: PipelineConfig, *,
+               batch_size: int, profile: Optional[Profile] = None,
+               name: str = "") -> partition_lib.StagePlan:
+  """The S stages of the flags' split (`split.plan_split`), on the Keras
+  layer graph read at `batch_size` (the micro-batch).
+
+  Raises:
+    ConfigError: naming pipeline_split (or plan_profile), for a split the
+      graph or the profile cannot take.
+  """
+  if cfg.split == "auto" and profile is None:
+    raise ConfigError("pipeline_split", "auto", split_lib.AUTO_NEEDS_PROFILE)
+  graph = build_layer_graph(model, batch_size=batch_size, name=name)
+  return split_lib.plan_split(graph, cfg, microbatch_size=batch_size,
+                              profile=profile)
 
 
 def plan_cut_layers(model: keras.Model, cfg: PipelineConfig, *,
                     batch_size: int, name: str = "") -> List[str]:
-  """The layers the first S - 1 stages end with, from the flags' split.
-
-  Raises:
-    ConfigError: naming pipeline_split, for a split the graph cannot take
-      (auto needs a profile: python -m tfoverlap.plan measures one).
-  """
-  if cfg.split == "auto":
-    raise ConfigError("pipeline_split", "auto",
-                      "the runtime needs cut layers it can use without "
-                      "profiling; run python -m tfoverlap.plan and pass its "
-                      "cuts, or even")
-  graph = build_layer_graph(model, batch_size=batch_size, name=name)
-  try:
-    plan = partition_lib.partition(
-        graph, {n.name: 0.0 for n in graph.nodes}, num_stages=cfg.stages,
-        batch_size=batch_size, mode=cfg.split, cut_layers=cfg.cut_layers)
-  except ValueError as e:
-    raise ConfigError("pipeline_split", cfg.split, str(e)) from None
-  return list(plan.cuts)
+  """The layers the first S - 1 stages end with (no profile)."""
+  return list(plan_split(model, cfg, batch_size=batch_size, name=name).cuts)
 
 
 def build_stage_models(model: keras.Model,
@@ -200,6 +199,9 @@ class GPipeRuntime:
                             for stage in self.stages]
     self._stage_s: Optional[List[float]] = None
     self._transfer_s: Optional[List[float]] = None
+    # The plan the stages were cut by, set when a profile predicted it:
+    # run.json puts its stage times beside the measured ones.
+    self.predicted_by: Optional[partition_lib.StagePlan] = None
 
   @property
   def num_stages(self) -> int:
@@ -320,11 +322,15 @@ class GPipeRuntime:
   def describe(self, cfg: PipelineConfig, *, skip_steps: int = 0) -> dict:
     """run.json's `pipeline` section, with `sources`: which figures are
     measured and which derived."""
-    per_stage = [
-        pipeline_stats.stage_entry(
-            k, layers=layers, device=self.devices[k],
-            medians_ms=self.recorders[k].medians_ms(skip_steps))
-        for k, layers in enumerate(self.stage_layers())]
+    per_stage = []
+    for k, layers in enumerate(self.stage_layers()):
+      predicted_ms, predicted_mb = split_lib.stage_predictions(
+          self.predicted_by.stages[k:k + 1] if self.predicted_by else (),
+          num_microbatches=self.num_microbatches)
+      per_stage.append(pipeline_stats.stage_entry(
+          k, layers=layers, device=self.devices[k],
+          medians_ms=self.recorders[k].medians_ms(skip_steps),
+          predicted_ms=predicted_ms, predicted_memory_mb=predicted_mb))
     section = pipeline_stats.pipeline_section(
         schedule=cfg.schedule, stages=self.num_stages,
         micro_batches=self.num_microbatches,

@@ -11,8 +11,8 @@ chosen split with its predicted stage times, and the even split beside it.
       --batch_size=32 --strategy=default --pipeline_stages=4 \\
       --pipeline_microbatches=4 --plan_output_dir=plan/
 
-Pass the cuts it prints to the trainer as --pipeline_split=<layers>.
-Nothing is trained.
+Pass the cuts it prints to the trainer as --pipeline_split=<layers>, or its
+profile as --plan_profile with --pipeline_split=auto. Nothing is trained.
 """
 
 import sys
@@ -34,7 +34,8 @@ def main(argv):
   # pylint: disable=g-import-not-at-top
   import keras
   from overlap_core.planning import command
-  from overlap_core.planning import profile as profile_lib
+  from overlap_core.planning import split
+  from overlap_core.runtime.config import ConfigError
   from tfoverlap.models import build_model
   from tfoverlap.planning.graph import build_layer_graph
   from tfoverlap.planning.profiler import profile_layers
@@ -51,12 +52,10 @@ def main(argv):
                             name=config.model.name)
   try:
     command.check_split(graph, config.pipeline, microbatch)
-  except ValueError as e:
+    profile = split.load_profile(values.plan_profile)
+  except (ValueError, ConfigError) as e:
     tfo_flags.exit_with_usage_error(str(e))
-  if values.plan_profile:
-    with open(values.plan_profile, encoding="utf-8") as f:
-      profile = profile_lib.Profile.from_json(f.read())
-  else:
+  if profile is None:
     # Layers are timed where the trainer runs them: the first GPU, else
     # the CPU.
     profile = profile_layers(model, batch_sizes=sizes,

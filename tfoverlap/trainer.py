@@ -14,6 +14,7 @@ import keras
 import tensorflow as tf
 
 from overlap_core.checkpoint import engine as checkpoint_engine
+from overlap_core.planning import split as split_lib
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import outputs, run_record, zoo
 from overlap_core.runtime.config import TrainConfig
@@ -97,7 +98,8 @@ def _pipeline_spec(config: TrainConfig):
   # One pipeline takes the whole batch (no data parallelism with stages).
   return parallelize.PipelineSpec(
       cfg, microbatch_size=config.data.batch_size // cfg.microbatches,
-      devices=distribute.mirrored_devices(cfg.stages))
+      devices=distribute.mirrored_devices(cfg.stages),
+      profile=split_lib.load_profile(cfg.profile))
 
 
 def _build_strategy(config: TrainConfig) -> tf.distribute.Strategy:

@@ -31,7 +31,7 @@ from torch.distributed import pipelining
 from torch.fx.passes.split_module import split_module
 
 from overlap_core.planning import partition as partition_lib
-from overlap_core.planning import report as report_lib
+from overlap_core.planning import split as split_lib
 from overlap_core.planning.dims import ParallelDims
 from overlap_core.planning.profile import Profile
 from overlap_core.runtime import pipeline_stats
@@ -56,42 +56,19 @@ DEFAULT_BUCKET_MB = 25.0
 def plan_split(model: nn.Module, example: torch.Tensor, cfg: PipelineConfig,
                *, profile: Optional[Profile] = None,
                name: str = "") -> partition_lib.StagePlan:
-  """The S*V stages of the flags' split, with their predicted costs.
-
-  `even` and explicit cuts need only the layer graph; `auto` needs a
-  profile (`--plan_profile`, which `python -m torch_parity.plan` writes):
-  the runtime refuses it without one rather than profile for minutes
-  before training. With a profile, the cost model fitted on it predicts
-  every stage's time at the micro-batch `example` holds.
+  """The S*V stages of the flags' split (`split.plan_split`), on the fx
+  graph, at the micro-batch `example` holds.
 
   Raises:
       ConfigError: naming pipeline_split (or plan_profile), for a split
     the graph or the profile cannot take.
   """
   if cfg.split == "auto" and profile is None:
-    raise ConfigError(
-      "pipeline_split", "auto",
-      "the runtime needs a profile to predict stage times; pass "
-      "--plan_profile (python -m torch_parity.plan --plan_output_dir "
-      "writes profile.json), explicit cuts, or even")
+    # Before the trace: the refusal needs no graph.
+    raise ConfigError("pipeline_split", "auto", split_lib.AUTO_NEEDS_PROFILE)
   graph = build_layer_graph(model, example, name=name)
-  num_stages = cfg.stages * cfg.virtual_stages
-  microbatch = example.shape[0]
-  try:
-    if profile is not None:
-      return report_lib.make_plan(
-        graph, profile, num_stages=num_stages, microbatch_size=microbatch,
-        num_microbatches=cfg.microbatches, split=cfg.split,
-        cut_layers=cfg.cut_layers).plan
-    return partition_lib.partition(
-      graph, {n.name: 0.0 for n in graph.nodes}, num_stages=num_stages,
-      batch_size=microbatch, mode=cfg.split, cut_layers=cfg.cut_layers)
-  except KeyError as e:
-    raise ConfigError("plan_profile", cfg.profile,
-                      str(e).strip("'\"")) from None
-  except ValueError as e:
-    raise ConfigError("pipeline_split", cfg.split or "even",
-                      str(e)) from None
+  return split_lib.plan_split(graph, cfg, microbatch_size=example.shape[0],
+                              profile=profile)
 
 
 def plan_cut_layers(model: nn.Module, example: torch.Tensor,

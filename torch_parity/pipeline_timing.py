@@ -35,6 +35,7 @@ from typing import Callable, Dict
 import torch.distributed as dist
 from torch.distributed.pipelining import schedules as _schedules
 
+from overlap_core.planning import split as split_lib
 from overlap_core.runtime.pipeline_stats import (BUBBLE, TRANSFER,
                                                  StageRecorder,
                                                  pipeline_section,
@@ -122,14 +123,9 @@ def _local_row(runtime, device, warmup_steps: int) -> dict:
   stages = [plan.stages[i] for i in runtime.stage_indices] if plan else []
   microbatches = runtime.schedule._n_microbatches  # pylint: disable=protected-access
   predicted_ms = predicted_mb = None
-  if runtime.has_predictions and stages:
-    # The plan predicts one micro-batch's forward + backward (and its
-    # transfers at the planned bandwidth); a step runs M of them.
-    predicted_ms = 1e3 * microbatches * sum(s.time_s for s in stages)
-    # Parameters plus one micro-batch's activations: what the plan's table
-    # shows; optimizer state and in-flight micro-batches come on top.
-    predicted_mb = sum(s.param_bytes + s.activation_bytes
-                       for s in stages) / 2**20
+  if runtime.has_predictions:
+    predicted_ms, predicted_mb = split_lib.stage_predictions(
+        stages, num_microbatches=microbatches)
   return {"stage": runtime.mesh.stage, "replica": runtime.mesh.replica,
           "layers": [layer for s in stages for layer in s.layers],
           "device": str(device), "predicted_ms": predicted_ms,

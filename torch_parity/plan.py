@@ -11,7 +11,8 @@ its predicted stage times, and the even split beside it.
       --pipeline_microbatches=4 --plan_output_dir=plan/
 
 The micro-batch is the per-replica batch over --pipeline_microbatches.
-Nothing is trained; the pipeline runtime is not built yet.
+Pass the cuts it prints to the trainer as --pipeline_split=<layers>, or its
+profile as --plan_profile with --pipeline_split=auto. Nothing is trained.
 """
 
 import sys
@@ -26,38 +27,24 @@ plan_flags.define_flags()
 PROGRAM = "torch_parity.plan"
 
 
-def _batch_sizes(values, microbatch: int):
-  if values.plan_batch_sizes:
-    try:
-      sizes = sorted({int(b) for b in values.plan_batch_sizes})
-    except ValueError:
-      sizes = [0]
-    if sizes[0] < 1:
-      tfo_flags.exit_with_usage_error(
-          f"--plan_batch_sizes={','.join(values.plan_batch_sizes)}: allowed:"
-          " positive integers")
-    return sizes
-  return sorted({max(1, microbatch // 2), microbatch, 2 * microbatch})
-
-
 def main(argv):
   del argv
   values = tfo_flags.FLAGS
   config = tfo_flags.to_config(values)
   # pylint: disable=g-import-not-at-top
   import torch
-  from overlap_core.planning import partition
-  from overlap_core.planning import profile as profile_lib
-  from overlap_core.planning import report
+  from overlap_core.planning import command
+  from overlap_core.planning import split
+  from overlap_core.runtime.config import ConfigError
   from torch_parity.models import build_model
   from torch_parity.planning.graph import build_layer_graph
   from torch_parity.planning.profiler import profile_layers
 
-  dist = config.distribute
-  replicas = dist.num_workers * (dist.num_devices
-                                 if dist.strategy == "mirrored" else 1)
-  pipe = config.pipeline
-  microbatch = config.data.batch_size // replicas // pipe.microbatches
+  microbatch = command.plan_microbatch_size(config)
+  try:
+    sizes = command.profile_batch_sizes(values.plan_batch_sizes, microbatch)
+  except ValueError as e:
+    tfo_flags.exit_with_usage_error(str(e))
   torch.manual_seed(config.run.seed)
   model = build_model(config.model.name, image_size=config.data.image_size,
                       num_classes=config.data.num_classes)
@@ -68,38 +55,26 @@ def main(argv):
 
   graph = build_layer_graph(model, make_input(microbatch),
                             name=config.model.name)
-  bandwidth = values.plan_bandwidth_gbps * 1e9 or None
-  plan_args = dict(num_stages=pipe.stages, microbatch_size=microbatch,
-                   num_microbatches=pipe.microbatches, split=pipe.split,
-                   cut_layers=pipe.cut_layers,
-                   bandwidth_bytes_per_s=bandwidth)
   try:
-    # Refuse an impossible split before spending minutes on profiling.
-    partition.partition(graph, {n.name: 0.0 for n in graph.nodes},
-                        num_stages=pipe.stages, batch_size=microbatch,
-                        mode=pipe.split, cut_layers=pipe.cut_layers)
-  except ValueError as e:
+    command.check_split(graph, config.pipeline, microbatch)
+    profile = split.load_profile(values.plan_profile)
+  except (ValueError, ConfigError) as e:
     tfo_flags.exit_with_usage_error(str(e))
-  if values.plan_profile:
-    with open(values.plan_profile, encoding="utf-8") as f:
-      profile = profile_lib.Profile.from_json(f.read())
-  else:
+  if profile is None:
     # Layers are timed where the trainer would run them: the first GPU,
     # else the CPU.
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     profile = profile_layers(model, make_input, device=device,
-                             batch_sizes=_batch_sizes(values, microbatch),
-                             warmup=values.plan_warmup,
+                             batch_sizes=sizes, warmup=values.plan_warmup,
                              repeats=values.plan_repeats,
                              name=config.model.name)
   try:
-    result = report.make_plan(graph, profile, **plan_args)
+    print(command.run_plan(
+        graph, profile, config,
+        bandwidth_bytes_per_s=values.plan_bandwidth_gbps * 1e9 or None,
+        output_dir=values.plan_output_dir))
   except (ValueError, KeyError) as e:
     tfo_flags.exit_with_usage_error(str(e).strip("'\""))
-  print(report.format_report(result))
-  if values.plan_output_dir:
-    for path in report.write_plan_files(result, values.plan_output_dir):
-      print(f"wrote {path}")
   return 0
 
 

@@ -15,7 +15,7 @@ import time
 import torch
 
 from overlap_core.checkpoint import engine as checkpoint_engine
-from overlap_core.planning.profile import Profile
+from overlap_core.planning import split as split_lib
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import (datasets, outputs, pipeline_stats,
                                   run_record, zoo)
@@ -99,15 +99,7 @@ def check_pipeline_supported(config: TrainConfig) -> None:
                       "the offload hooks do not follow a schedule's "
                       "micro-batches yet; allowed with --pipeline_stages > 1:"
                       " none")
-  if cfg.split == "auto" and not cfg.profile:
-    raise ConfigError("pipeline_split", "auto",
-                      "the runtime cuts without profiling; pass "
-                      "--plan_profile (python -m torch_parity.plan "
-                      "--plan_output_dir writes profile.json), its cut "
-                      "layers, or even")
-  # Read now, so that a file that is no profile is refused before any
-  # stage process starts.
-  _load_profile(cfg.profile)
+  split_lib.check_profile(cfg)
 
 
 def describe_environment(strategy: distribute.Strategy) -> dict:
@@ -173,24 +165,6 @@ def _evaluate(config: TrainConfig, spec, strategy, model) -> dict:
                         precision=config.model.precision)
 
 
-def _load_profile(path: str):
-  """The --plan_profile layer profile, or None without one.
-
-  Raises:
-    ConfigError: naming plan_profile, for a file that is not a profile.
-  """
-  if not path:
-    return None
-  try:
-    with open(path, encoding="utf-8") as f:
-      return Profile.from_json(f.read())
-  except (OSError, ValueError, KeyError, TypeError) as e:
-    raise ConfigError("plan_profile", path,
-                      f"not a layer profile ({type(e).__name__}: {e}); "
-                      "allowed: the JSON python -m torch_parity.plan "
-                      "writes") from None
-
-
 def _pipeline_spec(config: TrainConfig, spec, info):
   """How parallelize cuts the model, or None when it is not pipelined."""
   cfg = config.pipeline
@@ -203,7 +177,7 @@ def _pipeline_spec(config: TrainConfig, spec, info):
   side = config.data.image_size // spec.upscale
   return parallelize.PipelineSpec(
       cfg, torch.randn(microbatch, info.channels, side, side),
-      steps.make_pipeline_loss(spec.task), _load_profile(cfg.profile))
+      steps.make_pipeline_loss(spec.task), split_lib.load_profile(cfg.profile))
 
 
 def _make_train_step(config: TrainConfig, spec, strategy, parallel):

@@ -67,7 +67,7 @@ def test_bad_combinations_are_refused(parsed, message):
     ("tfoverlap.train", ["--pipeline_stages=3", "--pipeline_microbatches=5"],
      "--pipeline_microbatches=5: must divide"),
     ("tfoverlap.train", ["--pipeline_stages=2", "--pipeline_microbatches=4"],
-     "--pipeline_split=auto: the runtime cuts without profiling"),
+     "--pipeline_split=auto: the runtime needs a profile"),
     ("torch_parity.train", ["--pipeline_stages=2",
                             "--pipeline_microbatches=4", "--strategy=default",
                             "--num_devices=1"],

@@ -1,0 +1,109 @@
+"""The split both pipeline runtimes cut by: flags, a layer graph, a profile.
+
+Each trainer reads its own model's layer graph (torch.fx, or the Keras
+functional graph) and hands it here with the flags' `PipelineConfig`. The
+split, its refusals and the per-stage predictions that run.json puts
+beside the measurements are the same for both frameworks.
+
+  profile = load_profile(cfg.profile)            # None without --plan_profile
+  plan = plan_split(graph, cfg, microbatch_size=8, profile=profile)
+  plan.cuts                                      # the layers stages end with
+  stage_predictions(plan.stages[:1], num_microbatches=4)
+"""
+
+from typing import Optional, Sequence, Tuple
+
+from overlap_core.planning import partition, report
+from overlap_core.planning.graph import LayerGraph
+from overlap_core.planning.profile import Profile
+from overlap_core.runtime.config import ConfigError, PipelineConfig
+
+AUTO_NEEDS_PROFILE = (
+    "the runtime needs a profile to predict stage times; pass "
+    "--plan_profile (python -m tfoverlap.plan or torch_parity.plan with "
+    "--plan_output_dir writes profile.json), explicit cuts, or even")
+
+
+def load_profile(path: str) -> Optional[Profile]:
+  """The --plan_profile layer profile, or None without one.
+
+  Raises:
+    ConfigError: naming plan_profile, for a file that is not a profile.
+  """
+  if not path:
+    return None
+  try:
+    with open(path, encoding="utf-8") as f:
+      return Profile.from_json(f.read())
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ConfigError("plan_profile", path,
+                      f"not a layer profile ({type(e).__name__}: {e}); "
+                      "allowed: the JSON a plan command writes") from None
+
+
+def check_profile(cfg: PipelineConfig) -> None:
+  """Refuses `auto` without a profile, and a file that is no profile,
+  before any stage starts.
+
+  Raises:
+    ConfigError: naming pipeline_split or plan_profile.
+  """
+  if cfg.stages > 1 and cfg.split == "auto" and not cfg.profile:
+    raise ConfigError("pipeline_split", "auto", AUTO_NEEDS_PROFILE)
+  load_profile(cfg.profile)
+
+
+def plan_split(graph: LayerGraph, cfg: PipelineConfig, *,
+               microbatch_size: int,
+               profile: Optional[Profile] = None) -> partition.StagePlan:
+  """The S*V stages of the flags' split, with their predicted costs.
+
+  `even` and explicit cuts need only the graph; `auto` needs a profile:
+  the runtime refuses it without one rather than profile for minutes
+  before training. With a profile, the cost model fitted on it predicts
+  every stage's time at `microbatch_size`; without one the stages' times
+  are zero.
+
+  Raises:
+    ConfigError: naming pipeline_split (or plan_profile), for a split the
+      graph or the profile cannot take.
+  """
+  if cfg.split == "auto" and profile is None:
+    raise ConfigError("pipeline_split", "auto", AUTO_NEEDS_PROFILE)
+  num_stages = cfg.stages * cfg.virtual_stages
+  try:
+    if profile is not None:
+      return report.make_plan(
+          graph, profile, num_stages=num_stages,
+          microbatch_size=microbatch_size,
+          num_microbatches=cfg.microbatches, split=cfg.split,
+          cut_layers=cfg.cut_layers).plan
+    return partition.partition(
+        graph, {n.name: 0.0 for n in graph.nodes}, num_stages=num_stages,
+        batch_size=microbatch_size, mode=cfg.split,
+        cut_layers=cfg.cut_layers)
+  except KeyError as e:
+    raise ConfigError("plan_profile", cfg.profile,
+                      str(e).strip("'\"")) from None
+  except ValueError as e:
+    raise ConfigError("pipeline_split", cfg.split or "even",
+                      str(e)) from None
+
+
+def stage_predictions(stages: Sequence[partition.Stage], *,
+                      num_microbatches: int
+                      ) -> Tuple[Optional[float], Optional[float]]:
+  """(predicted ms per step, predicted MiB) of the stages one device runs.
+
+  The plan predicts one micro-batch's forward + backward (and its
+  transfers at the planned bandwidth); a step runs M of them. The memory
+  is parameters plus one micro-batch's activations, what the plan's table
+  shows; optimizer state and in-flight micro-batches come on top.
+  (None, None) for no stages.
+  """
+  if not stages:
+    return None, None
+  predicted_ms = 1e3 * num_microbatches * sum(s.time_s for s in stages)
+  predicted_mb = sum(s.param_bytes + s.activation_bytes
+                     for s in stages) / 2**20
+  return predicted_ms, predicted_mb
