@@ -59,6 +59,9 @@ BUSY_LOAD_PER_CORE = 1.0
 # share of the host's CPU capacity while it ran: 10% of 2 cores is 0.2 of a
 # core, several times the 2-3% targets judged with this harness.
 BUSY_FOREIGN_CPU_FRAC = 0.10
+# /proc/stat counts in clock ticks (10 ms): over a shorter span than this
+# one tick of anyone's work is a large share, so the share is not judged.
+MIN_SPAN_TO_JUDGE_FOREIGN_S = 1.0
 
 
 def load_is_busy(load_average_1min: float, num_cores: int) -> bool:
@@ -152,7 +155,7 @@ def host_load(before: dict, after: dict, *,
                               - before["host_busy_cpu_s"])
                         - (after["self_tree_cpu_s"]
                            - before["self_tree_cpu_s"]))
-    if wall_s > 0:
+    if wall_s >= MIN_SPAN_TO_JUDGE_FOREIGN_S:
       foreign_frac = foreign_cpu_s / (wall_s * num_cores)
   warnings = []
   load_before = before["load_average"]

@@ -173,3 +173,11 @@ def test_within_a_run_the_load_average_is_ours_and_not_judged():
                              _snapshot(2.5, 100.0, 100.0, 100.0),
                              num_cores=2, check_load=False)
   assert not during["busy"]
+
+
+def test_a_span_shorter_than_a_second_is_not_judged_by_its_cpu_share():
+  # Two clock ticks of someone else's work in 5 ms would read as 200%.
+  short = harness.host_load(_snapshot(0.0, 0.0, 0.0, 0.0),
+                            _snapshot(0.0, 0.02, 0.0, 0.005), num_cores=2)
+  assert short["foreign_cpu_s"] == pytest.approx(0.02)
+  assert short["foreign_cpu_frac"] is None and not short["busy"]
