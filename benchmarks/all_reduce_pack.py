@@ -27,23 +27,24 @@ two and 100 one (DDP's own default, flag value 0, is a 25 MB cap with a
 1 MB first bucket). Batches are resident on the device
 (`--synthetic_on_device`), so the step is compute and communication only.
 
-Each repeat runs every (side, X) once, in an order shuffled afresh for
-every repeat with a fixed seed. Reported per side and X: median samples/s,
-compute p50 (forward, backward with the overlapped all-reduce, update) and
-step p50; the throughput against the same side at the reference X
-(`--reference_pack_mb`, default 25) and against DDP at the same X, each as
-the median [min, max] of the per-repeat ratios. Throughput and times are
-rank 0's (the chief's) run.json; the samples are the global batch.
+Each repeat runs every (side, X) once through `benchmarks.harness`, the
+first (side, X) rotating from repeat to repeat. Reported per side and X:
+median samples/s, compute p50 (forward, backward with the overlapped
+all-reduce, update) and step p50; the throughput against the same side at
+the reference X (`--reference_pack_mb`, default 25) and against DDP at the
+same X, each as the median [min, max] of the per-repeat ratios with its
+interval. Throughput and times are rank 0's (the chief's) run.json; the
+samples are the global batch.
 """
 
 import argparse
 import json
 import os
-import random
 import tempfile
 import time
 
 from benchmarks import common
+from benchmarks import harness
 
 NAME = "all_reduce_pack"
 DEFAULT_REPEATS = 3
@@ -64,7 +65,6 @@ MODEL_FLAGS = ["--model=resnet18", "--dataset=synthetic", "--image_size=32",
 # Several seconds of steady state per run at a few hundred ms a step; 18
 # runs of DDP and Horovod then fit about ten minutes on 2 quiet cores.
 TRAIN_STEPS, QUICK_TRAIN_STEPS = 30, 8
-SHUFFLE_SEED = 20261122
 
 
 def parse_args():
@@ -117,9 +117,12 @@ def run_variant(side: str, pack_mb: float, flags: list, model_dir: str
 
 
 def _ratio_stats(values: list) -> dict:
-  return {"per_repeat": values, "median": common.median(values),
-          "min": min(values) if values else float("nan"),
-          "max": max(values) if values else float("nan")}
+  stats = {"per_repeat": values, "median": common.median(values),
+           "min": min(values) if values else float("nan"),
+           "max": max(values) if values else float("nan")}
+  if values:
+    stats["interval"] = harness.median_interval(values)
+  return stats
 
 
 def summarize(runs: list, sides: list, pack_mbs: list,
@@ -214,23 +217,22 @@ def main():
                                      else TRAIN_STEPS)
   flags = [*MODEL_FLAGS, f"--train_steps={train_steps}", *passthrough]
   variants = [(side, pack_mb) for side in sides for pack_mb in pack_mbs]
-  shuffler = random.Random(SHUFFLE_SEED)
   machine = common.describe_machine()
   start = time.perf_counter()
-  runs = []
   with tempfile.TemporaryDirectory(prefix="tfo-bench-") as scratch_root:
-    for repeat in range(repeats):
-      order = list(variants)
-      shuffler.shuffle(order)
-      for side, pack_mb in order:
-        model_dir = os.path.join(scratch_root,
-                                 f"{side}-{pack_mb:g}mb-{repeat}")
-        result = run_variant(side, pack_mb, flags, model_dir)
-        common.log(f"repeat {repeat + 1}/{repeats} {side} {pack_mb:g} MB: "
-                   f"{result['samples_per_second']:.1f} samples/s, compute "
-                   f"p50 {result['compute']['p50_ms']:.1f} ms")
-        runs.append({"side": side, "pack_mb": pack_mb, "repeat": repeat,
-                     "result": result})
+
+    def run_one(variant, repeat):
+      side, pack_mb = variant
+      model_dir = os.path.join(scratch_root, f"{side}-{pack_mb:g}mb-{repeat}")
+      result = run_variant(side, pack_mb, flags, model_dir)
+      common.log(f"repeat {repeat + 1}/{repeats} {side} {pack_mb:g} MB: "
+                 f"{result['samples_per_second']:.1f} samples/s, compute "
+                 f"p50 {result['compute']['p50_ms']:.1f} ms")
+      return {"side": side, "pack_mb": pack_mb, "repeat": repeat,
+              "result": result}
+
+    record = harness.run_interleaved(variants, repeats, run_one)
+  runs = record["runs"]
   summary = summarize(runs, sides, pack_mbs, args.reference_pack_mb)
   payload = {
       "benchmark": NAME,
@@ -253,6 +255,7 @@ def main():
       "runs": runs,
       "total_wall_s": time.perf_counter() - start,
   }
+  payload.update(harness.payload_fields({"all": record["host"]}))
   path = common.result_path(NAME, args)
   common.write_results(path, payload)
   print(format_summary(summary, args.reference_pack_mb))

@@ -49,6 +49,7 @@ import time
 from typing import Dict, List, Optional
 
 from benchmarks import common
+from benchmarks import harness
 from overlap_core.checkpoint import files as checkpoint_files
 from overlap_core.runtime import run_record
 
@@ -443,18 +444,23 @@ def soak_framework(framework: str, args, rng: random.Random) -> dict:
 def main():
   args = parse_args()
   rng = random.Random(args.seed)
-  load_before = os.getloadavg()
-  results = {}
-  for framework in args.frameworks:
+  def run_one(framework, _):
     common.log(f"{framework}: {args.kills} kills")
-    results[framework] = soak_framework(framework, args, rng)
+    return {"framework": framework,
+            "result": soak_framework(framework, args, rng)}
+
+  # One repeat: the soak counts lost checkpoints, it compares no times. The
+  # harness records the host's load beside the counts all the same, since a
+  # loaded host moves where the kills land.
+  record = harness.run_interleaved(list(args.frameworks), 1, run_one)
+  results = {r["framework"]: r["result"] for r in record["runs"]}
   payload = {
       "benchmark": NAME,
       "date": time.strftime("%Y-%m-%d %H:%M:%S"),
       "machine": common.describe_machine(),
       "command": common.command_line(),
-      "load_average_before": load_before,
-      "load_average_after": os.getloadavg(),
+      "load_average_before": record["host"]["load_average_before"],
+      "load_average_after": record["host"]["load_average_after"],
       "config": {"train_steps": args.train_steps,
                  "checkpoint_every": args.checkpoint_every,
                  "keep": [1, 3], "seed": args.seed, "kills": args.kills,
@@ -462,6 +468,7 @@ def main():
                                    for f in args.frameworks}},
       "frameworks": results,
   }
+  payload.update(harness.payload_fields({"all": record["host"]}))
   path = common.result_path(NAME, args)
   common.write_results(path, payload)
   rows = [[f, r["kills"], r["kills_by_trigger"]["persist"], r["corruptions"],

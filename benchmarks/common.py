@@ -171,31 +171,6 @@ def median(values: Sequence[float]) -> float:
   return statistics.median(values) if values else float("nan")
 
 
-def overhead_verdict(ratio_of_medians: float, per_repeat: Sequence[float], *,
-                     target_max_overhead_frac: float,
-                     max_spread_to_judge: float) -> str:
-  """met / missed for an overhead target, or unresolved when too noisy.
-
-  A target of a few percent cannot be judged from repeats whose time ratios
-  spread over tens of percent: the ratio of medians then moves by more than
-  the target with any one repeat.
-
-  Args:
-    ratio_of_medians: the side's time over the baseline's; above 1 is slower.
-    per_repeat: the same ratio within each repeat.
-    target_max_overhead_frac: e.g. 0.02 for "at most 2% slower".
-    max_spread_to_judge: the widest max - min of `per_repeat` still judged.
-  """
-  if len(per_repeat) < 3:
-    return f"unresolved: {len(per_repeat)} repeat(s), at least 3 needed"
-  spread = max(per_repeat) - min(per_repeat)
-  if spread > max_spread_to_judge:
-    return (f"unresolved: per-repeat ratios span {min(per_repeat):.2f}.."
-            f"{max(per_repeat):.2f}")
-  return ("met" if ratio_of_medians - 1.0 <= target_max_overhead_frac
-          else "missed")
-
-
 def cpu_model() -> str:
   try:
     with open("/proc/cpuinfo", encoding="utf-8") as f:

@@ -4,7 +4,7 @@
   python -m benchmarks.data_knobs --quick    # smoke run
 
 Two kinds of measurement, each variant interleaved with its rivals inside
-every repeat:
+every repeat (`benchmarks.harness`: the first variant rotates between repeats):
 
 Through the trainer (small_cnn, synthetic 16x16, batch 64, default strategy,
 custom loop; one process per run; the ledger's data-wait share):
@@ -51,9 +51,13 @@ import time
 import numpy as np
 
 from benchmarks import common
+from benchmarks import harness
 
 NAME = "data_knobs"
 DEFAULT_REPEATS = 2
+# The host load of each interleaved section, by label, for the results file:
+# the sections run one after another, each through `harness`.
+HOST_LOAD = {}
 TRAINER_FLAGS = ["--model=small_cnn", "--dataset=synthetic",
                  "--image_size=16", "--batch_size=64", "--strategy=default"]
 BATCH_SIZE = 64
@@ -106,21 +110,25 @@ def run_trainer_sections(steps: int, repeats: int, scratch: str) -> dict:
   cells = ([("device_resident", v, f, k) for v, (f, k) in
             RESIDENT_CELLS.items()] +
            [("prefetch_depth", v, f, k) for v, (f, k) in DEPTH_CELLS.items()])
-  runs = []
-  for repeat in range(repeats):
-    rotation = (repeat * 3) % len(cells)
-    for section, variant, flags, k in cells[rotation:] + cells[:rotation]:
-      cost_ms = k * compute_ms / BATCH_SIZE
-      result = common.run_trainer(
-          TRAINER_FLAGS + flags + [f"--preprocess_cost_ms={cost_ms:.6f}",
-                                   f"--train_steps={steps}"],
-          os.path.join(scratch, f"{variant}-{repeat}"))
-      common.log(f"trainer repeat {repeat + 1}/{repeats} {variant}: data_wait "
-                 f"{100 * result['data_wait']['fraction']:.1f}% "
-                 f"(p50 {result['data_wait']['p50_ms']:.3f} ms), "
-                 f"{result['samples_per_second']:.0f} samples/s")
-      runs.append({"section": section, "variant": variant, "repeat": repeat,
-                   "preprocess_cost_ms": cost_ms, "result": result})
+  by_variant = {cell[1]: cell for cell in cells}
+
+  def run_one(variant, repeat):
+    section, _, flags, k = by_variant[variant]
+    cost_ms = k * compute_ms / BATCH_SIZE
+    result = common.run_trainer(
+        TRAINER_FLAGS + flags + [f"--preprocess_cost_ms={cost_ms:.6f}",
+                                 f"--train_steps={steps}"],
+        os.path.join(scratch, f"{variant}-{repeat}"))
+    common.log(f"trainer repeat {repeat + 1}/{repeats} {variant}: data_wait "
+               f"{100 * result['data_wait']['fraction']:.1f}% "
+               f"(p50 {result['data_wait']['p50_ms']:.3f} ms), "
+               f"{result['samples_per_second']:.0f} samples/s")
+    return {"section": section, "variant": variant, "repeat": repeat,
+            "preprocess_cost_ms": cost_ms, "result": result}
+
+  record = harness.run_interleaved(list(by_variant), repeats, run_one)
+  HOST_LOAD["trainer"] = record["host"]
+  runs = record["runs"]
   sections = {}
   for section, variant, _, k in cells:
     results = [r["result"] for r in runs if r["variant"] == variant]
@@ -206,16 +214,18 @@ def interleave(variants: dict, repeats: int, measure, label: str) -> dict:
   Returns:
     {variant: [result per repeat]}, without the batches themselves.
   """
+  def run_one(name, repeat):
+    result = measure(variants[name])
+    result.pop("first_batch", None)
+    common.log(f"{label} repeat {repeat + 1}/{repeats} {name}: "
+               f"{result['ms_per_batch']:.2f} ms/batch")
+    return {"name": name, "result": result}
+
+  record = harness.run_interleaved(list(variants), repeats, run_one)
+  HOST_LOAD[label] = record["host"]
   results = {name: [] for name in variants}
-  names = list(variants)
-  for repeat in range(repeats):
-    rotation = repeat % len(names)
-    for name in names[rotation:] + names[:rotation]:
-      result = measure(variants[name])
-      result.pop("first_batch", None)
-      results[name].append(result)
-      common.log(f"{label} repeat {repeat + 1}/{repeats} {name}: "
-                 f"{result['ms_per_batch']:.2f} ms/batch")
+  for run in record["runs"]:  # in run order, so each list is by repeat
+    results[run["name"]].append(run["result"])
   return results
 
 
@@ -511,6 +521,7 @@ def main():
       "trainer_wall_s": trainer_wall_s,
       "total_wall_s": time.perf_counter() - start,
   }
+  payload.update(harness.payload_fields(HOST_LOAD))
   path = common.result_path(NAME, args)
   common.write_results(path, payload)
   print(format_report(trainer, pipeline))

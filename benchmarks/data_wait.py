@@ -19,8 +19,9 @@
      off        --prefetch=0
      autotune   --prefetch=autotune
      to_device  --prefetch=autotune --prefetch_to_device
-   Every repeat runs all twelve cells once, in a fresh shuffled order, each
-   in its own trainer process (custom loop: its ledger times the wait for
+   Every repeat runs all twelve cells once through `benchmarks.harness`
+   (the first cell rotating from repeat to repeat), each in its own
+   trainer process (custom loop: its ledger times the wait for
    the next batch separately from compute).
 
 Reported per cell, medians over repeats: the data-wait share of the step,
@@ -34,11 +35,11 @@ core and then trained.
 import argparse
 import json
 import os
-import random
 import tempfile
 import time
 
 from benchmarks import common
+from benchmarks import harness
 
 NAME = "data_wait"
 DEFAULT_REPEATS = 3
@@ -185,7 +186,10 @@ def summarize(runs: list, calibration: dict, delivered: dict,
       }
       if mode in PREFETCH_ON and k <= TARGET_MAX_COST_MULTIPLE:
         cell["target_max_data_wait_fraction"] = TARGET_MAX_DATA_WAIT_FRAC
-        cell["target_met"] = data_wait <= TARGET_MAX_DATA_WAIT_FRAC
+        cell["target"] = harness.judge(
+            harness.median_interval(cell["data_wait_fraction_all"]),
+            TARGET_MAX_DATA_WAIT_FRAC, harness.AT_MOST)
+        cell["target_verdict"] = cell["target"]["verdict"]
       cells.append(cell)
   return cells
 
@@ -196,8 +200,7 @@ def format_cells(cells: list) -> str:
              "serial 1 thread ms", "serial all cores ms", "target"]
   rows = []
   for c in cells:
-    target = ("-" if "target_met" not in c else
-              "met" if c["target_met"] else "MISSED")
+    target = c.get("target_verdict", "-")
     rows.append([c["k"], c["k_delivered"], c["preprocess_cost_ms"], c["mode"],
                  100 * c["data_wait_fraction"], c["data_wait_p50_ms"],
                  c["compute_p50_ms"], c["step_mean_ms"],
@@ -226,7 +229,6 @@ def main():
   machine = common.describe_machine()
   cores = os.cpu_count() or 1
   start = time.perf_counter()
-  runs = []
   with tempfile.TemporaryDirectory(prefix="tfo-bench-") as scratch:
     calibration = calibrate(args, steps, scratch)
     compute_ms = calibration["compute_ms"]
@@ -241,21 +243,23 @@ def main():
         f"{c}: {v['delivered_over_requested']:.2f}"
         for c, v in delivered["by_requested_ms"].items()))
     cells = [(k, mode) for k in COST_MULTIPLES for mode in MODES]
-    for repeat in range(repeats):
-      order = list(cells)
-      random.Random(repeat).shuffle(order)
-      for k, mode in order:
-        cost_ms = round(k * compute_ms / args.batch_size, 6)
-        flags = base_flags(args) + MODES[mode] + [
-            f"--preprocess_cost_ms={cost_ms:.6f}", f"--train_steps={steps}"]
-        result = common.run_trainer(
-            flags, os.path.join(scratch, f"k{k}-{mode}-{repeat}"))
-        result["preprocess_cost_ms"] = cost_ms
-        common.log(f"repeat {repeat + 1}/{repeats} k={k} {mode}: data_wait "
-                   f"{100 * result['data_wait']['fraction']:.1f}%, "
-                   f"{result['samples_per_second']:.0f} samples/s")
-        runs.append({"k": k, "mode": mode, "repeat": repeat,
-                     "flags": flags, "result": result})
+
+    def run_one(cell, repeat):
+      k, mode = cell
+      cost_ms = round(k * compute_ms / args.batch_size, 6)
+      flags = base_flags(args) + MODES[mode] + [
+          f"--preprocess_cost_ms={cost_ms:.6f}", f"--train_steps={steps}"]
+      result = common.run_trainer(
+          flags, os.path.join(scratch, f"k{k}-{mode}-{repeat}"))
+      result["preprocess_cost_ms"] = cost_ms
+      common.log(f"repeat {repeat + 1}/{repeats} k={k} {mode}: data_wait "
+                 f"{100 * result['data_wait']['fraction']:.1f}%, "
+                 f"{result['samples_per_second']:.0f} samples/s")
+      return {"k": k, "mode": mode, "repeat": repeat, "flags": flags,
+              "result": result}
+
+    record = harness.run_interleaved(cells, repeats, run_one)
+  runs = record["runs"]
   summary = summarize(runs, calibration, delivered, cores)
   payload = {
       "benchmark": NAME,
@@ -271,6 +275,7 @@ def main():
       "runs": runs,
       "total_wall_s": time.perf_counter() - start,
   }
+  payload.update(harness.payload_fields({"grid": record["host"]}))
   path = common.result_path(NAME, args)
   common.write_results(path, payload)
   print(f"C = {compute_ms:.2f} ms compute per step (resident batches), "

@@ -11,11 +11,12 @@ each in its own process. Both write the same run.json schema, so both sides
 are read the same way: samples_per_second over the steady-state steps, and
 each phase's p50, mean and fraction of the step.
 
-Each repeat runs every preset in both frameworks; which framework goes
-first alternates from repeat to repeat. Reported per preset: the median
-samples/s of each framework, the PyTorch/TensorFlow throughput ratio as the
-median of the per-repeat ratios (above 1: PyTorch is faster) with its
-range, and the per-phase medians side by side.
+Each repeat runs every preset in both frameworks, through
+`benchmarks.harness`: the (preset, framework) cell that goes first rotates
+from repeat to repeat. Reported per preset: the median samples/s of each
+framework, the PyTorch/TensorFlow throughput ratio as the median of the
+per-repeat ratios (above 1: PyTorch is faster) with its range and its
+interval, and the per-phase medians side by side.
 
 Any further --flag=value is passed to both trainers in every preset. On a
 host whose cores other processes are using too, PyTorch with its default
@@ -31,6 +32,7 @@ import tempfile
 import time
 
 from benchmarks import common
+from benchmarks import harness
 
 NAME = "framework_parity"
 DEFAULT_REPEATS = 3
@@ -90,11 +92,11 @@ def summarize(runs: list) -> dict:
         "foreign_cpu_s_all": [r.get("foreign_cpu_s") for r in results],
     }
   if len(summary["frameworks"]) == len(FRAMEWORKS):
-    tf_by_repeat = {r["repeat"]: r["result"]["samples_per_second"]
-                    for r in by_framework["tensorflow"]}
-    per_repeat = [r["result"]["samples_per_second"] / tf_by_repeat[r["repeat"]]
-                  for r in by_framework["pytorch"]
-                  if r["repeat"] in tf_by_repeat]
+    sps = harness.values_by_side(
+        runs, lambda r: r["result"]["samples_per_second"],
+        side_field="framework")
+    interval = harness.summarize_ratios(sps["pytorch"], sps["tensorflow"])
+    per_repeat = interval["per_repeat"]
     tf_entry = summary["frameworks"]["tensorflow"]
     torch_entry = summary["frameworks"]["pytorch"]
     summary["torch_over_tf_samples_per_second"] = {
@@ -103,6 +105,7 @@ def summarize(runs: list) -> dict:
         "median": common.median(per_repeat),
         "min": min(per_repeat),
         "max": max(per_repeat),
+        "interval": interval,
         "of_medians": (torch_entry["samples_per_second_median"] /
                        tf_entry["samples_per_second_median"]),
         "of_best_repeats": (torch_entry["samples_per_second_best"] /
@@ -121,8 +124,9 @@ def format_summary(configs: dict, summaries: dict) -> str:
         name,
         frameworks.get("tensorflow", {}).get("samples_per_second_median", "-"),
         frameworks.get("pytorch", {}).get("samples_per_second_median", "-"),
-        (f"{ratio['median']:.3f} [{ratio['min']:.3f}, {ratio['max']:.3f}]"
-         if ratio else "-"),
+        (f"{ratio['median']:.3f} [{ratio['min']:.3f}, {ratio['max']:.3f}]; "
+         + harness.format_interval(ratio["interval"])
+         if ratio and "interval" in ratio else "-"),
     ])
     for phase in PHASES:
       row = [name, phase]
@@ -134,7 +138,7 @@ def format_summary(configs: dict, summaries: dict) -> str:
       phase_rows.append(row)
   throughput = common.format_table(
       ["config", "TF samples/s", "torch samples/s",
-       "torch/TF per-repeat median [min, max]"], throughput_rows)
+       "torch/TF per-repeat median [min, max]; [interval]"], throughput_rows)
   phases = common.format_table(
       ["config", "phase", "TF p50 ms", "TF mean ms", "TF share",
        "torch p50 ms", "torch mean ms", "torch share"], phase_rows)
@@ -162,24 +166,27 @@ def main():
   configs = build_configs(args, passthrough)
   machine = common.describe_machine()
   start = time.perf_counter()
-  runs = []
   with tempfile.TemporaryDirectory(prefix="tfo-bench-") as scratch_root:
+
+    def run_one(cell, repeat):
+      config_name, framework = cell
+      config = configs[config_name]
+      model_dir = os.path.join(scratch_root,
+                               f"{config_name}-{framework}-{repeat}")
+      result = common.run_trainer(
+          [*config["flags"], f"--train_steps={config['train_steps']}"],
+          model_dir, module=common.TRAINER_MODULES[framework])
+      common.log(f"repeat {repeat + 1}/{repeats} {config_name} "
+                 f"{framework}: {result['samples_per_second']:.1f} samples/s")
+      return {"config": config_name, "framework": framework,
+              "repeat": repeat, "result": result}
+
     # Repeats outermost: a slow stretch of the machine then hits every
     # preset and framework of one repeat, not all repeats of one of them.
-    for repeat in range(repeats):
-      for config_name, config in configs.items():
-        order = FRAMEWORKS if repeat % 2 == 0 else FRAMEWORKS[::-1]
-        for framework in order:
-          model_dir = os.path.join(scratch_root,
-                                   f"{config_name}-{framework}-{repeat}")
-          result = common.run_trainer(
-              [*config["flags"], f"--train_steps={config['train_steps']}"],
-              model_dir, module=common.TRAINER_MODULES[framework])
-          common.log(f"repeat {repeat + 1}/{repeats} {config_name} "
-                     f"{framework}: {result['samples_per_second']:.1f} "
-                     "samples/s")
-          runs.append({"config": config_name, "framework": framework,
-                       "repeat": repeat, "result": result})
+    cells = [(name, framework) for name in configs
+             for framework in FRAMEWORKS]
+    record = harness.run_interleaved(cells, repeats, run_one)
+  runs = record["runs"]
   summaries = {
       name: summarize([r for r in runs if r["config"] == name])
       for name in configs
@@ -197,6 +204,7 @@ def main():
       "runs": runs,
       "total_wall_s": time.perf_counter() - start,
   }
+  payload.update(harness.payload_fields({"all": record["host"]}))
   path = common.result_path(NAME, args)
   common.write_results(path, payload)
   print(format_summary(configs, summaries))

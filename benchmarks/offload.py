@@ -31,7 +31,8 @@ It runs in one process, the offload hooks applied exactly as the trainer's
 `parallelize` applies them (`torch_parity.offload.apply_offload`), on
 resident synthetic batches, so the table holds the offload's cost and no
 input pipeline. Repeats are interleaved: every variant of every model runs
-once per repeat, in an order that rotates between repeats. On the CPU the
+once per repeat, through `benchmarks.harness` (the first one rotating
+between repeats; ratios to the baseline with their interval). On the CPU the
 copies are CPU to CPU: the smoke run checks that every row runs, its
 numbers say nothing about a GPU; pinned rows are skipped there (pinning
 needs CUDA) and the batch search too (there is no device memory to run
@@ -48,6 +49,7 @@ import torch
 from torch import nn
 
 from benchmarks import common
+from benchmarks import harness
 from overlap_core.runtime.config import OffloadConfig
 from torch_parity import models, offload
 
@@ -304,13 +306,21 @@ def main():
     machine["gpu"] = torch.cuda.get_device_name(device)
   runs = {n: {v: [] for v in variants} for n in names}
   order = [(n, v) for n in names for v in variants]
-  for repeat in range(settings["repeats"]):
-    shift = repeat % len(order)
-    for name, variant in order[shift:] + order[:shift]:
-      common.log(f"repeat {repeat + 1}: {name} {variant}")
-      runs[name][variant].append(
-          run_variant(name, variant, settings, device, targets))
+  def run_one(cell, repeat):
+    name, variant = cell
+    common.log(f"repeat {repeat + 1}: {name} {variant}")
+    return {"name": name, "variant": variant, "repeat": repeat,
+            "result": run_variant(name, variant, settings, device, targets)}
+
+  record = harness.run_interleaved(order, settings["repeats"], run_one)
+  for run in record["runs"]:  # in run order, so each list is by repeat
+    runs[run["name"]][run["variant"]].append(run["result"])
   results = {n: {v: summarize(runs[n][v]) for v in variants} for n in names}
+  for name in names:
+    base = results[name]["baseline"]["total_s_per_repeat"]
+    for stats in results[name].values():
+      stats["ratio_to_baseline"] = harness.summarize_ratios(
+          stats["total_s_per_repeat"], base)
   batches = {}
   if device_name == "cuda" and settings["max_batch"]:
     for name in names:
@@ -335,6 +345,7 @@ def main():
       "results": results, "largest_batch": batches, "runs": runs,
       "load_average_at_end": list(os.getloadavg()),
   }
+  payload.update(harness.payload_fields({"all": record["host"]}))
   path = common.result_path(f"{NAME}_{device_name}", args)
   common.write_results(path, payload)
   print(_table(results))

@@ -19,12 +19,13 @@ ratio of medians of the steady-state step time: each run's median step
 (p50), its median over repeats per side, trainer over plain. Above 1 the
 trainer is slower; the target is at most 1.02. The same ratio from the mean
 step (samples/s) is reported beside it, with the per-repeat ratios, their
-range and the ratio of each side's fastest repeat. As in trainer_overhead,
-the target is judged only when the per-repeat ratios agree to within 8%.
+range and the ratio of each side's fastest repeat. The verdict comes from
+`benchmarks.harness`: the interval of the median per-repeat p50 ratio
+against 1.02 (met, missed, or noisy when it crosses).
 
-Each repeat runs both sides of every preset; which side goes first
-alternates from repeat to repeat. Any further --flag=value goes to both
-sides.
+Each repeat runs both sides of every preset, through `harness`: the
+(preset, side) cell that goes first rotates from repeat to repeat. Any
+further --flag=value goes to both sides.
 """
 
 import argparse
@@ -34,10 +35,10 @@ import tempfile
 import time
 
 from benchmarks import common
+from benchmarks import harness
 
 NAME = "torch_trainer_overhead"
 TARGET_MAX_OVERHEAD_FRAC = 0.02
-MAX_SPREAD_TO_JUDGE = 4 * TARGET_MAX_OVERHEAD_FRAC
 DEFAULT_REPEATS = 3
 SIDES = ("plain_loop", "torch_parity")
 
@@ -102,16 +103,16 @@ def summarize(runs: list) -> dict:
         "foreign_cpu_s_all": [r["result"].get("foreign_cpu_s")
                               for r in side_runs],
     }
-  plain = {r["repeat"]: step_ms(r["result"]) for r in by_side["plain_loop"]}
-  trainer = {r["repeat"]: step_ms(r["result"])
-             for r in by_side["torch_parity"]}
-  repeats = sorted(set(plain) & set(trainer))
   plain_entry = summary["sides"]["plain_loop"]
   trainer_entry = summary["sides"]["torch_parity"]
   ratios = {}
   for stat in ("p50", "mean"):
     # > 1: the trainer takes longer per step than the plain loop.
-    per_repeat = [trainer[k][stat] / plain[k][stat] for k in repeats]
+    times = harness.values_by_side(
+        runs, lambda r, s=stat: step_ms(r["result"])[s])
+    interval = harness.summarize_ratios(times["torch_parity"],
+                                        times["plain_loop"])
+    per_repeat = interval["per_repeat"]
     of_medians = (trainer_entry[f"step_{stat}_ms_median"] /
                   plain_entry[f"step_{stat}_ms_median"])
     ratios[stat] = {
@@ -120,19 +121,19 @@ def summarize(runs: list) -> dict:
         "per_repeat_median": common.median(per_repeat),
         "per_repeat_min": min(per_repeat),
         "per_repeat_max": max(per_repeat),
+        "per_repeat_interval": interval,
     }
   ratios["p50"]["time_ratio_of_best_repeats"] = (
       trainer_entry["step_p50_ms_best"] / plain_entry["step_p50_ms_best"])
   summary["time_ratio"] = ratios
-  judged = ratios["p50"]
+  judged = harness.judge(ratios["p50"]["per_repeat_interval"],
+                         1.0 + TARGET_MAX_OVERHEAD_FRAC, harness.AT_MOST)
   summary["target"] = {
       "max_overhead_frac": TARGET_MAX_OVERHEAD_FRAC,
-      "on": "ratio of medians of the steady-state step p50",
-      "overhead_frac": judged["time_ratio_of_medians"] - 1.0,
-      "verdict": common.overhead_verdict(
-          judged["time_ratio_of_medians"], judged["per_repeat"],
-          target_max_overhead_frac=TARGET_MAX_OVERHEAD_FRAC,
-          max_spread_to_judge=MAX_SPREAD_TO_JUDGE),
+      "on": "median of the per-repeat ratios of the steady-state step p50",
+      "overhead_frac": judged["median"] - 1.0,
+      "judged": judged,
+      "verdict": judged["verdict"],
   }
   return summary
 
@@ -147,13 +148,12 @@ def format_summary(configs: dict, summaries: dict) -> str:
     rows.append([
         name, plain["step_p50_ms_median"], trainer["step_p50_ms_median"],
         p50["time_ratio_of_medians"],
-        f"{p50['per_repeat_median']:.3f} [{p50['per_repeat_min']:.3f}, "
-        f"{p50['per_repeat_max']:.3f}]",
+        harness.format_interval(p50["per_repeat_interval"]),
         p50["time_ratio_of_best_repeats"], mean["time_ratio_of_medians"],
         summary["target"]["verdict"]])
   return common.format_table(
       ["config", "plain p50 ms", "trainer p50 ms", "p50 ratio of medians",
-       "per-repeat median [min, max]", "best-of-repeats", "mean ratio",
+       "per-repeat median [interval]", "best-of-repeats", "mean ratio",
        "target <= 1.02"], rows)
 
 
@@ -178,23 +178,27 @@ def main():
   configs = build_configs(args, passthrough)
   machine = common.describe_machine()
   start = time.perf_counter()
-  runs = []
   with tempfile.TemporaryDirectory(prefix="tfo-bench-") as scratch_root:
-    for repeat in range(repeats):
-      for config_name, config in configs.items():
-        order = SIDES if repeat % 2 == 0 else SIDES[::-1]
-        for side in order:
-          scratch = os.path.join(scratch_root,
-                                 f"{config_name}-{side}-{repeat}")
-          os.makedirs(scratch)
-          result = run_side(
-              side, [*config["flags"],
-                     f"--train_steps={config['train_steps']}"], scratch)
-          common.log(f"repeat {repeat + 1}/{repeats} {config_name} {side}: "
-                     f"step p50 {result['step']['p50_ms']:.2f} ms, "
-                     f"{result['samples_per_second']:.1f} samples/s")
-          runs.append({"config": config_name, "side": side, "repeat": repeat,
-                       "result": result})
+
+    def run_one(cell, repeat):
+      config_name, side = cell
+      config = configs[config_name]
+      scratch = os.path.join(scratch_root, f"{config_name}-{side}-{repeat}")
+      os.makedirs(scratch)
+      result = run_side(
+          side, [*config["flags"], f"--train_steps={config['train_steps']}"],
+          scratch)
+      common.log(f"repeat {repeat + 1}/{repeats} {config_name} {side}: "
+                 f"step p50 {result['step']['p50_ms']:.2f} ms, "
+                 f"{result['samples_per_second']:.1f} samples/s")
+      return {"config": config_name, "side": side, "repeat": repeat,
+              "result": result}
+
+    # Every preset's sides in one rotation, so that one repeat covers all
+    # cells within minutes of each other.
+    cells = [(name, side) for name in configs for side in SIDES]
+    record = harness.run_interleaved(cells, repeats, run_one)
+  runs = record["runs"]
   summaries = {
       name: summarize([r for r in runs if r["config"] == name])
       for name in configs
@@ -211,6 +215,7 @@ def main():
       "runs": runs,
       "total_wall_s": time.perf_counter() - start,
   }
+  payload.update(harness.payload_fields({"all": record["host"]}))
   path = common.result_path(NAME, args)
   common.write_results(path, payload)
   print(format_summary(configs, summaries))

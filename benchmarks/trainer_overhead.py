@@ -18,9 +18,9 @@ repeat so no side always follows the same neighbour. Reported: the median
 throughput per side, the overhead as the ratio of medians (plain / side - 1:
 the extra time per step), the median and range of the per-repeat ratios,
 and the ratio of each side's best repeat (interference only slows runs, so
-the fastest repeat is the least disturbed). The 2% target is judged only
-when the per-repeat ratios agree to within 8%; otherwise the verdict says
-the noise left it unresolved.
+the fastest repeat is the least disturbed). The 2% target is judged by
+`benchmarks.harness`: met or missed only when the interval of the median
+per-repeat ratio lies wholly on one side of 1.02, noisy otherwise.
 
 With --model (and the other model/data flags) one custom configuration runs
 instead of the presets; any further --flag=value is passed to both the
@@ -44,12 +44,11 @@ import tempfile
 import time
 
 from benchmarks import common
+from benchmarks import harness
 
 NAME = "trainer_overhead"
 TARGET_MAX_OVERHEAD_FRAC = 0.02
 DEFAULT_REPEATS = 5
-# Per-repeat time ratios spreading wider than this make a 2% verdict noise.
-MAX_SPREAD_TO_JUDGE = 4 * TARGET_MAX_OVERHEAD_FRAC
 SIDES = ("plain_fit", "tfoverlap_ctl", "tfoverlap_fit")
 
 # Steps are chosen so each run's steady state lasts about ten seconds here
@@ -162,14 +161,6 @@ def run_side(side: str, flags: list, train_steps: int, scratch: str,
                             os.path.join(scratch, "model_dir"))
 
 
-def verdict(ratio_of_medians: float, per_repeat: list) -> str:
-  """met / missed, or unresolved when repeats disagree far beyond the target."""
-  return common.overhead_verdict(
-      ratio_of_medians, per_repeat,
-      target_max_overhead_frac=TARGET_MAX_OVERHEAD_FRAC,
-      max_spread_to_judge=MAX_SPREAD_TO_JUDGE)
-
-
 def summarize(runs: list, sides: list) -> dict:
   by_side = {s: [r for r in runs if r["side"] == s] for s in sides}
   summary = {"sides": {}}
@@ -190,15 +181,18 @@ def summarize(runs: list, sides: list) -> dict:
     summary["sides"][side] = entry
   if "plain_fit" not in by_side:
     return summary
-  plain_by_repeat = {r["repeat"]: r["result"]["samples_per_second"]
-                     for r in by_side["plain_fit"]}
+  sps_by_side = harness.values_by_side(
+      runs, lambda r: r["result"]["samples_per_second"])
   plain_median = summary["sides"]["plain_fit"]["samples_per_second_median"]
   for side in sides:
     if side == "plain_fit":
       continue
-    per_repeat = [plain_by_repeat[r["repeat"]] /
-                  r["result"]["samples_per_second"]
-                  for r in by_side[side] if r["repeat"] in plain_by_repeat]
+    # Time per step is 1 / throughput, so side time over plain time is
+    # plain throughput over side throughput, within each repeat.
+    judged = harness.judge(
+        harness.summarize_ratios(sps_by_side["plain_fit"], sps_by_side[side]),
+        1.0 + TARGET_MAX_OVERHEAD_FRAC, harness.AT_MOST)
+    per_repeat = judged["per_repeat"]
     ratio_of_medians = (plain_median /
                         summary["sides"][side]["samples_per_second_median"])
     # Interference on a shared host only ever slows a run down, so the
@@ -216,24 +210,23 @@ def summarize(runs: list, sides: list) -> dict:
         "per_repeat_time_ratio_min": min(per_repeat),
         "per_repeat_time_ratio_max": max(per_repeat),
         "target_max_overhead_frac": TARGET_MAX_OVERHEAD_FRAC,
-        "target_met": ratio_of_medians - 1.0 <= TARGET_MAX_OVERHEAD_FRAC,
-        "target_verdict": verdict(ratio_of_medians, per_repeat),
+        "per_repeat_time_ratio_interval": judged,
+        "target_verdict": judged["verdict"],
     })
   return summary
 
 
 def format_summary(configs: dict, summaries: dict) -> str:
   headers = ["config", "side", "samples/s (median)", "time ratio vs plain",
-             "per-repeat ratio median [min, max]", "best-of-repeats ratio",
+             "per-repeat ratio: median [interval]", "best-of-repeats ratio",
              "target <= 1.02"]
   rows = []
   for name in configs:
     for side, entry in summaries[name]["sides"].items():
       if "time_ratio_vs_plain" in entry:
         ratio = entry["time_ratio_vs_plain"]
-        spread = (f"{entry['per_repeat_time_ratio_median']:.3f} "
-                  f"[{entry['per_repeat_time_ratio_min']:.3f}, "
-                  f"{entry['per_repeat_time_ratio_max']:.3f}]")
+        spread = harness.format_interval(
+            entry["per_repeat_time_ratio_interval"])
         best = entry["time_ratio_vs_plain_best_of_repeats"]
         met = entry["target_verdict"]
       else:
@@ -266,22 +259,23 @@ def main():
   name = NAME if not args.model else f"{NAME}_{args.model}"
   machine = common.describe_machine()
   start = time.perf_counter()
-  runs = []
+  runs, hosts = [], {}
   with tempfile.TemporaryDirectory(prefix="tfo-bench-") as scratch_root:
     for config_name, config in configs.items():
-      sides = config["sides"]
-      for repeat in range(repeats):
-        rotation = repeat % len(sides)
-        for side in sides[rotation:] + sides[:rotation]:
-          scratch = os.path.join(scratch_root,
-                                 f"{config_name}-{side}-{repeat}")
-          os.makedirs(scratch)
-          result = run_side(side, config["flags"], config["train_steps"],
-                            scratch, args.plain_jit_compile)
-          common.log(f"{config_name} repeat {repeat + 1}/{repeats} {side}: "
-                     f"{result['samples_per_second']:.1f} samples/s")
-          runs.append({"config": config_name, "side": side, "repeat": repeat,
-                       "result": result})
+
+      def run_one(side, repeat, config_name=config_name, config=config):
+        scratch = os.path.join(scratch_root, f"{config_name}-{side}-{repeat}")
+        os.makedirs(scratch)
+        result = run_side(side, config["flags"], config["train_steps"],
+                          scratch, args.plain_jit_compile)
+        common.log(f"{config_name} repeat {repeat + 1}/{repeats} {side}: "
+                   f"{result['samples_per_second']:.1f} samples/s")
+        return {"config": config_name, "side": side, "repeat": repeat,
+                "result": result}
+
+      record = harness.run_interleaved(config["sides"], repeats, run_one)
+      runs.extend(record["runs"])
+      hosts[config_name] = record["host"]
   summaries = {
       config_name: summarize([r for r in runs if r["config"] == config_name],
                              config["sides"])
@@ -300,6 +294,7 @@ def main():
       "runs": runs,
       "total_wall_s": time.perf_counter() - start,
   }
+  payload.update(harness.payload_fields(hosts))
   path = common.result_path(name, args)
   common.write_results(path, payload)
   print(format_summary(configs, summaries))

@@ -45,12 +45,17 @@ TOOLS_DIR = "tools"
 # Directories that hold Python but are deliberately not built, and why.
 NOT_BUILT = {
     "benchmarks": "run on demand with `python -m benchmarks.<name>`; they "
-                  "write results into benchmarks/results/ of the checkout, "
-                  "which a Bazel test never sees",
+                  "write results into benchmarks/results/ of the checkout. "
+                  "The tests read them as data (//:benchmark_files): the "
+                  "harness's arithmetic, and BENCHMARKS.md against them",
 }
-# Top-level files the tests read: packaging metadata and pytest's settings.
-TOP_LEVEL_FILES = ("MANIFEST.in", "README.md", "pyproject.toml", "pytest.ini",
-                   "setup.py")
+# What the benchmark tests read, as a glob, so that a new results file or
+# script needs no BUILD change.
+BENCHMARK_FILES_GLOB = ("benchmarks/**/*.py", "benchmarks/results/*.json")
+# Top-level files the tests read: packaging metadata, pytest's settings,
+# and BENCHMARKS.md, which the renderer test compares with the results.
+TOP_LEVEL_FILES = ("BENCHMARKS.md", "MANIFEST.in", "README.md", "pyproject.toml",
+                   "pytest.ini", "setup.py")
 # Plain pytest runs the test files itself; Bazel runs this file, which hands
 # one test file to pytest.
 PYTEST_MAIN = "pytest_main.py"
@@ -260,7 +265,8 @@ def _tests_build(root: str, libraries: Sequence[str]) -> str:
   tools = {name[:-3] for name in python_files(root, TOOLS_DIR)
            if os.sep not in name}
   rules = [_rule(
-      "py_library", "test_support", srcs=support, data=["//:top_level_files"],
+      "py_library", "test_support", srcs=support,
+      data=["//:benchmark_files", "//:top_level_files"],
       # Every test may run any entry point as a subprocess (`python -m
       # tfoverlap.train`), which no import shows, so each sees every library.
       deps=[_library_label(lib) for lib in libraries])]
@@ -281,7 +287,13 @@ def _tests_build(root: str, libraries: Sequence[str]) -> str:
 
 def _top_build(root: str) -> str:
   files = [f for f in TOP_LEVEL_FILES if os.path.exists(os.path.join(root, f))]
-  return HEADER + "\n" + _rule(
+  visibility = _list_attr("visibility", [f"//{TESTS_DIR}:__pkg__"])
+  patterns = ", ".join(f'"{p}"' for p in BENCHMARK_FILES_GLOB)
+  # benchmarks/ has no BUILD file of its own (NOT_BUILT), so the top
+  # package may glob into it.
+  benchmark_files = (f'filegroup(\n    name = "benchmark_files",\n'
+                     f"    srcs = glob([{patterns}]),\n{visibility})\n")
+  return HEADER + "\n" + benchmark_files + "\n" + _rule(
       "filegroup", "top_level_files", srcs=files,
       visibility=[f"//{TESTS_DIR}:__pkg__"])
 

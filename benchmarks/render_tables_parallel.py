@@ -1,0 +1,165 @@
+"""BENCHMARKS.md tables of sections 6-9: frameworks, all-reduce, offload.
+
+Registered into `render_tables.TABLES` on import, like the tables there.
+"""
+
+from typing import List, Sequence
+
+from benchmarks import harness
+from benchmarks.render_tables import DASH, f3, g, interval, judged, load
+from benchmarks.render_tables import markdown, pct, table
+
+# The runs of each framework_parity file and how the document names them:
+# labels, not measurements.
+PARITY_RUNS = (("framework_parity_rerun", "rerun, quiet", "default"),
+               ("framework_parity", "first, shared", "default"),
+               ("framework_parity_one_thread", "one thread, shared",
+                "1 intra-op, 1 inter-op"))
+PHASES = ("data_wait", "compute", "other", "step")
+
+
+def _range(stats: dict) -> str:
+  """median [min, max] of per-repeat ratios: with 3 repeats no interval at
+  the harness's confidence exists, so the range is shown as what it is."""
+  if not stats or not stats.get("per_repeat"):
+    return DASH
+  values = stats["per_repeat"]
+  return (f"{f3(harness.median_interval(values)['median'])} "
+          f"[{f3(min(values))}, {f3(max(values))}]")
+
+
+# ---- 6. framework_parity -----------------------------------------------
+
+
+@table("framework_parity")
+def framework_parity() -> str:
+  rows = []
+  for name, label, threads in PARITY_RUNS:
+    for preset, s in load(name)["summary"].items():
+      fw = s["frameworks"]
+      rows.append([label, threads, f"`{preset}`",
+                   g(fw["tensorflow"]["samples_per_second_median"]),
+                   g(fw["pytorch"]["samples_per_second_median"]),
+                   f"**{_range(s['torch_over_tf_samples_per_second'])}**"])
+  return markdown(["run", "threads", "preset", "TensorFlow samples/s",
+                   "PyTorch samples/s",
+                   "PyTorch / TensorFlow, per-repeat median [min, max]"],
+                  rows)
+
+
+@table("framework_parity_phases")
+def framework_parity_phases() -> str:
+  rows = []
+  for preset, s in load(PARITY_RUNS[0][0])["summary"].items():
+    for phase in PHASES:
+      row = [f"`{preset}`", phase]
+      for framework in ("tensorflow", "pytorch"):
+        stats = s["frameworks"][framework]["phases"][phase]
+        row += [g(stats["p50_ms"]), g(stats["mean_ms"]),
+                f"{pct(stats['fraction'])}%"]
+      rows.append(row)
+  return markdown(["preset", "phase", "TF p50 ms", "TF mean ms", "TF share",
+                   "PyTorch p50 ms", "PyTorch mean ms", "PyTorch share"], rows)
+
+
+@table("framework_parity_other_runs")
+def framework_parity_other_runs() -> str:
+  rows = []
+  for name, label, _ in PARITY_RUNS[1:]:
+    for preset, s in load(name)["summary"].items():
+      fw = s["frameworks"]
+      rows.append([label, f"`{preset}`"] + [
+          f"{g(fw['tensorflow']['phases'][p]['p50_ms'])} / "
+          f"{g(fw['pytorch']['phases'][p]['p50_ms'])}" for p in PHASES])
+  return markdown(["run", "preset", *PHASES], rows)
+
+
+# ---- 7. torch_trainer_overhead ---------------------------------------------
+
+
+@table("torch_trainer_overhead")
+def torch_trainer_overhead() -> str:
+  rows = []
+  for name, label in (("torch_trainer_overhead_r5", "5 repeats, quiet"),
+                      ("torch_trainer_overhead", "3 repeats, shared")):
+    for preset, s in load(name)["summary"].items():
+      p50, mean = s["time_ratio"]["p50"], s["time_ratio"]["mean"]
+      target = 1.0 + s["target"]["max_overhead_frac"]
+      rows.append([
+          label, f"`{preset}`",
+          g(s["sides"]["plain_loop"]["step_p50_ms_median"]),
+          g(s["sides"]["torch_parity"]["step_p50_ms_median"]),
+          f3(p50["time_ratio_of_medians"]), interval(p50["per_repeat"]),
+          f3(p50["time_ratio_of_best_repeats"]),
+          f3(mean["time_ratio_of_medians"]),
+          judged(p50["per_repeat"], target)])
+  return markdown(
+      ["run", "preset", "plain step p50 ms", "trainer step p50 ms",
+       "time ratio of medians (p50)",
+       "per-repeat ratio: median [interval] (coverage)",
+       "best-of-repeats ratio", "time ratio of medians (mean step)",
+       "target ≤ 1.02"], rows)
+
+
+# ---- 8. all_reduce_pack -------------------------------------------------
+
+
+def _all_reduce(name: str) -> str:
+  data = load(name)
+  reference = f"{data['reference_pack_mb']:g}"
+  rows: List[Sequence[str]] = []
+  for side, by_pack in data["summary"].items():
+    # Results files keep keys sorted as text ("1", "100", "25").
+    for pack, e in sorted(by_pack.items(), key=lambda kv: float(kv[0])):
+      rows.append([
+          {"ddp": "DDP", "horovod": "Horovod", "mwms": "MWMS"}.get(side, side),
+          pack, g(e["samples_per_second_median"]),
+          g(e["step_p50_ms_median"]),
+          "1" if pack == reference else _range(e["vs_reference_pack"]),
+          _range(e.get("vs_ddp_same_pack")) if side != "ddp" else DASH])
+  return markdown(["side", "X (MB)", "samples/s", "step p50 ms",
+                   f"vs {reference} MB, same side", "vs DDP, same X"], rows)
+
+
+@table("all_reduce_pack_rerun")
+def all_reduce_pack_rerun() -> str:
+  return _all_reduce("all_reduce_pack_rerun")
+
+
+@table("all_reduce_pack")
+def all_reduce_pack() -> str:
+  return _all_reduce("all_reduce_pack")
+
+
+# ---- 9. offload -------------------------------------------------------------
+
+
+def _copy(stats: dict) -> str:
+  if not stats or stats.get("median") is None:
+    return DASH
+  return f"{stats['median']:.3f} ({stats['max']:.3f})"
+
+
+@table("offload_h200")
+def offload_h200() -> str:
+  rows = []
+  for model, variants in load("offload_h200_quick_r3")["results"].items():
+    base = variants["baseline"]["total_s_per_repeat"]
+    for variant, s in variants.items():
+      ratios = harness.paired_ratios(s["total_s_per_repeat"], base)
+      host = s.get("to_host")
+      rows.append([
+          model, variant,
+          f"{harness.median_interval(ratios)['median']:.2f} "
+          f"({min(ratios):.2f}–{max(ratios):.2f})",
+          f"{s['peak_device_mb']:.0f}",
+          f"{host['mb_per_step']:.0f}" if host else DASH, _copy(host),
+          _copy(s.get("to_device")),
+          str(s["prefetched_tensors"]) if host else DASH])
+  return markdown(
+      ["model", "variant",
+       "step time ratio to baseline, median (min–max of paired repeats)",
+       "peak GPU MB", "MB to host / step",
+       "one copy to host, median over repeats ms (max)",
+       "one copy to device, median over repeats ms (max)",
+       "tensors prefetched"], rows)

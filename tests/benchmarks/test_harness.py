@@ -1,0 +1,183 @@
+"""The benchmark harness's arithmetic, on synthetic numbers (no timing)."""
+
+import pytest
+
+from benchmarks import harness
+
+
+def test_each_repeat_starts_at_the_next_side():
+  orders = [harness.interleaved_order(["a", "b", "c"], r) for r in range(4)]
+  assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"],
+                    ["a", "b", "c"]]
+
+
+def test_over_as_many_repeats_as_sides_every_side_takes_every_position():
+  sides = [("k0", "off"), ("k0", "on"), ("k1", "off"), ("k1", "on")]
+  orders = [harness.interleaved_order(sides, r) for r in range(len(sides))]
+  for position in range(len(sides)):
+    assert sorted(o[position] for o in orders) == sorted(sides)
+
+
+@pytest.mark.parametrize("sides,repeat,message", [
+    ([], 0, "at least one"), (["a", "a"], 0, "twice"), (["a"], -1, ">= 0")])
+def test_bad_interleaving_arguments_say_what_is_wrong(sides, repeat, message):
+  with pytest.raises(ValueError, match=message):
+    harness.interleaved_order(sides, repeat)
+
+
+def test_run_interleaved_runs_abab_and_records_the_host():
+  calls = []
+
+  def run_side(side, repeat):
+    calls.append((side, repeat))
+    return {"side": side, "repeat": repeat, "value": len(calls)}
+
+  record = harness.run_interleaved(["a", "b"], 3, run_side, warn=lambda _: 0)
+  assert calls == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2),
+                   ("b", 2)]
+  assert record["order"] == [["a", "b"], ["b", "a"], ["a", "b"]]
+  assert [r["value"] for r in record["runs"]] == [1, 2, 3, 4, 5, 6]
+  host = record["host"]
+  assert len(host["host_by_repeat"]) == 3
+  assert host["num_cores"] >= 1
+  assert isinstance(host["busy"], bool)
+  assert harness.values_by_side(record["runs"], "value") == {
+      "a": [1, 4, 5], "b": [2, 3, 6]}
+
+
+def test_run_interleaved_refuses_zero_repeats():
+  with pytest.raises(ValueError, match="repeats: got 0"):
+    harness.run_interleaved(["a"], 0, lambda side, repeat: {})
+
+
+def _snapshot(load, host_cpu_s, self_cpu_s, at_s):
+  return {"load_average": [load, load, load], "host_busy_cpu_s": host_cpu_s,
+          "self_tree_cpu_s": self_cpu_s, "monotonic_s": at_s}
+
+
+def test_foreign_cpu_is_host_cpu_minus_this_process_tree():
+  # 100 s on 2 cores; the host was busy 130 s, 100 of them ours: 30 s is
+  # other processes', 15% of the capacity, above the 10% line.
+  load = harness.host_load(_snapshot(0.2, 1000.0, 50.0, 0.0),
+                           _snapshot(1.9, 1130.0, 150.0, 100.0), num_cores=2)
+  assert load["foreign_cpu_s"] == pytest.approx(30.0)
+  assert load["foreign_cpu_frac"] == pytest.approx(0.15)
+  assert load["busy"] and "other processes used 30.0 s" in load["warnings"][0]
+  assert load["load_average_before"][0] == 0.2
+  assert load["load_average_after"][0] == 1.9
+
+
+def test_a_quiet_host_is_not_busy_and_a_loaded_one_is():
+  quiet = harness.host_load(_snapshot(0.9, 0.0, 0.0, 0.0),
+                            _snapshot(0.9, 101.0, 100.0, 100.0), num_cores=2)
+  assert not quiet["busy"] and quiet["warnings"] == []
+  loaded = harness.host_load(_snapshot(7.4, 0.0, 0.0, 0.0),
+                             _snapshot(7.4, 100.0, 100.0, 100.0), num_cores=2)
+  assert loaded["busy"]
+  assert "load average 7.40" in loaded["warnings"][0]
+
+
+def test_foreign_cpu_is_unknown_without_proc_stat():
+  load = harness.host_load(_snapshot(0.0, None, 0.0, 0.0),
+                           _snapshot(0.0, None, 5.0, 10.0), num_cores=2)
+  assert load["foreign_cpu_s"] is None and not load["busy"]
+
+
+def test_five_repeats_give_the_range_at_93_75_percent():
+  summary = harness.median_interval([1.05, 0.97, 1.01, 1.00, 0.99])
+  assert summary["median"] == 1.00
+  assert (summary["low"], summary["high"]) == (0.97, 1.05)
+  # 1 - 2 * 0.5**5: the range misses the median only if all 5 fall on one
+  # side of it.
+  assert summary["confidence"] == pytest.approx(0.9375)
+
+
+def test_nine_repeats_drop_one_value_at_each_end():
+  values = [9, 1, 8, 2, 7, 3, 6, 4, 5]
+  summary = harness.median_interval(values, confidence=0.90)
+  # k = 2: coverage 1 - 2 * (1 + 9) / 512 = 0.9609 >= 0.90; k = 3 gives
+  # 1 - 2 * 46 / 512 = 0.820, too little.
+  assert (summary["low"], summary["high"]) == (2, 8)
+  assert summary["confidence"] == pytest.approx(1 - 20 / 512)
+  assert summary["median"] == 5
+
+
+def test_an_even_count_takes_the_middle_pair_for_the_median():
+  assert harness.median_interval([1, 2, 3, 10])["median"] == 2.5
+
+
+def test_three_repeats_have_no_interval_at_90_percent():
+  summary = harness.median_interval([1.0, 1.01, 1.02])
+  assert summary["low"] is None and summary["high"] is None
+  assert harness.verdict(summary, 1.5) == harness.NOISY
+
+
+@pytest.mark.parametrize("values,confidence,message", [
+    ([], 0.9, "at least one"), ([1.0, float("nan")], 0.9, "NaN"),
+    ([1.0], 1.0, "0 < c < 1")])
+def test_bad_interval_arguments_say_what_is_wrong(values, confidence,
+                                                  message):
+  with pytest.raises(ValueError, match=message):
+    harness.median_interval(values, confidence)
+
+
+def test_ratios_are_paired_by_repeat_and_missing_repeats_drop():
+  summary = harness.summarize_ratios([110, None, 90, 100, 105, 99],
+                                     [100, 100, 100, 100, 100, 100])
+  assert summary["per_repeat"] == pytest.approx([1.1, 0.9, 1.0, 1.05, 0.99])
+  assert summary["median"] == pytest.approx(1.0)
+  with pytest.raises(ValueError, match="denominator is 0"):
+    harness.paired_ratios([1.0], [0.0])
+  with pytest.raises(ValueError, match="pair by repeat"):
+    harness.paired_ratios([1.0, 2.0], [1.0])
+
+
+@pytest.mark.parametrize("low,high,direction,expected", [
+    (0.98, 1.01, harness.AT_MOST, harness.MET),
+    (0.98, 1.02, harness.AT_MOST, harness.MET),     # the bound itself is met
+    (1.03, 1.10, harness.AT_MOST, harness.MISSED),
+    (0.99, 1.05, harness.AT_MOST, harness.NOISY),   # crosses the target
+    (0.92, 0.97, harness.AT_LEAST, harness.MET),
+    (0.80, 0.88, harness.AT_LEAST, harness.MISSED),
+    (0.85, 0.95, harness.AT_LEAST, harness.NOISY),
+])
+def test_verdicts_follow_the_interval_not_the_median(low, high, direction,
+                                                     expected):
+  target = 1.02 if direction == harness.AT_MOST else 0.9
+  summary = {"median": (low + high) / 2, "low": low, "high": high, "n": 5,
+             "confidence": 0.9375}
+  assert harness.verdict(summary, target, direction) == expected
+
+
+def test_unknown_direction_is_refused():
+  with pytest.raises(ValueError, match="direction: got 'below'"):
+    harness.verdict({"low": 1, "high": 1}, 1.0, "below")
+
+
+def test_prose_and_json_carry_the_same_verdict():
+  summary = harness.summarize_ratios([101, 103, 99, 104, 102],
+                                     [100, 100, 100, 100, 100])
+  judged = harness.judge(summary, 1.02)
+  assert judged["verdict"] == harness.NOISY
+  assert harness.describe(judged) == (
+      "noisy: 1.020 [0.990, 1.040] (94%), target at most 1.02")
+  # A stored verdict that disagrees with its interval is not repeated.
+  tampered = dict(judged, verdict=harness.MET)
+  assert harness.describe(tampered).startswith("noisy")
+
+
+def test_within_a_run_the_load_average_is_ours_and_not_judged():
+  # Between repeats the benchmark's own processes hold the load up; only
+  # the foreign CPU can say that others were busy then.
+  during = harness.host_load(_snapshot(2.5, 0.0, 0.0, 0.0),
+                             _snapshot(2.5, 100.0, 100.0, 100.0),
+                             num_cores=2, check_load=False)
+  assert not during["busy"]
+
+
+def test_a_span_shorter_than_a_second_is_not_judged_by_its_cpu_share():
+  # Two clock ticks of someone else's work in 5 ms would read as 200%.
+  short = harness.host_load(_snapshot(0.0, 0.0, 0.0, 0.0),
+                            _snapshot(0.0, 0.02, 0.0, 0.005), num_cores=2)
+  assert short["foreign_cpu_s"] == pytest.approx(0.02)
+  assert short["foreign_cpu_frac"] is None and not short["busy"]

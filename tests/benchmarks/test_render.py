@@ -1,0 +1,109 @@
+"""BENCHMARKS.md agrees with benchmarks/results/*.json, through the renderer."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import harness
+from benchmarks import render
+from benchmarks import render_tables
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def _document() -> str:
+  with open(render.DOCUMENT, encoding="utf-8") as f:
+    return f.read()
+
+
+def _results(name: str) -> dict:
+  with open(os.path.join(render_tables.RESULTS_DIR, name + ".json"),
+            encoding="utf-8") as f:
+    return json.load(f)
+
+
+def test_the_document_agrees_with_the_results_files():
+  stale = render.stale_blocks(_document())
+  assert stale == [], (f"BENCHMARKS.md blocks {stale} disagree with "
+                       "benchmarks/results; run python -m benchmarks.render")
+
+
+def test_every_table_has_a_block_and_every_block_a_table():
+  names = render.block_names(_document())
+  assert sorted(names) == sorted(render_tables.TABLES)
+  assert len(names) == len(set(names))
+
+
+def test_a_number_edited_by_hand_is_caught():
+  text = _document()
+  # A leading digit on the first tfoverlap_ctl samples/s figure.
+  edited = text.replace("| tfoverlap_ctl | ", "| tfoverlap_ctl | 9", 1)
+  assert edited != text
+  assert render.stale_blocks(edited) == ["trainer_overhead"]
+
+
+def test_a_results_file_changed_without_rendering_is_caught(tmp_path,
+                                                           monkeypatch):
+  results = tmp_path / "results"
+  shutil.copytree(render_tables.RESULTS_DIR, results)
+  path = results / "data_knobs.json"
+  data = json.loads(path.read_text(encoding="utf-8"))
+  data["pipeline"]["cache"][1]["later_epochs_ms_per_batch"] *= 2
+  path.write_text(json.dumps(data), encoding="utf-8")
+  monkeypatch.setattr(render_tables, "RESULTS_DIR", str(results))
+  assert render.stale_blocks(_document()) == ["data_knobs_cache"]
+
+
+@pytest.mark.parametrize("text,message", [
+    ("<!-- render: trainer_overhead -->\nno end\n", "complete blocks"),
+    ("<!-- render: no_such_table -->\n<!-- /render -->", "unknown render"),
+])
+def test_malformed_blocks_are_refused_by_name(text, message):
+  with pytest.raises(render.RenderError, match=message):
+    render.render_text(text)
+
+
+def test_a_bad_document_is_one_line_and_exit_2(tmp_path):
+  document = tmp_path / "doc.md"
+  document.write_text("<!-- render: nope -->\n<!-- /render -->\n",
+                      encoding="utf-8")
+  done = subprocess.run(
+      [sys.executable, "-m", "benchmarks.render", f"--document={document}"],
+      cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+  assert done.returncode == 2
+  assert done.stderr.count("\n") == 1 and "unknown render block" in done.stderr
+
+
+def test_stored_verdicts_are_the_harness_verdicts():
+  # The JSON and the page must not judge one result two ways: every verdict
+  # a results file stores is what harness.verdict says of its repeats.
+  checked = 0
+  for config in _results("trainer_overhead")["summary"].values():
+    for side in config["sides"].values():
+      if "per_repeat_time_ratios" in side:
+        expected = harness.verdict(
+            harness.median_interval(side["per_repeat_time_ratios"]),
+            1.0 + side["target_max_overhead_frac"])
+        assert side["target_verdict"] == expected
+        checked += 1
+  for name in ("torch_trainer_overhead", "torch_trainer_overhead_r5"):
+    for config in _results(name)["summary"].values():
+      expected = harness.verdict(
+          harness.median_interval(config["time_ratio"]["p50"]["per_repeat"]),
+          1.0 + config["target"]["max_overhead_frac"])
+      assert config["target"]["verdict"] == expected
+      checked += 1
+  for cell in _results("data_wait")["summary"]:
+    if "target_max_data_wait_fraction" in cell:
+      expected = harness.verdict(
+          harness.median_interval(cell["data_wait_fraction_all"]),
+          cell["target_max_data_wait_fraction"])
+      assert cell["target_verdict"] == expected
+      assert "target_met" not in cell
+      checked += 1
+  assert checked == 4 + 4 + 6
