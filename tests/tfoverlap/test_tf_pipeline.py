@@ -18,6 +18,7 @@ from overlap_core.runtime import pipeline_stats, run_record
 from overlap_core.runtime.config import ConfigError, PipelineConfig
 from tfoverlap import pipeline, steps
 from tfoverlap.models import build_model
+from tfoverlap.planning.profiler import profile_layers
 
 from tests.helpers import run_module
 
@@ -229,3 +230,30 @@ def test_a_pipelined_checkpoint_resumes_unpipelined(tmp_path):
   with open(ckpt / "state.json", encoding="utf-8") as f:
     assert json.load(f)["step"] == 4
   assert os.path.isdir(model_dir / "checkpoints")
+
+
+def test_auto_split_from_a_profile_puts_predictions_beside_measurements(
+    tmp_path):
+  """--plan_profile with --pipeline_split=auto: the trainer splits by the
+  profile's cost model and run.json shows each stage's predicted time."""
+  keras.utils.set_random_seed(0)
+  model = build_model("small_cnn", image_size=8, num_classes=10)
+  # The trainer reads its layer graph at the micro-batch, 16 / 4 = 4; the
+  # profile brackets it so the cost model interpolates.
+  profile = profile_layers(model, batch_sizes=(2, 4, 8), warmup=1,
+                           repeats=1, name="small_cnn")
+  profile_path = tmp_path / "profile.json"
+  profile_path.write_text(profile.to_json(), encoding="utf-8")
+  result = run_module(
+      "tfoverlap.train", "--model=small_cnn", "--image_size=8",
+      "--batch_size=16", "--train_steps=2", "--evaluate=false",
+      "--trace=false", "--tensorboard=false", "--strategy=mirrored",
+      "--num_devices=2", "--pipeline_stages=2", "--pipeline_microbatches=4",
+      "--pipeline_split=auto", f"--plan_profile={profile_path}",
+      f"--model_dir={tmp_path / 'run'}", timeout=600)
+  assert result.returncode == 0, result.stderr[-4000:]
+  section = run_record.load_run_record(str(tmp_path / "run"))["pipeline"]
+  assert section["split"] == "auto" and len(section["cut_layers"]) == 1
+  for row in section["per_stage"]:
+    assert row["predicted_ms"] > 0 and row["predicted_memory_mb"] > 0, row
+    assert row["compute_ms"] > 0, row
