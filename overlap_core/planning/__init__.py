@@ -19,4 +19,10 @@ torch_parity/parallelize.py).
               a StagePlan that explains itself; GPipe's bubble fraction
   report      the planning command's printout and files, shared by both
               frameworks
+  burst       burst parallelism (DeepPool): a width per layer under a
+              per-layer amplification limit; burst_costs (compute,
+              all-reduce, redistribution), burst_reduce (the exact minimum
+              by series-parallel reduction), burst_report (the command's
+              steps and files)
+  profile_formats  reads another planner's per-layer time table
 """
