@@ -14,9 +14,10 @@ import keras
 import tensorflow as tf
 
 from overlap_core.checkpoint import engine as checkpoint_engine
-from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.runtime import background, ledger as ledger_lib
 from overlap_core.runtime import outputs, run_record, zoo
-from overlap_core.runtime.config import TrainConfig, check_not_pipelined
+from overlap_core.runtime.config import (TrainConfig, check_burst_supported,
+                                         check_not_pipelined)
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
 from tfoverlap import (checkpoint, data, distribute, loops, models,
@@ -44,6 +45,10 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
   check_not_pipelined(config.pipeline, "TensorFlow")
   distribute.check_strategy(config.distribute, num_gpus=num_gpus)
   offload.check_offload(config)
+  check_burst_supported(
+      config.burst, "TensorFlow", host_devices=num_gpus or os.cpu_count(),
+      device_kind="GPUs" if num_gpus else "CPU cores", runs_plans=False,
+      runs_background=not num_gpus)
 
 
 def describe_environment(strategy: tf.distribute.Strategy) -> dict:
@@ -173,7 +178,12 @@ def train(config: TrainConfig) -> dict:
             config.run.log_every_steps, ledger),
         first_step=restored_step + 1,
         last_step=config.run.train_steps,
-        global_batch_size=config.data.batch_size)
+        global_batch_size=config.data.batch_size,
+        background=(background.make_runner(
+            config.burst.background_job, out_dir,
+            first_step=restored_step + 1, last_step=config.run.train_steps)
+                    if config.burst.background and worker_index == 0
+                    else None))
     try:
       final = {"train_loss": _run_loop(ctx, strategy, config, spec, model,
                                        optimizer)}
@@ -184,6 +194,9 @@ def train(config: TrainConfig) -> dict:
         with contextlib.suppress(Exception):
           checkpointer.close()
       raise
+    finally:
+      if ctx.background is not None:
+        ctx.background.stop()
     if checkpointer:
       checkpointer.finish(ctx.last_step)
     # Before evaluation, whose forward passes would count copies too.
@@ -217,4 +230,5 @@ def train(config: TrainConfig) -> dict:
       phases_measured=phases_measured,
       checkpoint_stats=checkpointer.stats() if checkpointer else None,
       notes=notes, wall_s=time.perf_counter() - start,
-      offload_stats=offload_stats)
+      offload_stats=offload_stats,
+      background_stats=ctx.background.stats() if ctx.background else None)

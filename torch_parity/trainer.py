@@ -15,9 +15,10 @@ import time
 import torch
 
 from overlap_core.checkpoint import engine as checkpoint_engine
-from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.runtime import background, ledger as ledger_lib
 from overlap_core.runtime import datasets, outputs, run_record, zoo
-from overlap_core.runtime.config import ConfigError, TrainConfig
+from overlap_core.runtime.config import (ConfigError, TrainConfig,
+                                         check_burst_supported)
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
 from torch_parity import (checkpoint, data, distribute, loops, models,
@@ -58,6 +59,10 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
   check_pipeline_supported(config)
   distribute.check_strategy(config.distribute, num_gpus=num_gpus)
   offload.check_offload(config, num_gpus=num_gpus)
+  check_burst_supported(
+      config.burst, "PyTorch", host_devices=num_gpus or os.cpu_count(),
+      device_kind="GPUs" if num_gpus else "CPU cores", runs_plans=False,
+      runs_background=not num_gpus)
 
 
 def check_pipeline_supported(config: TrainConfig) -> None:
@@ -264,7 +269,12 @@ def train(config: TrainConfig):
         write_scalars=write_scalars,
         first_step=restored_step + 1,
         last_step=config.run.train_steps,
-        global_batch_size=config.data.batch_size)
+        global_batch_size=config.data.batch_size,
+        background=(background.make_runner(
+            config.burst.background_job, out_dir,
+            first_step=restored_step + 1, last_step=config.run.train_steps)
+                    if config.burst.background and strategy.rank == 0
+                    else None))
     train_loss = float("nan")
     if ctx.first_step <= ctx.last_step:
       # The loader draws its workers' seed from torch's generator; forked,
@@ -288,6 +298,8 @@ def train(config: TrainConfig):
         # The device prefetcher stages batches on a thread of its own.
         if hasattr(batches, "close"):
           batches.close()
+        if ctx.background is not None:
+          ctx.background.stop()
     if checkpointer:
       checkpointer.finish(ctx.last_step)
     write_scalars.close()
@@ -314,6 +326,8 @@ def train(config: TrainConfig):
         checkpoint_stats=checkpointer.stats() if checkpointer else None,
         notes=notes, wall_s=time.perf_counter() - start,
         offload_stats=(offloader.summary(num_steps=len(ledger.steps))
-                       if offloader else None))
+                       if offloader else None),
+        background_stats=(ctx.background.stats() if ctx.background
+                          else None))
   finally:
     strategy.close()

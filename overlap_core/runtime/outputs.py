@@ -22,7 +22,8 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
                          phases_measured: Iterable[str],
                          checkpoint_stats: Optional[dict], notes: list,
                          wall_s: float,
-                         offload_stats: Optional[dict] = None) -> dict:
+                         offload_stats: Optional[dict] = None,
+                         background_stats: Optional[dict] = None) -> dict:
   """Writes the trace (if asked for) and run.json of this worker.
 
   Args:
@@ -39,6 +40,7 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
     notes: plain-words notes for run.json.
     wall_s: the run's wall time so far.
     offload_stats: the offload copies (`Offloader.summary()`), or None.
+    background_stats: `BackgroundRunner.stats()`, or None.
 
   Returns:
     The record written to `<out_dir>/run.json`.
@@ -70,6 +72,7 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
       outputs=outputs,
       checkpoint=checkpoint_stats,
       notes=notes,
-      offload=offload_stats)
+      offload=offload_stats,
+      background=background_stats)
   run_record.write_run_record(out_dir, record)
   return record

@@ -106,8 +106,12 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
                      num_workers: int, phases_measured: Iterable[str],
                      outputs: dict, checkpoint: Optional[dict] = None,
                      notes: Optional[list] = None,
-                     offload: Optional[dict] = None) -> dict:
+                     offload: Optional[dict] = None,
+                     background: Optional[dict] = None) -> dict:
   """Assembles the run.json payload; see README "run.json" for each field.
+
+  `background` is the background job's throughput and the foreground's
+  slowdown (`BackgroundRunner.stats()`), or None without one.
 
   `checkpoint` is `CheckpointEngine.stats()`, or None without checkpoints.
   `offload` is the offload copies per direction, or None without offload
@@ -132,6 +136,7 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
       "weights_digest": weights_digest,
       "checkpoint": checkpoint,
       "offload": offload,
+      "background": background,
       "outputs": outputs,
       "notes": list(notes or []),
   }
