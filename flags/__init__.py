@@ -27,9 +27,7 @@ from absl import flags as absl_flags
 from flags import (burst, checkpoint, data, distribute, model, offload,
                    pipeline, run)
 from overlap_core.runtime import zoo
-from overlap_core.planning.burst import BurstPlan
-from overlap_core.runtime.config import (AUTOTUNE, BurstConfig,
-                                         CheckpointConfig,
+from overlap_core.runtime.config import (AUTOTUNE, CheckpointConfig,
                                          ConfigError, DataConfig,
                                          DistributeConfig, ModelConfig,
                                          OffloadConfig, PipelineConfig,
@@ -288,58 +286,6 @@ def _build_offload(values) -> OffloadConfig:
                        prefetch=values.offload_prefetch)
 
 
-def _read_burst_plan(path: str) -> BurstPlan:
-  try:
-    with open(path, encoding="utf-8") as f:
-      return BurstPlan.from_json(f.read())
-  except OSError as e:
-    raise ConfigError("burst_parallel", path,
-                      f"cannot read it ({e.strerror}); allowed: off or a "
-                      "burst plan JSON") from None
-  except (ValueError, KeyError, TypeError) as e:
-    raise ConfigError("burst_parallel", path,
-                      f"not a burst plan ({' '.join(str(e).split())}); "
-                      "allowed: off or a burst plan JSON from python -m "
-                      "torch_parity.burst_plan") from None
-
-
-def _build_burst(values) -> BurstConfig:
-  """--burst_parallel and its bound: the plan must fit this run."""
-  path = values.burst_parallel.strip()
-  limit = values.amplification_limit
-  if path in ("", "off"):
-    return BurstConfig(amplification_limit=limit,
-                       background_job=values.background_job)
-  plan = _read_burst_plan(path)
-  replicas = values.num_workers
-  if values.strategy == "mirrored":
-    replicas *= values.num_devices
-  if plan.num_devices != replicas:
-    raise ConfigError("burst_parallel", path,
-                      f"the plan is for {plan.num_devices} devices and this "
-                      f"run has {replicas} replicas; allowed: a plan for "
-                      "exactly the run's replicas")
-  if plan.global_batch != values.batch_size:
-    raise ConfigError("burst_parallel", path,
-                      f"the plan is for a global batch of "
-                      f"{plan.global_batch}, not --batch_size="
-                      f"{values.batch_size}")
-  if values.pipeline_stages > 1:
-    raise ConfigError("burst_parallel", path,
-                      "burst parallelism and pipeline stages do not combine;"
-                      " allowed with --pipeline_stages=1")
-  over = [lp for lp in plan.layers if lp.amplification > limit + 1e-9]
-  if over:
-    raise ConfigError("amplification_limit", limit,
-                      f"layer {over[0].layer!r} of the plan amplifies "
-                      f"{over[0].amplification:.2f}x ({len(over)} layers "
-                      "above the limit); allowed: a limit at or above the "
-                      "plan's")
-  return BurstConfig(plan_path=path, num_devices=plan.num_devices,
-                     amplification_limit=limit,
-                     background_job=values.background_job)
-
-
 def to_config(values=FLAGS) -> TrainConfig:
   """Builds the validated run configuration from parsed flag values.
 
@@ -403,7 +349,7 @@ def to_config(values=FLAGS) -> TrainConfig:
           names=checkpoint.CONFIG_NAMES),
       pipeline=_parse_pipeline(values),
       offload=_build_offload(values),
-      burst=_build_burst(values))
+      burst=burst.build_config(values))
 
 
 def flag_names(flag_values=FLAGS) -> dict:

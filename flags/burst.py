@@ -1,6 +1,10 @@
-"""Burst-parallel flags: a per-layer width plan, its bound, a background job."""
+"""Burst-parallel flags: a per-layer width plan, its bound, a background job;
+and `build_config`, which checks a plan against the run it is given to."""
 
 from absl import flags
+
+from overlap_core.planning.burst import BurstPlan
+from overlap_core.runtime.config import BurstConfig, ConfigError
 
 # The small training jobs --background_job can run beside the foreground.
 BACKGROUND_JOBS = ("none", "small_mlp")
@@ -24,3 +28,55 @@ def define_flags():
       "priority (a separate process under SCHED_IDLE, or nice 19 where that "
       "is not allowed); both throughputs and the foreground's slowdown go "
       "into run.json.")
+
+
+def _read_burst_plan(path: str) -> BurstPlan:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return BurstPlan.from_json(f.read())
+  except OSError as e:
+    raise ConfigError("burst_parallel", path,
+                      f"cannot read it ({e.strerror}); allowed: off or a "
+                      "burst plan JSON") from None
+  except (ValueError, KeyError, TypeError) as e:
+    raise ConfigError("burst_parallel", path,
+                      f"not a burst plan ({' '.join(str(e).split())}); "
+                      "allowed: off or a burst plan JSON from python -m "
+                      "torch_parity.burst_plan") from None
+
+
+def build_config(values) -> BurstConfig:
+  """--burst_parallel and its bound: the plan must fit this run."""
+  path = values.burst_parallel.strip()
+  limit = values.amplification_limit
+  if path in ("", "off"):
+    return BurstConfig(amplification_limit=limit,
+                       background_job=values.background_job)
+  plan = _read_burst_plan(path)
+  replicas = values.num_workers
+  if values.strategy == "mirrored":
+    replicas *= values.num_devices
+  if plan.num_devices != replicas:
+    raise ConfigError("burst_parallel", path,
+                      f"the plan is for {plan.num_devices} devices and this "
+                      f"run has {replicas} replicas; allowed: a plan for "
+                      "exactly the run's replicas")
+  if plan.global_batch != values.batch_size:
+    raise ConfigError("burst_parallel", path,
+                      f"the plan is for a global batch of "
+                      f"{plan.global_batch}, not --batch_size="
+                      f"{values.batch_size}")
+  if values.pipeline_stages > 1:
+    raise ConfigError("burst_parallel", path,
+                      "burst parallelism and pipeline stages do not combine;"
+                      " allowed with --pipeline_stages=1")
+  over = [lp for lp in plan.layers if lp.amplification > limit + 1e-9]
+  if over:
+    raise ConfigError("amplification_limit", limit,
+                      f"layer {over[0].layer!r} of the plan amplifies "
+                      f"{over[0].amplification:.2f}x ({len(over)} layers "
+                      "above the limit); allowed: a limit at or above the "
+                      "plan's")
+  return BurstConfig(plan_path=path, num_devices=plan.num_devices,
+                     amplification_limit=limit,
+                     background_job=values.background_job)
