@@ -81,8 +81,17 @@ def plot_scaling(plan_path: str, png_path: str) -> Optional[str]:
   """Draws the scaling plot in a child process (the neutral core never
   imports matplotlib); None when matplotlib is not installed."""
   if importlib.util.find_spec("matplotlib") is None:
+    print("burst_scaling.png skipped: matplotlib is not installed "
+          "(pip install \".[compare]\")", file=sys.stderr)
     return None
-  subprocess.run([sys.executable, "-m", "overlap_compare.burst_plot",
-                  plan_path, png_path], check=True, capture_output=True,
-                 timeout=PLOT_TIMEOUT_S)
+  try:
+    subprocess.run([sys.executable, "-m", "overlap_compare.burst_plot",
+                    plan_path, png_path], check=True, capture_output=True,
+                   text=True, timeout=PLOT_TIMEOUT_S)
+  except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+    # The plan is written and good; a failed picture must not cost it.
+    tail = (getattr(e, "stderr", "") or "").strip().splitlines()
+    print(f"burst_scaling.png skipped: the plot failed "
+          f"({tail[-1] if tail else type(e).__name__})", file=sys.stderr)
+    return None
   return png_path
