@@ -263,3 +263,15 @@ class BurstModel(nn.Module):
         for p in module.parameters():
           if p.grad is not None:
             dist.all_reduce(p.grad, group=self._groups[k])
+
+  def share_first_rank_state(self, module: nn.Module) -> None:
+    """Makes every rank hold rank 0's parameters and buffers.
+
+    Rank 0 takes part in every layer (every width's ranks start at 0), so
+    it alone holds the whole trained model; the other ranks' copies of the
+    layers they did not run stay at their initial values. After this, any
+    rank can evaluate or report the whole model.
+    """
+    with torch.no_grad():
+      for tensor in list(module.parameters()) + list(module.buffers()):
+        dist.broadcast(tensor.data, src=0)

@@ -95,3 +95,32 @@ def plot_scaling(plan_path: str, png_path: str) -> Optional[str]:
           f"({tail[-1] if tail else type(e).__name__})", file=sys.stderr)
     return None
   return png_path
+
+
+def read_plan(path: str) -> burst.BurstPlan:
+  """The plan a trainer runs (flags/burst.py has already checked it)."""
+  with open(path, encoding="utf-8") as f:
+    return burst.BurstPlan.from_json(f.read())
+
+
+def plan_against_run(plan: burst.BurstPlan, plan_path: str,
+                     ledger_summary: dict) -> dict:
+  """run.json's `burst` section: what the plan predicted beside what the
+  run measured, so that a user sees where the cost model was wrong."""
+  measured_s = ledger_summary["phases"]["step"]["mean"]
+  predicted_s = plan.iteration_s
+  return {
+      "plan": plan_path,
+      "model": plan.model,
+      "num_devices": plan.num_devices,
+      "global_batch": plan.global_batch,
+      "amplification_limit": plan.amplification_limit,
+      "widths_by_layer": plan.widths_by_layer(),
+      "predicted_iteration_ms": predicted_s * 1e3,
+      "predicted_data_parallel_iteration_ms":
+          plan.data_parallel_iteration_s * 1e3,
+      "measured_step_ms": measured_s * 1e3,
+      # > 1: the run was slower than the plan said (data wait included).
+      "measured_over_predicted": (measured_s / predicted_s
+                                  if predicted_s > 0 else None),
+  }

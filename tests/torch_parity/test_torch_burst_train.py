@@ -1,0 +1,95 @@
+"""The PyTorch trainer runs a burst plan: 2 launched gloo ranks against one
+process on the same data."""
+
+import pytest
+
+from overlap_core.planning.burst import BurstPlan, LayerPlan
+from overlap_core.runtime import run_record
+from torch_parity.planning.graph import build_zoo_graph
+
+from tests.helpers import run_module
+
+BATCH = 16
+RUN = ("--model=mlp", "--dataset=digits", "--image_size=8",
+       f"--batch_size={BATCH}", "--train_steps=6", "--optimizer=momentum",
+       "--learning_rate=0.05",
+       "--deterministic", "--log_every_steps=3", "--tensorboard=false",
+       "--trace=false", "--prefetch=1")
+PREDICTED_ITERATION_S = 0.004
+# The same per-sample terms, summed in two halves and then across the two
+# ranks instead of in one GEMM: float32 rounding of a few ulps per step.
+# Six momentum-SGD steps carry it into the weights and back into the loss,
+# still orders of magnitude below 1e-4 relative on losses of order 1 (a
+# wrong gradient, e.g. one half's missing, moves the loss by percents).
+LOSS_RTOL = 1e-4
+
+
+def _write_plan(path) -> BurstPlan:
+  """Two widths: the wide first layers, a narrow middle, a wide head."""
+  graph = build_zoo_graph("mlp", image_size=8, batch_size=2)
+  names = [n.name for n in graph.nodes]
+  narrow = {n for n in names if "fc2" in n}
+  narrow |= {names[names.index(max(narrow)) + 1]}  # fc2's ReLU too
+  layers = tuple(
+      LayerPlan(layer=n.name, op_type=n.op_type,
+                num_devices=1 if n.name in narrow else 2,
+                samples_per_device=((BATCH,) if n.name in narrow
+                                    else (BATCH // 2, BATCH // 2)),
+                compute_s=0.0, allreduce_s=0.0, transfer_in_s=0.0,
+                gpu_s=0.0, amplification=1.0, widest_allowed=2)
+      for n in graph.nodes)
+  plan = BurstPlan(
+      model="mlp", global_batch=BATCH, num_devices=2,
+      amplification_limit=2.0, enforced="per_layer",
+      bandwidth_bytes_per_s=None, latency_s=0.0, widths=(1, 2),
+      layers=layers, iteration_s=PREDICTED_ITERATION_S, gpu_s=0.0,
+      single_device_s=0.0, data_parallel_iteration_s=0.0,
+      data_parallel_gpu_s=0.0)
+  path.write_text(plan.to_json())
+  return plan
+
+
+def test_two_rank_burst_plan_trains_like_one_process(tmp_path):
+  plan_path = tmp_path / "plan.json"
+  plan = _write_plan(plan_path)
+  assert sorted(set(plan.widths_by_layer().values())) == [1, 2]
+  one = run_module("torch_parity.train", *RUN, "--strategy=default",
+                   "--intra_op_threads=1", f"--model_dir={tmp_path / 'one'}",
+                   timeout=300)
+  assert one.returncode == 0, one.stderr[-3000:]
+  burst = run_module("torch_parity.launch", "--num_workers=2", "--", *RUN,
+                     f"--burst_parallel={plan_path}",
+                     f"--model_dir={tmp_path / 'burst'}", timeout=300)
+  assert burst.returncode == 0, burst.stderr[-3000:]
+
+  reference = run_record.load_run_record(str(tmp_path / "one"))
+  chief = run_record.load_run_record(str(tmp_path / "burst"))
+  other = run_record.load_run_record(str(tmp_path / "burst" / "worker-1"))
+  for record in (chief, other):
+    for key in ("train_loss", "eval_loss"):
+      assert record["final"][key] == pytest.approx(
+          reference["final"][key], rel=LOSS_RTOL), key
+  # Every rank ends holding rank 0's whole model.
+  assert chief["weights_digest"] == other["weights_digest"]
+  section = chief["strategy"]["burst"]
+  assert section["widths_by_layer"] == plan.widths_by_layer()
+  assert section["predicted_iteration_ms"] == pytest.approx(
+      PREDICTED_ITERATION_S * 1e3)
+  assert section["measured_step_ms"] > 0
+  assert chief["strategy"]["class"] == "torch_parity.burst.BurstModel"
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--checkpoint=sync", "--checkpoint_every=2"), "--checkpoint=sync"),
+    (("--precision=mixed_bfloat16",), "--precision=mixed_bfloat16"),
+])
+def test_what_does_not_combine_is_refused_in_one_line(tmp_path, extra,
+                                                      message):
+  plan_path = tmp_path / "plan.json"
+  _write_plan(plan_path)
+  result = run_module("torch_parity.launch", "--num_workers=2", "--", *RUN,
+                      f"--burst_parallel={plan_path}", *extra,
+                      f"--model_dir={tmp_path / 'run'}", timeout=120)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert message in result.stderr
+  assert "Traceback" not in result.stderr
