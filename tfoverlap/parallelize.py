@@ -13,15 +13,22 @@
 Why this order: a stage is the unit that gets replicated, so stages are
 placed before the variables are mirrored; offload decides where the
 variables of an already placed, already replicated model live.
+
+A burst plan (`--burst_parallel`) replaces steps 1 and 2: the run has one
+replica, and the train step splits each layer's batch over the layer's
+planned devices (`tfoverlap.burst`). The variables are not mirrored: each
+part reads the same variables, so their gradients are already summed.
 """
 
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import keras
 import tensorflow as tf
 
+from overlap_core.planning.burst import BurstPlan
 from overlap_core.planning.dims import ParallelDims
-from overlap_core.runtime.config import OffloadConfig
+from overlap_core.runtime.config import ConfigError, OffloadConfig
+from tfoverlap import burst as burst_lib
 from tfoverlap import offload as offload_lib
 
 
@@ -38,6 +45,8 @@ class Parallelized(NamedTuple):
     pipeline: the pipeline runtime when pipelined; always None until
       TensorFlow pipeline stages exist. The field keeps the tuple the same
       shape as PyTorch's.
+    burst: the forward that runs a burst plan (forward(x, training)), or
+      None; then the train step calls it in place of `train_model`.
   """
   model: keras.Model
   train_model: keras.Model
@@ -45,6 +54,15 @@ class Parallelized(NamedTuple):
   dims: ParallelDims
   offload: Optional[offload_lib.Offloader] = None
   pipeline: None = None
+  burst: Optional[Callable] = None
+
+
+class BurstSpec(NamedTuple):
+  """A burst plan to run, where it came from, and the devices it runs on
+  (a layer of width k runs on the first k)."""
+  plan: BurstPlan
+  plan_path: str
+  devices: Sequence[str]
 
 
 def parallel_dims(strategy: tf.distribute.Strategy) -> ParallelDims:
@@ -55,7 +73,8 @@ def parallel_dims(strategy: tf.distribute.Strategy) -> ParallelDims:
 def parallelize(strategy: tf.distribute.Strategy,
                 build_model: Callable[[], keras.Model],
                 build_optimizer: Callable[[], keras.optimizers.Optimizer],
-                offload: OffloadConfig = OffloadConfig()) -> Parallelized:
+                offload: OffloadConfig = OffloadConfig(),
+                burst: Optional[BurstSpec] = None) -> Parallelized:
   """Builds the model and optimizer with the run's parallelism applied.
 
   Args:
@@ -63,7 +82,11 @@ def parallelize(strategy: tf.distribute.Strategy,
     build_model: makes the Keras model.
     build_optimizer: makes its optimizer.
     offload: what to keep in host memory between uses.
+    burst: the burst plan to run in place of data parallelism, or None.
   """
+  if burst is not None:
+    return apply_burst(strategy, build_model, build_optimizer, burst,
+                       offload)
   dims = parallel_dims(strategy)
   if dims.is_pipelined:
     raise ValueError(f"Invalid value for argument `strategy`. Received: "
@@ -76,3 +99,27 @@ def parallelize(strategy: tf.distribute.Strategy,
   # Outside the scope: the copy counter is one host variable, not mirrored.
   offloader = offload_lib.apply_offload(model, offload)
   return Parallelized(model, model, optimizer, dims, offloader)
+
+
+def apply_burst(strategy: tf.distribute.Strategy,
+                build_model: Callable[[], keras.Model],
+                build_optimizer: Callable[[], keras.optimizers.Optimizer],
+                spec: BurstSpec, offload: OffloadConfig) -> Parallelized:
+  """Replaces steps 1 and 2: every layer on its planned devices.
+
+  Raises:
+    ConfigError: the plan does not fit the model (one line).
+  """
+  if offload.enabled or strategy.num_replicas_in_sync != 1:
+    raise ValueError("Invalid value for argument `burst`: a burst plan runs "
+                     "on one replica without offload")
+  model = build_model()
+  optimizer = build_optimizer()
+  optimizer.build(model.trainable_variables)
+  try:
+    widths = burst_lib.widths_for_model(model, spec.plan.widths_by_layer())
+    forward = burst_lib.make_burst_forward(model, widths, spec.devices)
+  except ValueError as e:
+    raise ConfigError("burst_parallel", spec.plan_path, str(e)) from None
+  dims = ParallelDims.data_parallel_only(1)
+  return Parallelized(model, model, optimizer, dims, burst=forward)

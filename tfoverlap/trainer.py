@@ -14,13 +14,15 @@ import keras
 import tensorflow as tf
 
 from overlap_core.checkpoint import engine as checkpoint_engine
+from overlap_core.planning import burst_report
 from overlap_core.runtime import background, ledger as ledger_lib
 from overlap_core.runtime import outputs, run_record, zoo
-from overlap_core.runtime.config import (TrainConfig, check_burst_supported,
+from overlap_core.runtime.config import (ConfigError, TrainConfig,
+                                         check_burst_supported,
                                          check_not_pipelined)
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
-from tfoverlap import (checkpoint, data, distribute, loops, models,
+from tfoverlap import (burst, checkpoint, data, distribute, loops, models,
                        offload, parallelize, steps)
 
 FRAMEWORK = "tensorflow"
@@ -47,8 +49,35 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
   offload.check_offload(config)
   check_burst_supported(
       config.burst, "TensorFlow", host_devices=num_gpus or os.cpu_count(),
-      device_kind="GPUs" if num_gpus else "CPU cores", runs_plans=False,
+      device_kind="GPUs" if num_gpus else "CPU cores", runs_plans=True,
       runs_background=not num_gpus)
+  check_burst_combinations(config)
+
+
+def check_burst_combinations(config: TrainConfig) -> None:
+  """Refuses what a burst plan does not run with yet, one reason each."""
+  if not config.burst.enabled:
+    return
+  refusals = (
+      ("strategy", config.distribute.strategy,
+       config.distribute.strategy != "mirrored",
+       "the plan's devices are this process's --num_devices; allowed with "
+       "--burst_parallel: mirrored"),
+      ("loop", config.run.loop, config.run.loop == "fit",
+       "model.fit runs no burst step; allowed with --burst_parallel: ctl"),
+      ("checkpoint", config.checkpoint.mode, config.checkpoint.mode != "none",
+       "checkpoints of a burst-parallel run are not built yet; allowed "
+       "with --burst_parallel: none"),
+      ("precision", config.model.precision,
+       config.model.precision != "float32",
+       "the burst step runs no loss scaling yet; allowed with "
+       "--burst_parallel: float32"),
+      ("offload", ",".join(config.offload.targets), config.offload.enabled,
+       "offload does not follow a burst plan's parts yet; allowed with "
+       "--burst_parallel: none"))
+  for flag, value, refused, why in refusals:
+    if refused:
+      raise ConfigError(flag, value, why)
 
 
 def describe_environment(strategy: tf.distribute.Strategy) -> dict:
@@ -81,8 +110,17 @@ def _build_train_input(strategy, config: TrainConfig, spec,
   return data.distribute_input(strategy, input_fn, config.data)
 
 
+def _burst_spec(config: TrainConfig, plan):
+  """What parallelize needs to run the plan, or None without one."""
+  if plan is None:
+    return None
+  return parallelize.BurstSpec(
+      plan, config.burst.plan_path,
+      distribute.mirrored_devices(config.distribute.num_devices))
+
+
 def _build_model_and_optimizer(strategy, config: TrainConfig, num_classes,
-                               channels) -> parallelize.Parallelized:
+                               channels, plan) -> parallelize.Parallelized:
   steps.apply_precision_policy(config.model.precision)
   return parallelize.parallelize(
       strategy,
@@ -90,26 +128,57 @@ def _build_model_and_optimizer(strategy, config: TrainConfig, num_classes,
           config.model.name, image_size=config.data.image_size,
           num_classes=num_classes, channels=channels),
       build_optimizer=lambda: steps.build_optimizer(config.model),
-      offload=config.offload)
+      offload=config.offload,
+      burst=_burst_spec(config, plan))
+
+
+def _build_strategy(config: TrainConfig) -> tf.distribute.Strategy:
+  """The run's strategy; a burst plan runs in one replica, the default
+  strategy, and splits each layer over the devices itself."""
+  if config.burst.enabled:
+    return tf.distribute.get_strategy()
+  return distribute.build_strategy(config.distribute)
 
 
 def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
-              model, optimizer) -> float:
+              built: parallelize.Parallelized) -> float:
   """Runs the configured loop over the remaining steps; the last loss."""
   # One global batch per step: the steps done are the batches consumed.
   train_input = _build_train_input(strategy, config, spec,
                                    start_batch=ctx.first_step - 1)
   if ctx.first_step > ctx.last_step:
     return float("nan")
+  model, optimizer = built.model, built.optimizer
   if config.run.loop == "fit":
     return loops.run_fit_loop(ctx, model=model, optimizer=optimizer,
                               loss_fn=loops.fit_loss(spec.task),
                               distributed_data=train_input)
-  train_step = steps.make_train_step(strategy, model, optimizer,
-                                     task=spec.task,
-                                     global_batch_size=config.data.batch_size)
+  if built.burst:
+    train_step = steps.make_burst_train_step(
+        built.burst, model, optimizer, task=spec.task,
+        global_batch_size=config.data.batch_size)
+  else:
+    train_step = steps.make_train_step(
+        strategy, model, optimizer, task=spec.task,
+        global_batch_size=config.data.batch_size)
   return loops.run_custom_loop(ctx, train_step=train_step,
                                iterator=iter(train_input))
+
+
+def _describe_strategy(strategy, config: TrainConfig, model, dims, plan,
+                       ledger) -> dict:
+  described = {**distribute.describe_strategy(strategy, config.distribute),
+               "parallel_dims": dims.describe()}
+  if plan is not None:
+    described["class"] = "tfoverlap.burst"
+    described["devices"] = list(_burst_spec(config, plan).devices)
+    described["burst"] = burst_report.plan_against_run(
+        plan, config.burst.plan_path, ledger.summary())
+    # The plan names the PyTorch graph's layers; these are the Keras
+    # layers' widths that ran (tfoverlap.burst.widths_for_model).
+    described["burst"]["widths_run"] = burst.widths_for_model(
+        model, plan.widths_by_layer())
+  return described
 
 
 def _evaluate(strategy, config: TrainConfig, spec, model) -> dict:
@@ -135,7 +204,7 @@ def train(config: TrainConfig) -> dict:
   keras.utils.set_random_seed(config.run.seed)
   if config.run.deterministic:
     tf.config.experimental.enable_op_determinism()
-  strategy = distribute.build_strategy(config.distribute)
+  strategy = _build_strategy(config)
   config = run_record.with_default_model_dir(config, FRAMEWORK)
   out_dir = run_record.worker_dir(config.run.model_dir, worker_index)
   os.makedirs(out_dir, exist_ok=True)
@@ -148,8 +217,10 @@ def train(config: TrainConfig) -> dict:
   try:
     spec = zoo.MODELS[config.model.name]
     info = data.describe(config.data)
+    plan = (burst_report.read_plan(config.burst.plan_path)
+            if config.burst.enabled else None)
     built = _build_model_and_optimizer(
-        strategy, config, info.num_classes, info.channels)
+        strategy, config, info.num_classes, info.channels, plan)
     model, optimizer, dims = built.model, built.optimizer, built.dims
     offloader = built.offload
     checkpointer = checkpoint.build_checkpointer(
@@ -185,8 +256,7 @@ def train(config: TrainConfig) -> dict:
                     if config.burst.background and worker_index == 0
                     else None))
     try:
-      final = {"train_loss": _run_loop(ctx, strategy, config, spec, model,
-                                       optimizer)}
+      final = {"train_loss": _run_loop(ctx, strategy, config, spec, built)}
     except BaseException:
       if checkpointer:
         # The running persist completes or is dropped whole, never half;
@@ -223,8 +293,8 @@ def train(config: TrainConfig) -> dict:
       config, out_dir, ledger, framework=FRAMEWORK,
       worker_index=worker_index, num_workers=num_workers,
       environment=describe_environment(strategy),
-      strategy={**distribute.describe_strategy(strategy, config.distribute),
-                "parallel_dims": dims.describe()},
+      strategy=_describe_strategy(strategy, config, model, dims, plan,
+                                  ledger),
       num_params=models.num_params(model),
       weights_digest=weights_digest(model), final=final,
       phases_measured=phases_measured,

@@ -29,7 +29,8 @@ from torch import nn
 
 from overlap_core.planning.dims import ParallelDims
 from overlap_core.planning.burst import BurstPlan
-from overlap_core.runtime.config import OffloadConfig, PipelineConfig
+from overlap_core.runtime.config import (ConfigError, OffloadConfig,
+                                         PipelineConfig)
 from torch_parity import burst as burst_lib
 from torch_parity import offload as offload_lib
 from torch_parity import pipeline as pipeline_lib
@@ -71,9 +72,10 @@ class PipelineSpec(NamedTuple):
 
 
 class BurstSpec(NamedTuple):
-  """What a burst plan needs: the plan, and a small batch to trace the
-  model's per-sample shapes with."""
+  """What a burst plan needs: the plan, where it came from, and a small
+  batch to trace the model's per-sample shapes with."""
   plan: BurstPlan
+  plan_path: str
   example_input: torch.Tensor
 
 
@@ -139,18 +141,25 @@ def apply_pipeline(strategy: Strategy, model: nn.Module,
 def apply_burst(strategy: Strategy, model: nn.Module,
                 build_optimizer: Callable[[nn.Module], object],
                 spec: BurstSpec, offload: OffloadConfig) -> Parallelized:
-  """Replaces steps 1 and 2: every layer on its planned ranks."""
+  """Replaces steps 1 and 2: every layer on its planned ranks.
+
+  Raises:
+    ConfigError: the plan does not fit the model (one line).
+  """
   if offload.enabled or strategy.dims.is_pipelined:
     raise ValueError("Invalid value for argument `burst`: a burst plan runs "
                      "without pipeline stages or offload (yet)")
   model = model.to(strategy.device)
   # Every rank starts from the same weights, as DDP's broadcast at wrap
   # time gives data parallelism; rank 0's seed decides them.
-  burst = burst_lib.BurstModel(
-      model, spec.plan.widths_by_layer(),
-      global_batch=spec.plan.global_batch,
-      example_input=spec.example_input.to(strategy.device),
-      rank=strategy.rank, world_size=strategy.world_size)
+  try:
+    burst = burst_lib.BurstModel(
+        model, spec.plan.widths_by_layer(),
+        global_batch=spec.plan.global_batch,
+        example_input=spec.example_input.to(strategy.device),
+        rank=strategy.rank, world_size=strategy.world_size)
+  except ValueError as e:
+    raise ConfigError("burst_parallel", spec.plan_path, str(e)) from None
   burst.share_first_rank_state(model)
   optimizer = build_optimizer(model)
   return Parallelized(model, burst, optimizer, strategy.dims, burst=burst)

@@ -227,7 +227,7 @@ def _burst_spec(config: TrainConfig, spec, info, plan):
   side = config.data.image_size // spec.upscale
   # Zeros: only shapes are traced, and drawing random numbers here would
   # move the seeded stream the model's initial weights come from.
-  return parallelize.BurstSpec(plan,
+  return parallelize.BurstSpec(plan, config.burst.plan_path,
                                torch.zeros(2, info.channels, side, side))
 
 

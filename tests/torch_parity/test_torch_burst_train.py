@@ -3,10 +3,11 @@ process on the same data."""
 
 import pytest
 
-from overlap_core.planning.burst import BurstPlan, LayerPlan
+from overlap_core.planning.burst import BurstPlan
 from overlap_core.runtime import run_record
 from torch_parity.planning.graph import build_zoo_graph
 
+from tests.burst_plans import write_plan
 from tests.helpers import run_module
 
 BATCH = 16
@@ -27,26 +28,10 @@ LOSS_RTOL = 1e-4
 def _write_plan(path) -> BurstPlan:
   """Two widths: the wide first layers, a narrow middle, a wide head."""
   graph = build_zoo_graph("mlp", image_size=8, batch_size=2)
-  names = [n.name for n in graph.nodes]
-  narrow = {n for n in names if "fc2" in n}
-  narrow |= {names[names.index(max(narrow)) + 1]}  # fc2's ReLU too
-  layers = tuple(
-      LayerPlan(layer=n.name, op_type=n.op_type,
-                num_devices=1 if n.name in narrow else 2,
-                samples_per_device=((BATCH,) if n.name in narrow
-                                    else (BATCH // 2, BATCH // 2)),
-                compute_s=0.0, allreduce_s=0.0, transfer_in_s=0.0,
-                gpu_s=0.0, amplification=1.0, widest_allowed=2)
-      for n in graph.nodes)
-  plan = BurstPlan(
-      model="mlp", global_batch=BATCH, num_devices=2,
-      amplification_limit=2.0, enforced="per_layer",
-      bandwidth_bytes_per_s=None, latency_s=0.0, widths=(1, 2),
-      layers=layers, iteration_s=PREDICTED_ITERATION_S, gpu_s=0.0,
-      single_device_s=0.0, data_parallel_iteration_s=0.0,
-      data_parallel_gpu_s=0.0)
-  path.write_text(plan.to_json())
-  return plan
+  narrow = ("fc2", "relu_1")  # fc2 and its ReLU
+  widths = {n.name: 1 if n.name in narrow else 2 for n in graph.nodes}
+  return write_plan(path, widths, model="mlp", global_batch=BATCH,
+                    num_devices=2, iteration_s=PREDICTED_ITERATION_S)
 
 
 def test_two_rank_burst_plan_trains_like_one_process(tmp_path):
