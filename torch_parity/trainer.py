@@ -76,10 +76,6 @@ def check_burst_combinations(config: TrainConfig) -> None:
                       "a burst plan runs on torch.distributed process "
                       "groups; allowed with --burst_parallel: mirrored, "
                       "multi_worker")
-  if config.checkpoint.mode != "none":
-    raise ConfigError("checkpoint", config.checkpoint.mode,
-                      "checkpoints of a burst-parallel run are not built "
-                      "yet; allowed with --burst_parallel: none")
   if config.model.precision != "float32":
     raise ConfigError("precision", config.model.precision,
                       "the burst step runs no autocast or loss scaling yet; "
@@ -294,6 +290,8 @@ def train(config: TrainConfig):
         burst=_burst_spec(config, spec, info, plan))
     model, optimizer = parallel.model, parallel.optimizer
     offloader = parallel.offload
+    # A burst run's checkpoint is rank 0's: it runs every layer, so its
+    # model and optimizer state are the whole run's.
     # After parallelize: Horovod's DistributedOptimizer is a new optimizer
     # with state of its own, the one to save and restore. Every rank
     # restores rank 0's checkpoint, so all resume from the same state.

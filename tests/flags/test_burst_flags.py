@@ -96,7 +96,7 @@ def test_more_devices_than_the_host_has_is_refused():
 
 @pytest.mark.parametrize("module, extra", [
     ("tfoverlap.train", ("--loop=fit",)),
-    ("torch_parity.train", ("--checkpoint=sync",)),
+    ("torch_parity.train", ("--precision=mixed_bfloat16",)),
 ])
 def test_trainers_refuse_a_plan_with_one_line(tmp_path, module, extra):
   path, _ = _write_plan(tmp_path, limit=2.0)
