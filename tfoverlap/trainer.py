@@ -65,9 +65,6 @@ def check_burst_combinations(config: TrainConfig) -> None:
        "--burst_parallel: mirrored"),
       ("loop", config.run.loop, config.run.loop == "fit",
        "model.fit runs no burst step; allowed with --burst_parallel: ctl"),
-      ("checkpoint", config.checkpoint.mode, config.checkpoint.mode != "none",
-       "checkpoints of a burst-parallel run are not built yet; allowed "
-       "with --burst_parallel: none"),
       ("precision", config.model.precision,
        config.model.precision != "float32",
        "the burst step runs no loss scaling yet; allowed with "

@@ -54,6 +54,26 @@ def test_burst_plan_trains_like_the_unsplit_model(tmp_path):
   assert record["strategy"]["devices"] == ["/cpu:0", "/cpu:1"]
 
 
+def test_a_resumed_burst_run_ends_like_an_uninterrupted_one(tmp_path):
+  plan_path = tmp_path / "plan.json"
+  write_plan(plan_path, WIDTHS, model="mlp", global_batch=BATCH,
+             num_devices=2, iteration_s=PREDICTED_ITERATION_S)
+  runs = {}
+  for name, steps in (("whole", 6), ("resumed", 3), ("resumed", 6)):
+    result = run_module(
+        "tfoverlap.train", *RUN, f"--train_steps={steps}",
+        "--evaluate=false", "--strategy=mirrored", "--num_devices=2",
+        "--checkpoint=async", "--checkpoint_every=3",
+        f"--burst_parallel={plan_path}", f"--model_dir={tmp_path / name}",
+        timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs[name] = run_record.load_run_record(str(tmp_path / name))
+  # One replica holds every variable: its checkpoint is the whole state,
+  # and a deterministic resumed run takes bit-identical steps.
+  assert "resumed from the checkpoint of step 3" in runs["resumed"]["notes"]
+  assert runs["resumed"]["weights_digest"] == runs["whole"]["weights_digest"]
+
+
 def test_what_does_not_combine_is_refused_in_one_line(tmp_path):
   plan_path = tmp_path / "plan.json"
   write_plan(plan_path, WIDTHS, model="mlp", global_batch=BATCH,
