@@ -24,8 +24,8 @@ import sys
 
 from absl import flags as absl_flags
 
-from flags import (checkpoint, data, distribute, model, offload, pipeline,
-                   run)
+from flags import (burst, checkpoint, data, distribute, model, offload,
+                   pipeline, run)
 from overlap_core.runtime import zoo
 from overlap_core.runtime.config import (AUTOTUNE, CheckpointConfig,
                                          ConfigError, DataConfig,
@@ -43,6 +43,7 @@ GROUPS = {
     "checkpoint": checkpoint,
     "pipeline": pipeline,
     "offload": offload,
+    "burst": burst,
 }
 USAGE_ERROR_EXIT_CODE = 2
 RUNTIME_ERROR_EXIT_CODE = 1
@@ -355,7 +356,8 @@ def to_config(values=FLAGS) -> TrainConfig:
           if_busy=values.checkpoint_if_busy,
           names=checkpoint.CONFIG_NAMES),
       pipeline=_parse_pipeline(values),
-      offload=_build_offload(values))
+      offload=_build_offload(values),
+      burst=burst.build_config(values))
 
 
 def flag_names(flag_values=FLAGS) -> dict:

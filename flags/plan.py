@@ -1,5 +1,5 @@
-"""Flags of the planning commands only (python -m tfoverlap.plan and
-python -m torch_parity.plan).
+"""Flags of the planning commands only (python -m tfoverlap.plan,
+python -m torch_parity.plan and python -m torch_parity.burst_plan).
 
 Not a trainer group: these say how to profile and report, not how to
 train, so `define_flags()` of the package leaves them out and the trainers
@@ -28,3 +28,8 @@ def define_flags():
   flags.DEFINE_string(
       "plan_output_dir", "",
       "Write graph.json, graph.dot, profile.json and plan.txt here.")
+  flags.DEFINE_enum(
+      "plan_profile_format", "shared", ["shared", "per_layer_times"],
+      "The format of --plan_profile: shared (overlap_core/planning/"
+      "profile.py) or per_layer_times (the adapter in overlap_core/"
+      "planning/profile_formats.py, for other planners' tables).")

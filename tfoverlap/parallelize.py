@@ -14,6 +14,11 @@
 Why this order: a stage is the unit that gets replicated, so stages are
 placed before the variables are mirrored; offload decides where the
 variables of an already placed, already replicated model live.
+
+A burst plan (`--burst_parallel`) replaces steps 1 and 2: the run has one
+replica, and the train step splits each layer's batch over the layer's
+planned devices (`tfoverlap.burst`). The variables are not mirrored: each
+part reads the same variables, so their gradients are already summed.
 """
 
 from typing import Callable, NamedTuple, Optional, Sequence
@@ -21,9 +26,12 @@ from typing import Callable, NamedTuple, Optional, Sequence
 import keras
 import tensorflow as tf
 
+from overlap_core.planning.burst import BurstPlan
 from overlap_core.planning.dims import ParallelDims
 from overlap_core.planning.profile import Profile
-from overlap_core.runtime.config import OffloadConfig, PipelineConfig
+from overlap_core.runtime.config import (ConfigError, OffloadConfig,
+                                         PipelineConfig)
+from tfoverlap import burst as burst_lib
 from tfoverlap import offload as offload_lib
 from tfoverlap import pipeline as pipeline_lib
 
@@ -40,6 +48,8 @@ class Parallelized(NamedTuple):
     offload: the `Offloader` that wrapped the model's layers, or None.
     pipeline: the `GPipeRuntime` when pipelined (its stages share the
       model's layers; the train step runs its schedule), else None.
+    burst: the forward that runs a burst plan (forward(x, training)), or
+      None; then the train step calls it in place of `train_model`.
   """
   model: keras.Model
   train_model: keras.Model
@@ -47,6 +57,7 @@ class Parallelized(NamedTuple):
   dims: ParallelDims
   offload: Optional[offload_lib.Offloader] = None
   pipeline: Optional[pipeline_lib.GPipeRuntime] = None
+  burst: Optional[Callable] = None
 
 
 class PipelineSpec(NamedTuple):
@@ -59,6 +70,14 @@ class PipelineSpec(NamedTuple):
   profile: Optional[Profile] = None
 
 
+class BurstSpec(NamedTuple):
+  """A burst plan to run, where it came from, and the devices it runs on
+  (a layer of width k runs on the first k)."""
+  plan: BurstPlan
+  plan_path: str
+  devices: Sequence[str]
+
+
 def parallel_dims(strategy: tf.distribute.Strategy) -> ParallelDims:
   """The run's degrees: every replica a data-parallel copy of the model."""
   return ParallelDims.data_parallel_only(strategy.num_replicas_in_sync)
@@ -68,7 +87,8 @@ def parallelize(strategy: tf.distribute.Strategy,
                 build_model: Callable[[], keras.Model],
                 build_optimizer: Callable[[], keras.optimizers.Optimizer],
                 offload: OffloadConfig = OffloadConfig(),
-                pipeline: Optional[PipelineSpec] = None) -> Parallelized:
+                pipeline: Optional[PipelineSpec] = None,
+                burst: Optional[BurstSpec] = None) -> Parallelized:
   """Builds the model and optimizer with the run's parallelism applied.
 
   Args:
@@ -78,13 +98,18 @@ def parallelize(strategy: tf.distribute.Strategy,
     build_optimizer: makes its optimizer.
     offload: what to keep in host memory between uses.
     pipeline: how to cut the model, when it has more than one stage.
+    burst: the burst plan to run in place of data parallelism, or None.
 
   Raises:
-    ValueError: pipeline stages with a real strategy or with offload.
+    ValueError: pipeline stages or a burst plan with a real strategy or
+      with offload.
   """
   if pipeline is not None and pipeline.config.stages > 1:
     return apply_pipeline(strategy, build_model, build_optimizer, offload,
                           pipeline)
+  if burst is not None:
+    return apply_burst(strategy, build_model, build_optimizer, burst,
+                       offload)
   dims = parallel_dims(strategy)
   with strategy.scope():
     model = build_model()
@@ -129,3 +154,27 @@ def apply_pipeline(strategy: tf.distribute.Strategy,
   dims = ParallelDims(world_size=cfg.stages, data_parallel=1,
                       pipeline=cfg.stages, world_flag="num_devices")
   return Parallelized(model, model, optimizer, dims, None, runtime)
+
+
+def apply_burst(strategy: tf.distribute.Strategy,
+                build_model: Callable[[], keras.Model],
+                build_optimizer: Callable[[], keras.optimizers.Optimizer],
+                spec: BurstSpec, offload: OffloadConfig) -> Parallelized:
+  """Replaces steps 1 and 2: every layer on its planned devices.
+
+  Raises:
+    ConfigError: the plan does not fit the model (one line).
+  """
+  if offload.enabled or strategy.num_replicas_in_sync != 1:
+    raise ValueError("Invalid value for argument `burst`: a burst plan runs "
+                     "on one replica without offload")
+  model = build_model()
+  optimizer = build_optimizer()
+  optimizer.build(model.trainable_variables)
+  try:
+    widths = burst_lib.widths_for_model(model, spec.plan.widths_by_layer())
+    forward = burst_lib.make_burst_forward(model, widths, spec.devices)
+  except ValueError as e:
+    raise ConfigError("burst_parallel", spec.plan_path, str(e)) from None
+  dims = ParallelDims.data_parallel_only(1)
+  return Parallelized(model, model, optimizer, dims, burst=forward)

@@ -137,3 +137,30 @@ def evaluate(strategy, model, distributed_eval_data, *, task: str) -> dict:
     count += float(batch_count)
   return evaluation_result(task, loss_sum=loss_sum, quality_sum=quality_sum,
                            count=count)
+
+
+def make_burst_train_step(forward, model, optimizer, *, task: str,
+                          global_batch_size: int):
+  """A tf.function running one optimizer step of a burst plan.
+
+  Args:
+    forward: `tfoverlap.burst.make_burst_forward`'s function: every layer
+      on its planned devices, in one replica.
+
+  Returns:
+    train_step((inputs, targets)) -> the global mean loss.
+  """
+
+  @tf.function
+  def train_step(batch):
+    inputs, targets = batch
+    with tf.GradientTape() as tape:
+      outputs = forward(inputs, training=True)
+      loss = tf.nn.compute_average_loss(
+          per_example_loss(task, targets, outputs),
+          global_batch_size=global_batch_size)
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+  return train_step

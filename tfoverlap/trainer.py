@@ -14,13 +14,15 @@ import keras
 import tensorflow as tf
 
 from overlap_core.checkpoint import engine as checkpoint_engine
+from overlap_core.planning import burst_report
 from overlap_core.planning import split as split_lib
-from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.runtime import background, ledger as ledger_lib
 from overlap_core.runtime import outputs, run_record, zoo
-from overlap_core.runtime.config import TrainConfig
+from overlap_core.runtime.config import (ConfigError, TrainConfig,
+                                         check_burst_supported)
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
-from tfoverlap import (checkpoint, data, distribute, loops, models,
+from tfoverlap import (burst, checkpoint, data, distribute, loops, models,
                        offload, parallelize, pipeline, steps)
 
 FRAMEWORK = "tensorflow"
@@ -45,6 +47,34 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
   pipeline.check_pipeline_supported(config)
   distribute.check_strategy(config.distribute, num_gpus=num_gpus)
   offload.check_offload(config)
+  check_burst_supported(
+      config.burst, "TensorFlow", host_devices=num_gpus or os.cpu_count(),
+      device_kind="GPUs" if num_gpus else "CPU cores", runs_plans=True,
+      runs_background=not num_gpus)
+  check_burst_combinations(config)
+
+
+def check_burst_combinations(config: TrainConfig) -> None:
+  """Refuses what a burst plan does not run with yet, one reason each."""
+  if not config.burst.enabled:
+    return
+  refusals = (
+      ("strategy", config.distribute.strategy,
+       config.distribute.strategy != "mirrored",
+       "the plan's devices are this process's --num_devices; allowed with "
+       "--burst_parallel: mirrored"),
+      ("loop", config.run.loop, config.run.loop == "fit",
+       "model.fit runs no burst step; allowed with --burst_parallel: ctl"),
+      ("precision", config.model.precision,
+       config.model.precision != "float32",
+       "the burst step runs no loss scaling yet; allowed with "
+       "--burst_parallel: float32"),
+      ("offload", ",".join(config.offload.targets), config.offload.enabled,
+       "offload does not follow a burst plan's parts yet; allowed with "
+       "--burst_parallel: none"))
+  for flag, value, refused, why in refusals:
+    if refused:
+      raise ConfigError(flag, value, why)
 
 
 def describe_environment(strategy: tf.distribute.Strategy) -> dict:
@@ -77,8 +107,17 @@ def _build_train_input(strategy, config: TrainConfig, spec,
   return data.distribute_input(strategy, input_fn, config.data)
 
 
+def _burst_spec(config: TrainConfig, plan):
+  """What parallelize needs to run the plan, or None without one."""
+  if plan is None:
+    return None
+  return parallelize.BurstSpec(
+      plan, config.burst.plan_path,
+      distribute.mirrored_devices(config.distribute.num_devices))
+
+
 def _build_model_and_optimizer(strategy, config: TrainConfig, num_classes,
-                               channels) -> parallelize.Parallelized:
+                               channels, plan) -> parallelize.Parallelized:
   steps.apply_precision_policy(config.model.precision)
   return parallelize.parallelize(
       strategy,
@@ -87,7 +126,8 @@ def _build_model_and_optimizer(strategy, config: TrainConfig, num_classes,
           num_classes=num_classes, channels=channels),
       build_optimizer=lambda: steps.build_optimizer(config.model),
       offload=config.offload,
-      pipeline=_pipeline_spec(config))
+      pipeline=_pipeline_spec(config),
+      burst=_burst_spec(config, plan))
 
 
 def _pipeline_spec(config: TrainConfig):
@@ -103,20 +143,12 @@ def _pipeline_spec(config: TrainConfig):
 
 
 def _build_strategy(config: TrainConfig) -> tf.distribute.Strategy:
-  """The run's strategy; a pipelined run places its stages itself, on the
+  """The run's strategy. A pipelined run places its stages itself, and a
+  burst plan splits each layer over the devices itself, both on the
   devices a mirrored run would replicate over, under no strategy."""
-  if config.pipeline.stages > 1:
+  if config.pipeline.stages > 1 or config.burst.enabled:
     return tf.distribute.get_strategy()
   return distribute.build_strategy(config.distribute)
-
-
-def _describe_strategy(strategy, config: TrainConfig,
-                       built: parallelize.Parallelized) -> dict:
-  described = {**distribute.describe_strategy(strategy, config.distribute),
-               "parallel_dims": built.dims.describe()}
-  if built.pipeline:
-    described["pipeline_devices"] = list(built.pipeline.devices)
-  return described
 
 
 def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
@@ -135,9 +167,14 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
   if built.pipeline:
     return _run_pipelined_loop(ctx, config, spec, built.pipeline, optimizer,
                                iter(train_input))
-  train_step = steps.make_train_step(strategy, model, optimizer,
-                                     task=spec.task,
-                                     global_batch_size=config.data.batch_size)
+  if built.burst:
+    train_step = steps.make_burst_train_step(
+        built.burst, model, optimizer, task=spec.task,
+        global_batch_size=config.data.batch_size)
+  else:
+    train_step = steps.make_train_step(
+        strategy, model, optimizer, task=spec.task,
+        global_batch_size=config.data.batch_size)
   return loops.run_custom_loop(ctx, train_step=train_step,
                                iterator=iter(train_input))
 
@@ -153,6 +190,25 @@ def _run_pipelined_loop(ctx: LoopContext, config: TrainConfig, spec, runtime,
   return loops.run_custom_loop(
       ctx, train_step=runtime.make_train_step(optimizer, loss_fn),
       iterator=iterator, split_compute=runtime.record_step)
+
+
+def _describe_strategy(strategy, config: TrainConfig,
+                       built: parallelize.Parallelized, plan,
+                       ledger) -> dict:
+  described = {**distribute.describe_strategy(strategy, config.distribute),
+               "parallel_dims": built.dims.describe()}
+  if built.pipeline:
+    described["pipeline_devices"] = list(built.pipeline.devices)
+  if plan is not None:
+    described["class"] = "tfoverlap.burst"
+    described["devices"] = list(_burst_spec(config, plan).devices)
+    described["burst"] = burst_report.plan_against_run(
+        plan, config.burst.plan_path, ledger.summary())
+    # The plan names the PyTorch graph's layers; these are the Keras
+    # layers' widths that ran (tfoverlap.burst.widths_for_model).
+    described["burst"]["widths_run"] = burst.widths_for_model(
+        built.model, plan.widths_by_layer())
+  return described
 
 
 def _evaluate(strategy, config: TrainConfig, spec, model) -> dict:
@@ -191,8 +247,10 @@ def train(config: TrainConfig) -> dict:
   try:
     spec = zoo.MODELS[config.model.name]
     info = data.describe(config.data)
+    plan = (burst_report.read_plan(config.burst.plan_path)
+            if config.burst.enabled else None)
     built = _build_model_and_optimizer(
-        strategy, config, info.num_classes, info.channels)
+        strategy, config, info.num_classes, info.channels, plan)
     model, optimizer = built.model, built.optimizer
     offloader = built.offload
     checkpointer = checkpoint.build_checkpointer(
@@ -221,7 +279,12 @@ def train(config: TrainConfig) -> dict:
             config.run.log_every_steps, ledger),
         first_step=restored_step + 1,
         last_step=config.run.train_steps,
-        global_batch_size=config.data.batch_size)
+        global_batch_size=config.data.batch_size,
+        background=(background.make_runner(
+            config.burst.background_job, out_dir,
+            first_step=restored_step + 1, last_step=config.run.train_steps)
+                    if config.burst.background and worker_index == 0
+                    else None))
     try:
       final = {"train_loss": _run_loop(ctx, strategy, config, spec, built)}
     except BaseException:
@@ -231,6 +294,9 @@ def train(config: TrainConfig) -> dict:
         with contextlib.suppress(Exception):
           checkpointer.close()
       raise
+    finally:
+      if ctx.background is not None:
+        ctx.background.stop()
     if checkpointer:
       checkpointer.finish(ctx.last_step)
     # Before evaluation, whose forward passes would count copies too.
@@ -267,10 +333,11 @@ def train(config: TrainConfig) -> dict:
       config, out_dir, ledger, framework=FRAMEWORK,
       worker_index=worker_index, num_workers=num_workers,
       environment=describe_environment(strategy),
-      strategy=_describe_strategy(strategy, config, built),
+      strategy=_describe_strategy(strategy, config, built, plan, ledger),
       num_params=models.num_params(model),
       weights_digest=weights_digest(model), final=final,
       phases_measured=phases_measured,
       checkpoint_stats=checkpointer.stats() if checkpointer else None,
       notes=notes, wall_s=time.perf_counter() - start,
-      offload_stats=offload_stats, pipeline=pipeline_section)
+      offload_stats=offload_stats, pipeline=pipeline_section,
+      background_stats=ctx.background.stats() if ctx.background else None)

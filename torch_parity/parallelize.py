@@ -13,6 +13,11 @@ and applies, in a fixed order:
   3. offload: saved activations and/or each layer's weights live in host
      memory between uses (`torch_parity.offload.apply_offload`).
 
+A burst plan (`--burst_parallel`) replaces steps 1 and 2: every layer runs
+on its own planned ranks (`torch_parity.burst.BurstModel`), which
+all-reduces each layer's gradients within its own group, so DDP must not
+wrap the model too (it would all-reduce every gradient over the world).
+
 Why this order: DDP and Horovod must wrap the module a rank really runs, so
 the model is cut into stages first; offload moves the tensors of an already
 wrapped module, whose hooks must not see them move underneath.
@@ -24,8 +29,11 @@ import torch
 from torch import nn
 
 from overlap_core.planning.dims import ParallelDims
+from overlap_core.planning.burst import BurstPlan
 from overlap_core.planning.profile import Profile
-from overlap_core.runtime.config import OffloadConfig, PipelineConfig
+from overlap_core.runtime.config import (ConfigError, OffloadConfig,
+                                         PipelineConfig)
+from torch_parity import burst as burst_lib
 from torch_parity import offload as offload_lib
 from torch_parity import pipeline as pipeline_lib
 from torch_parity.distribute import Strategy
@@ -45,6 +53,8 @@ class Parallelized(NamedTuple):
     pipeline: this rank's `PipelineRuntime` when pipelined (then `model`
       holds this rank's stages only, and the train step runs the
       schedule), else None.
+    burst: the `BurstModel` that runs a burst plan (then `train_model` is
+      it, and `model` the whole module it runs), else None.
   """
   model: nn.Module
   train_model: nn.Module
@@ -52,6 +62,7 @@ class Parallelized(NamedTuple):
   dims: ParallelDims
   offload: Optional[offload_lib.Offloader] = None
   pipeline: Optional[pipeline_lib.PipelineRuntime] = None
+  burst: Optional[burst_lib.BurstModel] = None
 
 
 class PipelineSpec(NamedTuple):
@@ -64,10 +75,19 @@ class PipelineSpec(NamedTuple):
   profile: Optional[Profile] = None
 
 
+class BurstSpec(NamedTuple):
+  """What a burst plan needs: the plan, where it came from, and a small
+  batch to trace the model's per-sample shapes with."""
+  plan: BurstPlan
+  plan_path: str
+  example_input: torch.Tensor
+
+
 def parallelize(strategy: Strategy, build_model: Callable[[], nn.Module],
                 build_optimizer: Callable[[nn.Module], object],
                 offload: OffloadConfig = OffloadConfig(),
-                pipeline: Optional[PipelineSpec] = None) -> Parallelized:
+                pipeline: Optional[PipelineSpec] = None,
+                burst: Optional[BurstSpec] = None) -> Parallelized:
   """Builds the model and optimizer with the run's parallelism applied.
 
   Args:
@@ -76,8 +96,12 @@ def parallelize(strategy: Strategy, build_model: Callable[[], nn.Module],
     build_optimizer: makes its optimizer from the device-resident module.
     offload: what to keep in host memory between uses.
     pipeline: how to cut the model, when strategy.dims.pipeline > 1.
+    burst: the burst plan to run in place of data parallelism, or None.
   """
   dims = strategy.dims
+  if burst is not None:
+    return apply_burst(strategy, build_model(), build_optimizer, burst,
+                       offload)
   if dims.is_pipelined:
     if offload.enabled:
       raise ValueError("Invalid value for argument `offload`. Received: "
@@ -118,3 +142,30 @@ def apply_pipeline(strategy: Strategy, model: nn.Module,
   own = nn.ModuleList(runtime.stage_modules)
   optimizer = build_optimizer(own)
   return Parallelized(own, own, optimizer, strategy.dims, None, runtime)
+
+
+def apply_burst(strategy: Strategy, model: nn.Module,
+                build_optimizer: Callable[[nn.Module], object],
+                spec: BurstSpec, offload: OffloadConfig) -> Parallelized:
+  """Replaces steps 1 and 2: every layer on its planned ranks.
+
+  Raises:
+    ConfigError: the plan does not fit the model (one line).
+  """
+  if offload.enabled or strategy.dims.is_pipelined:
+    raise ValueError("Invalid value for argument `burst`: a burst plan runs "
+                     "without pipeline stages or offload (yet)")
+  model = model.to(strategy.device)
+  # Every rank starts from the same weights, as DDP's broadcast at wrap
+  # time gives data parallelism; rank 0's seed decides them.
+  try:
+    burst = burst_lib.BurstModel(
+        model, spec.plan.widths_by_layer(),
+        global_batch=spec.plan.global_batch,
+        example_input=spec.example_input.to(strategy.device),
+        rank=strategy.rank, world_size=strategy.world_size)
+  except ValueError as e:
+    raise ConfigError("burst_parallel", spec.plan_path, str(e)) from None
+  burst.share_first_rank_state(model)
+  optimizer = build_optimizer(model)
+  return Parallelized(model, burst, optimizer, strategy.dims, burst=burst)

@@ -15,11 +15,13 @@ import time
 import torch
 
 from overlap_core.checkpoint import engine as checkpoint_engine
+from overlap_core.planning import burst_report
 from overlap_core.planning import split as split_lib
-from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.runtime import background, ledger as ledger_lib
 from overlap_core.runtime import (datasets, outputs, pipeline_stats,
                                   run_record, zoo)
-from overlap_core.runtime.config import ConfigError, TrainConfig
+from overlap_core.runtime.config import (ConfigError, TrainConfig,
+                                         check_burst_supported)
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
 from torch_parity import (checkpoint, data, distribute, loops, models,
@@ -61,6 +63,30 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
   check_pipeline_supported(config)
   distribute.check_strategy(config.distribute, num_gpus=num_gpus)
   offload.check_offload(config, num_gpus=num_gpus)
+  check_burst_supported(
+      config.burst, "PyTorch", host_devices=num_gpus or os.cpu_count(),
+      device_kind="GPUs" if num_gpus else "CPU cores", runs_plans=True,
+      runs_background=not num_gpus)
+  check_burst_combinations(config)
+
+
+def check_burst_combinations(config: TrainConfig) -> None:
+  """Refuses what a burst plan does not run with yet, one reason each."""
+  if not config.burst.enabled:
+    return
+  if config.distribute.strategy not in distribute.DDP_STRATEGIES:
+    raise ConfigError("strategy", config.distribute.strategy,
+                      "a burst plan runs on torch.distributed process "
+                      "groups; allowed with --burst_parallel: mirrored, "
+                      "multi_worker")
+  if config.model.precision != "float32":
+    raise ConfigError("precision", config.model.precision,
+                      "the burst step runs no autocast or loss scaling yet; "
+                      "allowed with --burst_parallel: float32")
+  if config.offload.enabled:
+    raise ConfigError("offload", ",".join(config.offload.targets),
+                      "offload hooks do not follow a burst plan's layers "
+                      "yet; allowed with --burst_parallel: none")
 
 
 def check_pipeline_supported(config: TrainConfig) -> None:
@@ -142,6 +168,14 @@ def _build_train_batches(config: TrainConfig, spec, strategy, first_step):
   dims = strategy.dims
   shard = {"rank": dims.coordinates(strategy.rank).data_parallel,
            "world_size": dims.data_parallel}
+  if config.burst.enabled:
+    # Every rank reads the whole global batch: which rows a rank needs
+    # changes from layer to layer (and ranks beyond the first layer's width
+    # need none of its inputs but some of the last layer's targets), and
+    # one shared order of samples is what makes a burst run train exactly
+    # like one process on the same data. Reading a batch is cheap next to
+    # an exchange of its rows.
+    shard = {"rank": 0, "world_size": 1}
   if config.data.synthetic_on_device:
     return data.make_resident_iterator(
         config.data, task=spec.task, seed=config.run.seed,
@@ -180,7 +214,22 @@ def _pipeline_spec(config: TrainConfig, spec, info):
       steps.make_pipeline_loss(spec.task), split_lib.load_profile(cfg.profile))
 
 
+def _burst_spec(config: TrainConfig, spec, info, plan):
+  """What parallelize needs to run the plan, or None without one."""
+  if plan is None:
+    return None
+  side = config.data.image_size // spec.upscale
+  # Zeros: only shapes are traced, and drawing random numbers here would
+  # move the seeded stream the model's initial weights come from.
+  return parallelize.BurstSpec(plan, config.burst.plan_path,
+                               torch.zeros(2, info.channels, side, side))
+
+
 def _make_train_step(config: TrainConfig, spec, strategy, parallel):
+  if parallel.burst:
+    return steps.make_burst_train_step(
+        parallel.burst, parallel.optimizer, strategy, task=spec.task,
+        global_batch=config.data.batch_size)
   if parallel.pipeline:
     return steps.make_pipeline_train_step(parallel.pipeline,
                                           parallel.optimizer, strategy)
@@ -198,10 +247,14 @@ def _phases_measured(parallel) -> list:
           ledger_lib.CHECKPOINT_STALL]
 
 
-def _describe_strategy(strategy, parallel) -> dict:
+def _describe_strategy(strategy, parallel, config, plan, ledger) -> dict:
   described = strategy.describe()
   if parallel.pipeline:
     described["pipeline"] = parallel.pipeline.describe()
+  if parallel.burst:
+    described["class"] = "torch_parity.burst.BurstModel"
+    described["burst"] = burst_report.plan_against_run(
+        plan, config.burst.plan_path, ledger.summary())
   return described
 
 
@@ -230,6 +283,8 @@ def train(config: TrainConfig):
       os.makedirs(out_dir, exist_ok=True)
     spec = zoo.MODELS[config.model.name]
     info = data.describe(config.data)
+    plan = (burst_report.read_plan(config.burst.plan_path)
+            if config.burst.enabled else None)
     parallel = parallelize.parallelize(
         strategy,
         build_model=lambda: models.build_model(
@@ -238,9 +293,12 @@ def train(config: TrainConfig):
         build_optimizer=lambda module: steps.build_optimizer(
             config.model, module.parameters()),
         offload=config.offload,
-        pipeline=_pipeline_spec(config, spec, info))
+        pipeline=_pipeline_spec(config, spec, info),
+        burst=_burst_spec(config, spec, info, plan))
     model, optimizer = parallel.model, parallel.optimizer
     offloader = parallel.offload
+    # A burst run's checkpoint is rank 0's: it runs every layer, so its
+    # model and optimizer state are the whole run's.
     # After parallelize: Horovod's DistributedOptimizer is a new optimizer
     # with state of its own, the one to save and restore. Every rank
     # restores rank 0's checkpoint, so all resume from the same state.
@@ -271,7 +329,12 @@ def train(config: TrainConfig):
         write_scalars=write_scalars,
         first_step=restored_step + 1,
         last_step=config.run.train_steps,
-        global_batch_size=config.data.batch_size)
+        global_batch_size=config.data.batch_size,
+        background=(background.make_runner(
+            config.burst.background_job, out_dir,
+            first_step=restored_step + 1, last_step=config.run.train_steps)
+                    if config.burst.background and strategy.rank == 0
+                    else None))
     train_loss = float("nan")
     if ctx.first_step <= ctx.last_step:
       # The loader draws its workers' seed from torch's generator; forked,
@@ -297,6 +360,8 @@ def train(config: TrainConfig):
         # The device prefetcher stages batches on a thread of its own.
         if hasattr(batches, "close"):
           batches.close()
+        if ctx.background is not None:
+          ctx.background.stop()
     if checkpointer:
       checkpointer.finish(ctx.last_step)
     write_scalars.close()
@@ -307,6 +372,8 @@ def train(config: TrainConfig):
       pipeline_section = pipeline_timing.gather_pipeline_section(
           parallel.pipeline, config.pipeline, strategy.device,
           warmup_steps=ledger_lib.default_warmup_steps(len(ledger.steps)))
+    elif parallel.burst:
+      parallel.burst.share_first_rank_state(model)
     else:
       strategy.average_buffers(model)
     final = {"train_loss": train_loss}
@@ -314,7 +381,8 @@ def train(config: TrainConfig):
       final.update(_evaluate(config, spec, strategy, model))
     if not strategy.writes_outputs:
       return None
-    notes = [strategy.describe_backend()]
+    notes = [strategy.describe_backend() if not parallel.burst else
+             f"burst plan {config.burst.plan_path} over {strategy.backend}"]
     if restored_step:
       notes.append(f"resumed from the checkpoint of step {restored_step}")
     return outputs.write_worker_outputs(
@@ -322,13 +390,17 @@ def train(config: TrainConfig):
         worker_index=strategy.worker_index,
         num_workers=strategy.num_workers,
         environment=describe_environment(strategy),
-        strategy=_describe_strategy(strategy, parallel), num_params=models.num_params(model),
+        strategy=_describe_strategy(strategy, parallel, config, plan,
+                                    ledger),
+        num_params=models.num_params(model),
         weights_digest=weights_digest(model), final=final,
         phases_measured=_phases_measured(parallel),
         checkpoint_stats=checkpointer.stats() if checkpointer else None,
         notes=notes, wall_s=time.perf_counter() - start,
         offload_stats=(offloader.summary(num_steps=len(ledger.steps))
                        if offloader else None),
-        pipeline=pipeline_section)
+        pipeline=pipeline_section,
+        background_stats=(ctx.background.stats() if ctx.background
+                          else None))
   finally:
     strategy.close()

@@ -21,4 +21,10 @@ torch_parity/parallelize.py).
               frameworks
   command     the planning command's flow from a configuration: the
               micro-batch, batch sizes to profile, early refusal, report
+  burst       burst parallelism (DeepPool): a width per layer under a
+              per-layer amplification limit; burst_costs (compute,
+              all-reduce, redistribution), burst_reduce (the exact minimum
+              by series-parallel reduction), burst_report (the command's
+              steps and files)
+  profile_formats  reads another planner's per-layer time table
 """

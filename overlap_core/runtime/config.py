@@ -266,6 +266,26 @@ class OffloadConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class BurstConfig:
+  """--burst_parallel, --amplification_limit, --background_job.
+
+  The default runs no burst plan and no background job.
+  """
+  plan_path: str = ""  # "" = off; else a burst plan JSON, already checked
+  num_devices: int = 1  # the plan's devices (the run's replicas)
+  amplification_limit: float = 2.0  # every planned layer is within it
+  background_job: str = "none"  # a name from flags/burst.py, or "none"
+
+  @property
+  def enabled(self) -> bool:
+    return bool(self.plan_path)
+
+  @property
+  def background(self) -> bool:
+    return self.background_job != "none"
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
   run: RunConfig
   model: ModelConfig
@@ -274,6 +294,38 @@ class TrainConfig:
   checkpoint: CheckpointConfig
   pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
   offload: OffloadConfig = dataclasses.field(default_factory=OffloadConfig)
+  burst: BurstConfig = dataclasses.field(default_factory=BurstConfig)
 
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)
+
+
+def check_burst_supported(cfg: BurstConfig, framework: str, *,
+                          host_devices: int, device_kind: str,
+                          runs_plans: bool, runs_background: bool) -> None:
+  """Refuses a plan this host cannot run, and what is not built yet.
+
+  Args:
+    cfg: the burst settings.
+    framework: named in the message.
+    host_devices: GPUs, or CPU cores on a host without GPUs.
+    device_kind: "GPUs" or "CPU cores", for the message.
+    runs_plans, runs_background: whether this trainer runs them.
+
+  Raises:
+    ConfigError: naming the flag.
+  """
+  if cfg.enabled and cfg.num_devices > host_devices:
+    raise ConfigError("burst_parallel", cfg.plan_path,
+                      f"the plan needs {cfg.num_devices} devices and this "
+                      f"host has {host_devices} {device_kind}")
+  if cfg.enabled and not runs_plans:
+    raise ConfigError("burst_parallel", cfg.plan_path,
+                      f"the {framework} trainer does not run burst plans "
+                      "yet (the runtime is a library, see the README); "
+                      "allowed: off")
+  if cfg.background and not runs_background:
+    raise ConfigError("background_job", cfg.background_job,
+                      f"the {framework} trainer does not run a background "
+                      "job on this host yet (GPU hosts need the "
+                      "low-priority stream path); allowed: none")

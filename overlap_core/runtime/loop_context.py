@@ -32,6 +32,8 @@ class LoopContext:
   first_step: int  # the step to run first (1, or one past a restored step)
   last_step: int
   global_batch_size: int
+  # on_step_end(step, step_s) after each step, e.g. a BackgroundRunner
+  background: Optional[object] = None
 
 
 def after_step(ctx: LoopContext, step: int, loss: float) -> None:
@@ -39,7 +41,9 @@ def after_step(ctx: LoopContext, step: int, loss: float) -> None:
   if ctx.checkpointer is not None and ctx.checkpointer.is_due(step):
     with ctx.ledger.phase(ledger_lib.CHECKPOINT_STALL):
       ctx.checkpointer.save(step)
-  ctx.ledger.end_step(step, ctx.global_batch_size)
+  record = ctx.ledger.end_step(step, ctx.global_batch_size)
+  if ctx.background is not None:
+    ctx.background.on_step_end(step, record.duration_s)
   ctx.progress.maybe_print(ctx.ledger, step, loss)
   ctx.write_scalars(step, loss)
 

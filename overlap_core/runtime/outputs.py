@@ -23,7 +23,8 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
                          checkpoint_stats: Optional[dict], notes: list,
                          wall_s: float,
                          offload_stats: Optional[dict] = None,
-                         pipeline: Optional[dict] = None) -> dict:
+                         pipeline: Optional[dict] = None,
+                         background_stats: Optional[dict] = None) -> dict:
   """Writes the trace (if asked for) and run.json of this worker.
 
   Args:
@@ -41,6 +42,7 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
     wall_s: the run's wall time so far.
     offload_stats: the offload copies (`Offloader.summary()`), or None.
     pipeline: the run.json `pipeline` section, or None when not pipelined.
+    background_stats: `BackgroundRunner.stats()`, or None.
 
   Returns:
     The record written to `<out_dir>/run.json`.
@@ -73,6 +75,7 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
       checkpoint=checkpoint_stats,
       notes=notes,
       offload=offload_stats,
-      pipeline=pipeline)
+      pipeline=pipeline,
+      background=background_stats)
   run_record.write_run_record(out_dir, record)
   return record

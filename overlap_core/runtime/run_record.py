@@ -107,8 +107,12 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
                      outputs: dict, checkpoint: Optional[dict] = None,
                      notes: Optional[list] = None,
                      offload: Optional[dict] = None,
-                     pipeline: Optional[dict] = None) -> dict:
+                     pipeline: Optional[dict] = None,
+                     background: Optional[dict] = None) -> dict:
   """Assembles the run.json payload; see README "run.json" for each field.
+
+  `background` is the background job's throughput and the foreground's
+  slowdown (`BackgroundRunner.stats()`), or None without one.
 
   `checkpoint` is `CheckpointEngine.stats()`, or None without checkpoints.
   `offload` is the offload copies per direction, or None without offload
@@ -136,6 +140,7 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
       "checkpoint": checkpoint,
       "offload": offload,
       "pipeline": pipeline,
+      "background": background,
       "outputs": outputs,
       "notes": list(notes or []),
   }

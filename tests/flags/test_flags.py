@@ -35,6 +35,7 @@ FROZEN_SURFACE = {
                  "pipeline_virtual_stages", "plan_profile"],
     "offload": ["offload", "offload_non_blocking", "offload_pin_memory",
                 "offload_prefetch"],
+    "burst": ["amplification_limit", "background_job", "burst_parallel"],
 }
 
 

@@ -16,10 +16,11 @@ def _cfg(strategy="default"):
 
 def test_one_process_trains_the_module_itself():
   strategy = distribute.build_strategy(_cfg())
-  model, train_model, optimizer, dims, _, pipeline = parallelize.parallelize(
-      strategy, lambda: nn.Linear(4, 2),
-      lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
-  assert pipeline is None
+  (model, train_model, optimizer, dims, _, pipeline,
+   burst) = parallelize.parallelize(
+       strategy, lambda: nn.Linear(4, 2),
+       lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
+  assert pipeline is None and burst is None
   assert train_model is model and dims.world_size == 1
   assert optimizer.param_groups[0]["params"][0] is model.weight
 
@@ -27,7 +28,7 @@ def test_one_process_trains_the_module_itself():
 def test_ddp_wraps_the_module_it_runs():
   strategy = distribute.build_strategy(_cfg("multi_worker"))
   try:
-    model, train_model, _, _, _, _ = parallelize.parallelize(
+    model, train_model, _, _, _, _, _ = parallelize.parallelize(
         strategy, lambda: nn.Linear(4, 2),
         lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
     assert isinstance(train_model, nn.parallel.DistributedDataParallel)

@@ -1,0 +1,227 @@
+"""Burst parallelism (DeepPool): plans, their predictions, runtime overheads.
+
+  python -m benchmarks.burst --quick          # smoke: small batch, 2 models
+  python -m benchmarks.burst                  # the table for BENCHMARKS.md
+
+Part 1, plans. For VGG-16, a WideResNet (wide_resnet101_2; 26_2 with
+--quick) and Inception-V3, the layers are profiled here (PyTorch, the first
+GPU or the CPU) at the per-device batches the widths give, and planned
+for --num_devices devices at amplification limits 1.5, 2, 3 and 5. Each
+row: the predicted iteration time and GPU-seconds of the plan, of data
+parallelism on the same devices (every layer at full width), their ratios,
+and how many layers each width got. Predictions, not measurements.
+
+Part 2, runtime. On --runtime_ranks gloo processes of this host, a small
+CNN trained by `torch_parity.burst.BurstModel` under a mixed-width plan and
+under the all-wide plan (data parallelism by the same runtime), each with
+and without the background job (`--background_job=small_mlp`'s process,
+started halfway). Reports samples/s, and the foreground's slowdown and the
+background's samples/s when it ran. Repeats are interleaved. On a 2-core
+CPU host this shows the runtime's overheads, not DeepPool's gains: the
+ranks share the cores with each other and with the background job.
+
+Results go to benchmarks/results/burst[_quick].json.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from benchmarks import common
+
+MODELS = {"vgg16": 32, "wide_resnet101_2": 32, "inception_v3": 75}
+QUICK_MODELS = {"vgg16": 32, "wide_resnet26_2": 32}
+LIMITS = (1.5, 2.0, 3.0, 5.0)
+RUNTIME_BATCH = 32
+RANK_TIMEOUT_S = 900
+
+
+def _plan_rows(args):
+  # pylint: disable=g-import-not-at-top
+  import torch
+  from overlap_core.planning import burst_report
+  from overlap_core.planning.burst_costs import CommModel
+  from torch_parity.models import build_model
+  from torch_parity.planning.graph import build_layer_graph
+  from torch_parity.planning.profiler import profile_layers
+  rows = []
+  device = "cuda:0" if torch.cuda.is_available() else "cpu"
+  comm = CommModel(bandwidth_bytes_per_s=args.bandwidth_gbps * 1e9)
+  for name, size in (QUICK_MODELS if args.quick else MODELS).items():
+    batches = burst_report.batches_to_profile(
+        global_batch=args.global_batch, num_devices=args.num_devices)
+    torch.manual_seed(0)
+    model = build_model(name, image_size=size, num_classes=10)
+    make_input = lambda b, size=size: torch.randn(b, 3, size, size)
+    graph = build_layer_graph(model, make_input(batches[0]), name=name)
+    common.log(f"profiling {name} at batches {batches} on {device}")
+    profile = profile_layers(model, make_input, device=device,
+                             batch_sizes=batches, warmup=args.warmup,
+                             repeats=args.profile_repeats, name=name)
+    for limit in LIMITS:
+      plan = burst_report.make_burst_plan(
+          graph, profile, global_batch=args.global_batch,
+          num_devices=args.num_devices, amplification_limit=limit, comm=comm)
+      counts = {}
+      for lp in plan.layers:
+        counts[lp.num_devices] = counts.get(lp.num_devices, 0) + 1
+      rows.append({
+          "model": name, "limit": limit, "device": device,
+          "iteration_ms": plan.iteration_s * 1e3,
+          "gpu_s": plan.gpu_s, "amplification": plan.amplification,
+          "dp_iteration_ms": plan.data_parallel_iteration_s * 1e3,
+          "dp_gpu_s": plan.data_parallel_gpu_s,
+          "iteration_vs_dp": plan.iteration_s / plan.data_parallel_iteration_s,
+          "gpu_s_vs_dp": plan.gpu_s / plan.data_parallel_gpu_s,
+          "layers_by_width": {str(k): v for k, v in sorted(counts.items())}})
+  return rows
+
+
+def _runtime_variants(ranks: int):
+  mixed = {"0": ranks, "1": ranks, "2": ranks, "3": ranks, "4": 1, "5": 1,
+           "6": 1, "7": ranks}
+  wide = {k: ranks for k in mixed}
+  return {"burst": mixed, "data_parallel": wide}
+
+
+def _rank_worker(argv) -> int:
+  """One rank of a runtime variant; writes its step times as JSON."""
+  out_path, widths_json, steps, background_job = argv
+  # pylint: disable=g-import-not-at-top
+  import torch
+  from torch import nn
+  from overlap_core.runtime import background
+  from torch_parity import burst, rendezvous
+  rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+  rendezvous.join_launched_world("gloo", rank=rank, world_size=world,
+                                 timeout=datetime.timedelta(seconds=300))
+  torch.manual_seed(0)
+  module = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+                         nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(16 * 16 * 16, 64),
+                         nn.ReLU(), nn.Linear(64, 10))
+  x = torch.randn(RUNTIME_BATCH, 3, 16, 16)
+  y = torch.randint(0, 10, (RUNTIME_BATCH,))
+  model = burst.BurstModel(module, json.loads(widths_json),
+                           global_batch=RUNTIME_BATCH, example_input=x[:2])
+  optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
+  steps = int(steps)
+  runner = None
+  if background_job != "none" and rank == 0:
+    runner = background.BackgroundRunner(
+        background_job, out_path + ".bg.json", start_after_step=steps // 2,
+        warmup_steps=2)
+  times = []
+  try:
+    for step in range(1, steps + 1):
+      start = time.perf_counter()
+      optimizer.zero_grad()
+      loss = nn.functional.cross_entropy(
+          model(model.local_input(x)), model.local_rows(y),
+          reduction="sum") / RUNTIME_BATCH
+      loss.backward()
+      model.allreduce_gradients()
+      optimizer.step()
+      torch.distributed.barrier()
+      times.append(time.perf_counter() - start)
+      if runner:
+        runner.on_step_end(step, times[-1])
+  finally:
+    if runner:
+      runner.stop()
+  with open(out_path, "w", encoding="utf-8") as f:
+    json.dump({"step_s": times,
+               "background": runner.stats() if runner else None}, f)
+  torch.distributed.destroy_process_group()
+  return 0
+
+
+def _run_variant(widths, *, ranks, steps, background_job, workdir):
+  # pylint: disable=g-import-not-at-top
+  from overlap_core.runtime import processes
+  from torch_parity.launch import torchrun_env
+  port = processes.free_ports(1)[0]
+  out = os.path.join(workdir, f"r{time.monotonic_ns()}")
+  procs = [subprocess.Popen(
+      [sys.executable, "-m", "benchmarks.burst", "--rank_worker", out,
+       json.dumps(widths), str(steps), background_job],
+      cwd=common.REPO_ROOT,
+      env=torchrun_env(common.subprocess_env(), rank=r, world_size=ranks,
+                       master_port=port)) for r in range(ranks)]
+  for p in procs:
+    if p.wait(timeout=RANK_TIMEOUT_S):
+      raise common.BenchmarkError(f"a rank exited {p.returncode}")
+  with open(out, encoding="utf-8") as f:
+    result = json.load(f)
+  measured = result["step_s"][2:]  # two warm-up steps
+  row = {"samples_per_second": RUNTIME_BATCH * len(measured) / sum(measured)}
+  if result["background"]:
+    bg = result["background"]
+    row.update(background_samples_per_second=bg["samples_per_second"],
+               foreground_slowdown_frac=bg["foreground"]["slowdown_frac"],
+               background_policy=bg["policy_seen_by_foreground"])
+  return row
+
+
+def _runtime_rows(args):
+  rows = {}
+  variants = [(name, bg) for name in _runtime_variants(args.runtime_ranks)
+              for bg in ("none", "small_mlp")]
+  with tempfile.TemporaryDirectory() as workdir:
+    for repeat in range(args.repeats):
+      shift = repeat % len(variants)
+      for name, bg in variants[shift:] + variants[:shift]:
+        common.log(f"runtime {name}, background {bg}, repeat {repeat}")
+        rows.setdefault(f"{name}/{bg}", []).append(_run_variant(
+            _runtime_variants(args.runtime_ranks)[name],
+            ranks=args.runtime_ranks, steps=args.steps,
+            background_job=bg, workdir=workdir))
+  return rows
+
+
+def main(argv) -> int:
+  if argv[1:2] == ["--rank_worker"]:
+    return _rank_worker(argv[2:])
+  parser = argparse.ArgumentParser(prog="benchmarks.burst")
+  parser.add_argument("--quick", action="store_true")
+  parser.add_argument("--num_devices", type=int, default=8)
+  parser.add_argument("--global_batch", type=int, default=None)
+  parser.add_argument("--bandwidth_gbps", type=float, default=25.0)
+  parser.add_argument("--warmup", type=int, default=2)
+  parser.add_argument("--profile_repeats", type=int, default=5)
+  parser.add_argument("--runtime_ranks", type=int, default=2)
+  parser.add_argument("--steps", type=int, default=None)
+  parser.add_argument("--repeats", type=int, default=None)
+  args = parser.parse_args(argv[1:])
+  args.global_batch = args.global_batch or (16 if args.quick else 64)
+  args.steps = args.steps or (8 if args.quick else 60)
+  args.repeats = args.repeats or (1 if args.quick else 3)
+  if args.quick:
+    args.profile_repeats, args.warmup = 1, 0
+  payload = {"machine": common.describe_machine(),
+             "command": common.command_line(),
+             "settings": vars(args),
+             "plans": _plan_rows(args),
+             "runtime": _runtime_rows(args)}
+  path = os.path.join(common.RESULTS_DIR,
+                      "burst_quick.json" if args.quick else "burst.json")
+  common.write_results(path, payload)
+  for row in payload["plans"]:
+    print(f"{row['model']:<18} limit {row['limit']:<4} iteration "
+          f"{row['iteration_ms']:9.2f} ms (x{row['iteration_vs_dp']:.2f} of "
+          f"data parallel), GPU-s x{row['gpu_s_vs_dp']:.2f}, widths "
+          f"{row['layers_by_width']}")
+  for name, reps in payload["runtime"].items():
+    print(f"{name:<26} " + ", ".join(
+        f"{r['samples_per_second']:.1f} samples/s" for r in reps))
+  print(f"wrote {path}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))

@@ -1,0 +1,82 @@
+"""Burst-parallel flags: a per-layer width plan, its bound, a background job;
+and `build_config`, which checks a plan against the run it is given to."""
+
+from absl import flags
+
+from overlap_core.planning.burst import BurstPlan
+from overlap_core.runtime.config import BurstConfig, ConfigError
+
+# The small training jobs --background_job can run beside the foreground.
+BACKGROUND_JOBS = ("none", "small_mlp")
+
+
+def define_flags():
+  flags.DEFINE_string(
+      "burst_parallel", "off",
+      "off, or a burst plan JSON (python -m torch_parity.burst_plan): every "
+      "layer runs on its own number of devices, the batch scattered and "
+      "gathered between layers of different width. The plan's devices must "
+      "equal the run's replicas.")
+  flags.DEFINE_float(
+      "amplification_limit", 2.0,
+      "Bound on a layer's device-seconds at its width over its time on one "
+      "device (per layer). The planning command plans within it; a trainer "
+      "refuses a plan with a layer above it.", lower_bound=1.0)
+  flags.DEFINE_enum(
+      "background_job", "none", list(BACKGROUND_JOBS),
+      "A small training job run beside the foreground at the lowest "
+      "priority (a separate process under SCHED_IDLE, or nice 19 where that "
+      "is not allowed); both throughputs and the foreground's slowdown go "
+      "into run.json.")
+
+
+def _read_burst_plan(path: str) -> BurstPlan:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return BurstPlan.from_json(f.read())
+  except OSError as e:
+    raise ConfigError("burst_parallel", path,
+                      f"cannot read it ({e.strerror}); allowed: off or a "
+                      "burst plan JSON") from None
+  except (ValueError, KeyError, TypeError) as e:
+    raise ConfigError("burst_parallel", path,
+                      f"not a burst plan ({' '.join(str(e).split())}); "
+                      "allowed: off or a burst plan JSON from python -m "
+                      "torch_parity.burst_plan") from None
+
+
+def build_config(values) -> BurstConfig:
+  """--burst_parallel and its bound: the plan must fit this run."""
+  path = values.burst_parallel.strip()
+  limit = values.amplification_limit
+  if path in ("", "off"):
+    return BurstConfig(amplification_limit=limit,
+                       background_job=values.background_job)
+  plan = _read_burst_plan(path)
+  replicas = values.num_workers
+  if values.strategy == "mirrored":
+    replicas *= values.num_devices
+  if plan.num_devices != replicas:
+    raise ConfigError("burst_parallel", path,
+                      f"the plan is for {plan.num_devices} devices and this "
+                      f"run has {replicas} replicas; allowed: a plan for "
+                      "exactly the run's replicas")
+  if plan.global_batch != values.batch_size:
+    raise ConfigError("burst_parallel", path,
+                      f"the plan is for a global batch of "
+                      f"{plan.global_batch}, not --batch_size="
+                      f"{values.batch_size}")
+  if values.pipeline_stages > 1:
+    raise ConfigError("burst_parallel", path,
+                      "burst parallelism and pipeline stages do not combine;"
+                      " allowed with --pipeline_stages=1")
+  over = [lp for lp in plan.layers if lp.amplification > limit + 1e-9]
+  if over:
+    raise ConfigError("amplification_limit", limit,
+                      f"layer {over[0].layer!r} of the plan amplifies "
+                      f"{over[0].amplification:.2f}x ({len(over)} layers "
+                      "above the limit); allowed: a limit at or above the "
+                      "plan's")
+  return BurstConfig(plan_path=path, num_devices=plan.num_devices,
+                     amplification_limit=limit,
+                     background_job=values.background_job)

@@ -1,0 +1,126 @@
+"""The burst planning command's steps, shared by both frameworks.
+
+Each framework's command measures (graph, profile) its own way and hands
+them here: the batches to profile, the plan (with a fitted cost model where
+the profile does not reach), and the files.
+
+  batches = batches_to_profile(global_batch=32, num_devices=4)
+  plan = make_burst_plan(graph, profile, global_batch=32, num_devices=4,
+                         amplification_limit=2.0)
+  paths = write_burst_files(graph, profile, plan, "plan/")
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from typing import List, Optional, Sequence, Tuple
+
+from overlap_core.planning import burst
+from overlap_core.planning.burst_costs import (CommModel, default_widths,
+                                               split_samples)
+from overlap_core.planning.graph import LayerGraph
+from overlap_core.planning.profile import Profile
+
+PLAN_NAME, PNG_NAME = "burst_plan.json", "burst_scaling.png"
+PLOT_TIMEOUT_S = 300
+
+
+def batches_to_profile(*, global_batch: int, num_devices: int,
+                       widths: Optional[Sequence[int]] = None
+                       ) -> Tuple[int, ...]:
+  """The per-device batches a plan reads: the largest part at each width."""
+  widths = widths or default_widths(num_devices, global_batch)
+  return tuple(sorted({max(split_samples(global_batch, k)) for k in widths}))
+
+
+def make_burst_plan(graph: LayerGraph, profile: Profile, *,
+                    global_batch: int, num_devices: int,
+                    amplification_limit: float,
+                    comm: Optional[CommModel] = None,
+                    widths: Optional[Sequence[int]] = None
+                    ) -> burst.BurstPlan:
+  """Plans; fits the cost model only if the profile misses a batch.
+
+  Raises:
+    ValueError, KeyError: one line, for what cannot be planned.
+  """
+  needed = set(batches_to_profile(global_batch=global_batch,
+                                  num_devices=num_devices, widths=widths))
+  cost_model = None
+  if not needed <= set(profile.batch_sizes):
+    # pylint: disable=g-import-not-at-top
+    from overlap_core.planning.cost_model import fit_cost_model
+    cost_model = fit_cost_model([(graph, profile)])
+  return burst.plan_burst(graph, profile, global_batch=global_batch,
+                          num_devices=num_devices,
+                          amplification_limit=amplification_limit,
+                          comm=comm or CommModel(), cost_model=cost_model,
+                          widths=widths)
+
+
+def write_burst_files(graph: LayerGraph, profile: Profile,
+                      plan: burst.BurstPlan, output_dir: str) -> List[str]:
+  """graph.json, profile.json, burst_plan.json, burst_plan.txt, and the
+  scaling plot when matplotlib is installed."""
+  os.makedirs(output_dir, exist_ok=True)
+  files = {"graph.json": graph.to_json(), "profile.json": profile.to_json(),
+           PLAN_NAME: plan.to_json(), "burst_plan.txt": plan.table() + "\n"}
+  paths = []
+  for name, text in files.items():
+    path = os.path.join(output_dir, name)
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(text)
+    paths.append(path)
+  png = plot_scaling(os.path.join(output_dir, PLAN_NAME),
+                     os.path.join(output_dir, PNG_NAME))
+  return paths + ([png] if png else [])
+
+
+def plot_scaling(plan_path: str, png_path: str) -> Optional[str]:
+  """Draws the scaling plot in a child process (the neutral core never
+  imports matplotlib); None when matplotlib is not installed."""
+  if importlib.util.find_spec("matplotlib") is None:
+    print("burst_scaling.png skipped: matplotlib is not installed "
+          "(pip install \".[compare]\")", file=sys.stderr)
+    return None
+  try:
+    subprocess.run([sys.executable, "-m", "overlap_compare.burst_plot",
+                    plan_path, png_path], check=True, capture_output=True,
+                   text=True, timeout=PLOT_TIMEOUT_S)
+  except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+    # The plan is written and good; a failed picture must not cost it.
+    tail = (getattr(e, "stderr", "") or "").strip().splitlines()
+    print(f"burst_scaling.png skipped: the plot failed "
+          f"({tail[-1] if tail else type(e).__name__})", file=sys.stderr)
+    return None
+  return png_path
+
+
+def read_plan(path: str) -> burst.BurstPlan:
+  """The plan a trainer runs (flags/burst.py has already checked it)."""
+  with open(path, encoding="utf-8") as f:
+    return burst.BurstPlan.from_json(f.read())
+
+
+def plan_against_run(plan: burst.BurstPlan, plan_path: str,
+                     ledger_summary: dict) -> dict:
+  """run.json's `burst` section: what the plan predicted beside what the
+  run measured, so that a user sees where the cost model was wrong."""
+  measured_s = ledger_summary["phases"]["step"]["mean"]
+  predicted_s = plan.iteration_s
+  return {
+      "plan": plan_path,
+      "model": plan.model,
+      "num_devices": plan.num_devices,
+      "global_batch": plan.global_batch,
+      "amplification_limit": plan.amplification_limit,
+      "widths_by_layer": plan.widths_by_layer(),
+      "predicted_iteration_ms": predicted_s * 1e3,
+      "predicted_data_parallel_iteration_ms":
+          plan.data_parallel_iteration_s * 1e3,
+      "measured_step_ms": measured_s * 1e3,
+      # > 1: the run was slower than the plan said (data wait included).
+      "measured_over_predicted": (measured_s / predicted_s
+                                  if predicted_s > 0 else None),
+  }

@@ -1,0 +1,56 @@
+"""The background job: a real process in the idle class, and its numbers."""
+
+import os
+import time
+
+import pytest
+
+from overlap_core.runtime import background
+
+from tests.helpers import PROGRESS_WAIT_S
+
+
+def _wait_for_steps(path, steps):
+  deadline = time.monotonic() + PROGRESS_WAIT_S
+  while True:
+    stats = background.read_stats(path)
+    if stats and stats["steps"] >= steps:
+      return stats
+    assert time.monotonic() < deadline, f"no {steps} steps in {path}"
+    time.sleep(0.05)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux only")
+def test_the_job_runs_in_the_idle_class_and_reports_throughput(tmp_path):
+  stats_path = str(tmp_path / "bg.json")
+  runner = background.BackgroundRunner("small_mlp", stats_path,
+                                       start_after_step=2, warmup_steps=0)
+  try:
+    runner.on_step_end(1, 0.010)
+    assert runner.pid is None  # not before its step
+    runner.on_step_end(2, 0.010)
+    assert runner.pid is not None
+    # Asked of the kernel from outside the job, while it trains.
+    assert os.sched_getscheduler(runner.pid) == os.SCHED_IDLE
+    _wait_for_steps(stats_path, 20)
+    for step in range(3, 7):
+      runner.on_step_end(step, 0.020)
+  finally:
+    runner.stop()
+  stats = runner.stats()
+  assert stats["policy"] == "SCHED_IDLE"
+  assert stats["policy_seen_by_foreground"] == "SCHED_IDLE"
+  assert stats["finished"] is True  # it ended on SIGTERM and said so
+  assert stats["steps"] >= 20 and stats["samples_per_second"] > 0
+  fg = stats["foreground"]
+  # Steps 1-2 before; step 3 holds the start-up wait and is left out.
+  assert (fg["steps_before"], fg["steps_with"]) == (2, 3)
+  assert fg["slowdown_frac"] == pytest.approx(1.0)  # 20 ms over 10 ms
+
+
+def test_a_run_too_short_to_split_gets_no_runner(tmp_path):
+  assert background.make_runner("small_mlp", str(tmp_path), first_step=1,
+                                last_step=3) is None
+  runner = background.make_runner("small_mlp", str(tmp_path), first_step=1,
+                                  last_step=40)
+  assert runner is not None and runner.pid is None

@@ -1,0 +1,88 @@
+"""The TensorFlow trainer runs a burst plan over 2 logical CPU devices and
+trains like the unsplit model."""
+
+import pytest
+
+from overlap_core.runtime import run_record
+
+from tests.burst_plans import write_plan
+from tests.helpers import run_module
+
+BATCH = 16
+RUN = ("--model=mlp", "--dataset=digits", "--image_size=8",
+       f"--batch_size={BATCH}", "--train_steps=6", "--optimizer=momentum",
+       "--learning_rate=0.05", "--deterministic", "--log_every_steps=3",
+       "--tensorboard=false", "--trace=false", "--prefetch=1",
+       "--intra_op_threads=1")
+# Named as the PyTorch graph names them (what python -m
+# torch_parity.burst_plan writes): "relu" and "float_1" have no Keras layer
+# of their own, and the Keras float32_output layer is not named.
+WIDTHS = {"flatten": 2, "fc1": 2, "relu": 2, "fc2": 1, "relu_1": 1,
+          "fc3": 2, "float_1": 2}
+PREDICTED_ITERATION_S = 0.004
+# The same per-sample terms in another grouping: the width-2 layers' weight
+# gradients are two half-batch GEMMs summed instead of one. float32
+# rounding of a few ulps per step, carried through six momentum steps, stays
+# orders of magnitude below 1e-4 relative on losses of order 1; a wrong
+# split (a part dropped or taken twice) moves the loss by percents.
+LOSS_RTOL = 1e-4
+
+
+def test_burst_plan_trains_like_the_unsplit_model(tmp_path):
+  plan_path = tmp_path / "plan.json"
+  write_plan(plan_path, WIDTHS, model="mlp", global_batch=BATCH,
+             num_devices=2, iteration_s=PREDICTED_ITERATION_S)
+  one = run_module("tfoverlap.train", *RUN, "--strategy=default",
+                   f"--model_dir={tmp_path / 'one'}", timeout=300)
+  assert one.returncode == 0, one.stderr[-3000:]
+  split = run_module("tfoverlap.train", *RUN, "--strategy=mirrored",
+                     "--num_devices=2", f"--burst_parallel={plan_path}",
+                     f"--model_dir={tmp_path / 'burst'}", timeout=300)
+  assert split.returncode == 0, split.stderr[-3000:]
+
+  reference = run_record.load_run_record(str(tmp_path / "one"))
+  record = run_record.load_run_record(str(tmp_path / "burst"))
+  for key in ("train_loss", "eval_loss"):
+    assert record["final"][key] == pytest.approx(
+        reference["final"][key], rel=LOSS_RTOL), key
+  section = record["strategy"]["burst"]
+  assert section["widths_run"] == {"flatten": 2, "fc1": 2, "fc2": 1,
+                                   "fc3": 2, "float32_output": 2}
+  assert section["predicted_iteration_ms"] == pytest.approx(
+      PREDICTED_ITERATION_S * 1e3)
+  assert section["measured_step_ms"] > 0
+  assert record["strategy"]["devices"] == ["/cpu:0", "/cpu:1"]
+
+
+def test_a_resumed_burst_run_ends_like_an_uninterrupted_one(tmp_path):
+  plan_path = tmp_path / "plan.json"
+  write_plan(plan_path, WIDTHS, model="mlp", global_batch=BATCH,
+             num_devices=2, iteration_s=PREDICTED_ITERATION_S)
+  runs = {}
+  for name, steps in (("whole", 6), ("resumed", 3), ("resumed", 6)):
+    result = run_module(
+        "tfoverlap.train", *RUN, f"--train_steps={steps}",
+        "--evaluate=false", "--strategy=mirrored", "--num_devices=2",
+        "--checkpoint=async", "--checkpoint_every=3",
+        f"--burst_parallel={plan_path}", f"--model_dir={tmp_path / name}",
+        timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs[name] = run_record.load_run_record(str(tmp_path / name))
+  # One replica holds every variable: its checkpoint is the whole state,
+  # and a deterministic resumed run takes bit-identical steps.
+  assert "resumed from the checkpoint of step 3" in runs["resumed"]["notes"]
+  assert runs["resumed"]["weights_digest"] == runs["whole"]["weights_digest"]
+
+
+def test_what_does_not_combine_is_refused_in_one_line(tmp_path):
+  plan_path = tmp_path / "plan.json"
+  write_plan(plan_path, WIDTHS, model="mlp", global_batch=BATCH,
+             num_devices=2, iteration_s=PREDICTED_ITERATION_S)
+  result = run_module("tfoverlap.train", *RUN, "--strategy=mirrored",
+                      "--num_devices=2", f"--burst_parallel={plan_path}",
+                      "--loop=fit", f"--model_dir={tmp_path / 'run'}",
+                      timeout=300)
+  assert result.returncode == 2, result.stderr[-3000:]
+  errors = [l for l in result.stderr.splitlines() if ": error: " in l]
+  assert len(errors) == 1 and "--loop=fit" in errors[0], result.stderr
+  assert "Traceback" not in result.stderr

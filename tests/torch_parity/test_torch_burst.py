@@ -1,0 +1,82 @@
+"""The PyTorch burst runtime on 2 gloo processes against one process."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from overlap_core.runtime import processes
+from torch_parity.launch import torchrun_env
+
+from tests.helpers import REPO_ROOT, subprocess_env
+from tests.torch_parity import burst_rank
+
+WORLD = 2
+RANK_TIMEOUT_S = 300
+# float32: the same per-sample terms summed in two parts and then across
+# ranks instead of in one batch; a few ulps per reduction, far below 1e-5
+# relative on gradients of order 1e-3 to 1.
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def _reference():
+  module = burst_rank.build_model()
+  x, y = burst_rank.batch()
+  optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+  losses, grads = [], None
+  for _ in range(2):
+    optimizer.zero_grad()
+    loss = nn.functional.cross_entropy(module(x), y)
+    loss.backward()
+    losses.append(float(loss.detach()))
+    if grads is None:
+      grads = {n: p.grad.clone() for n, p in module.named_parameters()}
+    optimizer.step()
+  return losses, grads
+
+
+def _run_ranks(out_dir):
+  port = processes.free_ports(1)[0]
+  env = subprocess_env()
+  procs = [subprocess.Popen(
+      [sys.executable, "-m", "tests.torch_parity.burst_rank", str(out_dir)],
+      cwd=REPO_ROOT, env=torchrun_env(env, rank=r, world_size=WORLD,
+                                      master_port=port),
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for r in range(WORLD)]
+  try:
+    outputs = [p.communicate(timeout=RANK_TIMEOUT_S)[0] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  for p, out in zip(procs, outputs):
+    assert p.returncode == 0, out
+  return [torch.load(os.path.join(out_dir, f"rank{r}.pt"))
+          for r in range(WORLD)]
+
+
+def test_two_ranks_train_like_one_process(tmp_path):
+  ranks = _run_ranks(tmp_path)
+  ref_losses, ref_grads = _reference()
+  for record in ranks:
+    assert record["losses"] == pytest.approx(ref_losses, rel=RTOL)
+  # Rank 0 takes part in every layer, so it holds every summed gradient.
+  grads = ranks[0]["grads"]
+  assert sorted(grads) == sorted(ref_grads)
+  for name, ref in ref_grads.items():
+    torch.testing.assert_close(grads[name], ref, rtol=RTOL, atol=ATOL)
+  # Rank 1 ran only the width-2 layers, on its half, and got their sums.
+  for name in ("0.weight", "0.bias", "5.weight", "5.bias"):
+    torch.testing.assert_close(ranks[1]["grads"][name], ref_grads[name],
+                               rtol=RTOL, atol=ATOL)
+  assert "3.weight" not in ranks[1]["grads"]
+  half = burst_rank.BATCH // 2
+  assert ranks[1]["seen"] == {"0": [half, half], "1": [half, half],
+                              "4": [half, half], "5": [half, half]}
+  assert ranks[0]["seen"]["3"] == [burst_rank.BATCH] * 2
+  assert ranks[0]["seen"]["0"] == [half, half]
