@@ -117,7 +117,8 @@ def _burst_spec(config: TrainConfig, plan):
 
 
 def _build_model_and_optimizer(strategy, config: TrainConfig, num_classes,
-                               channels, plan) -> parallelize.Parallelized:
+                               channels, plan=None
+                               ) -> parallelize.Parallelized:
   steps.apply_precision_policy(config.model.precision)
   return parallelize.parallelize(
       strategy,
