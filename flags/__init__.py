@@ -220,8 +220,7 @@ def _parse_pipeline(values) -> PipelineConfig:
     for flag, value, default in (("pipeline_microbatches", micro, 1),
                                  ("pipeline_schedule", schedule, "gpipe"),
                                  ("pipeline_split", split, "auto"),
-                                 ("pipeline_virtual_stages", virtual, 1),
-                                 ("plan_profile", profile, "")):
+                                 ("pipeline_virtual_stages", virtual, 1)):
       if value != default:
         raise ConfigError(flag, value, "applies only with "
                           "--pipeline_stages of 2 or more")

@@ -73,6 +73,7 @@ def check_pipeline_supported(config: TrainConfig) -> None:
   """
   cfg = config.pipeline
   if cfg.stages == 1:
+    split_lib.check_profile(cfg)
     return
   if cfg.schedule in SCHEDULE_REFUSALS:
     raise ConfigError("pipeline_schedule", cfg.schedule,

@@ -33,6 +33,7 @@ All-reduce knobs, for the strategies that have an all-reduce:
 
 import datetime
 import os
+from typing import List
 
 import torch
 import torch.distributed as dist
@@ -268,12 +269,13 @@ class DDPStrategy(Strategy):
   def __init__(self, cfg: DistributeConfig, *, backend: str, **kwargs):
     super().__init__(cfg, **kwargs)
     self.backend = backend
+    self._wrapped: List[nn.parallel.DistributedDataParallel] = []
 
   def wrap_model(self, model: nn.Module, process_group=None) -> nn.Module:
     """DDP all-reduces gradient buckets while backward still runs, over
     `process_group` (default: the world; a pipeline stage's replicas)."""
     bucket_cap_mb = self.cfg.all_reduce_pack_mb or None  # None: DDP's 25 MB
-    return nn.parallel.DistributedDataParallel(
+    wrapped = nn.parallel.DistributedDataParallel(
         model, process_group=process_group,
         device_ids=[self.device.index] if self.device.type == "cuda" else None,
         bucket_cap_mb=bucket_cap_mb,
@@ -283,6 +285,8 @@ class DDPStrategy(Strategy):
         # default would overwrite them with rank 0's before every forward.
         # They are still synced once, at wrap time, when all are equal.
         forward_sync_buffers=False)
+    self._wrapped.append(wrapped)
+    return wrapped
 
   def sum_over_replicas(self, tensor: torch.Tensor) -> torch.Tensor:
     tensor = tensor.clone()
@@ -302,6 +306,18 @@ class DDPStrategy(Strategy):
             f"{bucket:g}")
 
   def close(self) -> None:
+    # DDP's reducer holds the process group. Were it the last holder, the
+    # group would be destroyed when the trainer's frame lets go of the
+    # model: in the reducer's deallocation, with the GIL held, where
+    # ProcessGroupGloo's destructor joins a worker thread that may still be
+    # freeing the last all-reduce's tensors, which needs the GIL (seen
+    # once: a rank hung at exit after its last collective; pytorch#56297).
+    # Dropped here, the reducers leave the group to destroy_process_group,
+    # whose destructor releases the GIL.
+    for wrapped in self._wrapped:
+      wrapped.reducer = None
+      wrapped.logger = None
+    self._wrapped.clear()
     if dist.is_initialized():
       dist.destroy_process_group()
 

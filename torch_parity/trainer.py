@@ -93,6 +93,7 @@ def check_pipeline_supported(config: TrainConfig) -> None:
   """Refuses what the pipeline runtime cannot run yet, one reason each."""
   cfg = config.pipeline
   if cfg.stages == 1:
+    split_lib.check_profile(cfg)
     return
   pipeline.check_schedule(cfg)
   if config.distribute.strategy not in distribute.DDP_STRATEGIES:

@@ -42,13 +42,20 @@ def load_profile(path: str) -> Optional[Profile]:
 
 
 def check_profile(cfg: PipelineConfig) -> None:
-  """Refuses `auto` without a profile, and a file that is no profile,
-  before any stage starts.
+  """A trainer's check: refuses a profile for an unpipelined run, `auto`
+  without a profile, and a file that is no profile, before any stage
+  starts. (The flags accept --plan_profile alone: the burst planning
+  command reads one without pipeline stages.)
 
   Raises:
     ConfigError: naming pipeline_split or plan_profile.
   """
-  if cfg.stages > 1 and cfg.split == "auto" and not cfg.profile:
+  if cfg.stages == 1:
+    if cfg.profile:
+      raise ConfigError("plan_profile", cfg.profile, "applies only with "
+                        "--pipeline_stages of 2 or more")
+    return
+  if cfg.split == "auto" and not cfg.profile:
     raise ConfigError("pipeline_split", "auto", AUTO_NEEDS_PROFILE)
   load_profile(cfg.profile)
 
