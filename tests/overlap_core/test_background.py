@@ -1,23 +1,19 @@
 """The background job: a real process in the idle class, and its numbers."""
 
 import os
-import time
 
 import pytest
 
 from overlap_core.runtime import background
 
-from tests.helpers import PROGRESS_WAIT_S
+from tests.helpers import wait_until
 
 
 def _wait_for_steps(path, steps):
-  deadline = time.monotonic() + PROGRESS_WAIT_S
-  while True:
+  def done():
     stats = background.read_stats(path)
-    if stats and stats["steps"] >= steps:
-      return stats
-    assert time.monotonic() < deadline, f"no {steps} steps in {path}"
-    time.sleep(0.05)
+    return bool(stats) and stats["steps"] >= steps
+  wait_until(done, f"{steps} steps in {path}")
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux only")
