@@ -27,12 +27,12 @@ from absl import flags as absl_flags
 from flags import (burst, checkpoint, data, distribute, model, offload,
                    pipeline, run)
 from overlap_core.runtime import zoo
-from overlap_core.runtime.config import (AUTOTUNE, CheckpointConfig,
-                                         ConfigError, DataConfig,
-                                         DistributeConfig, ModelConfig,
-                                         OffloadConfig, PipelineConfig,
-                                         RunConfig, TrainConfig,
-                                         every_steps_from)
+from overlap_core.runtime.config import (AUTOTUNE, CHECKPOINT_AUTO,
+                                         CheckpointConfig, ConfigError,
+                                         DataConfig, DistributeConfig,
+                                         ModelConfig, OffloadConfig,
+                                         PipelineConfig, RunConfig,
+                                         TrainConfig, every_steps_from)
 
 FLAGS = absl_flags.FLAGS
 GROUPS = {
@@ -304,7 +304,7 @@ def to_config(values=FLAGS) -> TrainConfig:
                                  minimum=1)
   _check_data(values)
   _check_distribute(values)
-  return TrainConfig(
+  config = TrainConfig(
       run=RunConfig(
           model_dir=values.model_dir,
           train_steps=values.train_steps,
@@ -317,7 +317,8 @@ def to_config(values=FLAGS) -> TrainConfig:
           tensorboard=values.tensorboard,
           evaluate=values.evaluate,
           intra_op_threads=values.intra_op_threads,
-          inter_op_threads=values.inter_op_threads),
+          inter_op_threads=values.inter_op_threads,
+          steps_per_execution=values.steps_per_execution),
       model=ModelConfig(
           name=values.model,
           optimizer=values.optimizer,
@@ -357,6 +358,25 @@ def to_config(values=FLAGS) -> TrainConfig:
       pipeline=_parse_pipeline(values),
       offload=_build_offload(values),
       burst=burst.build_config(values))
+  _check_steps_per_execution(config)
+  return config
+
+
+def _check_steps_per_execution(config: TrainConfig) -> None:
+  """K steps per traced call: nothing may need to happen between them."""
+  k = config.run.steps_per_execution
+  if k == 1:
+    return
+  every = config.checkpoint.every_steps
+  if (config.checkpoint.mode != "none" and every != CHECKPOINT_AUTO
+      and every % k):
+    raise ConfigError("checkpoint_every", every,
+                      f"must be a multiple of --steps_per_execution={k}: "
+                      "checkpoints are taken between traced calls")
+  if config.run.loop == "fit" and config.run.train_steps % k:
+    raise ConfigError("train_steps", config.run.train_steps,
+                      "model.fit runs whole executions; must be a multiple "
+                      f"of --steps_per_execution={k}")
 
 
 def flag_names(flag_values=FLAGS) -> dict:

@@ -21,6 +21,15 @@ def define_flags():
       "loop", "ctl", ["ctl", "fit"],
       "ctl: tfoverlap's measured custom training loop (strategy.run). "
       "fit: Keras model.fit with the same callbacks.")
+  flags.DEFINE_integer(
+      "steps_per_execution", 1,
+      "Optimizer steps per traced call, with the input iterator inside it, "
+      "as Keras' steps_per_execution: fewer Python round trips per step. "
+      "The ledger then times spans of K steps and records each step as the "
+      "span / K, data wait inside. Checkpoints fall between calls, so a "
+      "fixed --checkpoint_every must be a multiple of K. TensorFlow only: "
+      "the PyTorch trainer refuses K > 1.",
+      lower_bound=1)
   flags.DEFINE_boolean("progress", True, "Show progress lines while training.")
   flags.DEFINE_boolean("trace", True,
                        "Write a Chrome-trace/Perfetto JSON of the step spans.")

@@ -2,8 +2,10 @@
 
 `run_custom_loop` times each phase separately: the wait for the next batch,
 the replicated step (forward, backward, all-reduce, update), the checkpoint.
-`run_fit_loop` drives Keras `model.fit`, whose compiled step pulls its own
-input, so there the data wait is inside the compute span.
+`run_multi_step_loop` is the custom loop at --steps_per_execution=K: one
+traced call runs K steps, reading the iterator itself, and is timed as one
+span. `run_fit_loop` drives Keras `model.fit`, whose compiled step pulls
+its own input, so there the data wait is inside the compute span.
 """
 
 import time
@@ -14,7 +16,8 @@ import tensorflow as tf
 
 from tfoverlap import steps
 from overlap_core.runtime import ledger as ledger_lib
-from overlap_core.runtime.loop_context import LoopContext, ScalarWindows, after_step
+from overlap_core.runtime.loop_context import (LoopContext, ScalarWindows,
+                                               after_execution, after_step)
 
 
 def run_custom_loop(ctx: LoopContext, *, train_step, iterator,
@@ -46,30 +49,72 @@ def run_custom_loop(ctx: LoopContext, *, train_step, iterator,
   return loss
 
 
+def execution_sizes(first_step: int, last_step: int, steps_per_execution: int):
+  """(first step, steps) of each call: calls end at multiples of K (or at
+  the last step), also after a resume from any step, so that a fixed
+  checkpoint cadence that is a multiple of K always lands on a call's end."""
+  step = first_step
+  while step <= last_step:
+    size = min(steps_per_execution - (step - 1) % steps_per_execution,
+               last_step - step + 1)
+    yield step, size
+    step += size
+
+
+def run_multi_step_loop(ctx: LoopContext, *, train_steps, iterator,
+                        steps_per_execution: int) -> float:
+  """Runs steps first_step..last_step, K per traced call; the last loss.
+
+  Args:
+    ctx: the loop's bookkeeping.
+    train_steps: `steps.make_multi_step_train_step`'s function.
+    iterator: the batches; read inside `train_steps`.
+    steps_per_execution: K.
+  """
+  loss = float("nan")
+  for first, size in execution_sizes(ctx.first_step, ctx.last_step,
+                                     steps_per_execution):
+    start_s = time.perf_counter()
+    # Reading the losses waits for the call's last step to finish.
+    losses = train_steps(iterator, tf.constant(size)).numpy()
+    after_execution(ctx, first, losses, start_s, time.perf_counter())
+    loss = float(losses[-1])
+  return loss
+
+
 class LedgerCallback(keras.callbacks.Callback):
-  """Times each `model.fit` batch into the ledger, then checkpoints."""
+  """Times each `model.fit` execution into the ledger, then checkpoints.
+
+  Keras calls it once per execution of `steps_per_execution` steps, with
+  the execution's first and last step index; at 1 that is every batch.
+  """
 
   def __init__(self, ctx: LoopContext):
     super().__init__()
     self._ctx = ctx
     self._batch_start = 0.0
+    self._first_batch = 0
     self.last_loss = float("nan")
 
   def on_train_batch_begin(self, batch, logs=None):
+    self._first_batch = batch
     self._batch_start = time.perf_counter()
 
   def on_train_batch_end(self, batch, logs=None):
-    self._ctx.ledger.add(ledger_lib.COMPUTE, self._batch_start,
-                         time.perf_counter())
-    # Keras reports the running mean of the epoch's loss here.
+    end_s = time.perf_counter()
+    # Keras reports the running mean of the epoch's loss here, once per
+    # execution: every step of it is given that value.
     self.last_loss = float(logs["loss"]) if logs else float("nan")
-    after_step(self._ctx, self._ctx.first_step + batch, self.last_loss)
+    after_execution(self._ctx, self._ctx.first_step + self._first_batch,
+                    [self.last_loss] * (batch - self._first_batch + 1),
+                    self._batch_start, end_s)
 
 
 def run_fit_loop(ctx: LoopContext, *, model, optimizer, loss_fn,
-                 distributed_data) -> float:
+                 distributed_data, steps_per_execution: int = 1) -> float:
   """Trains with `model.fit` for the same steps; returns the last loss."""
-  model.compile(optimizer=optimizer, loss=loss_fn, jit_compile=False)
+  model.compile(optimizer=optimizer, loss=loss_fn, jit_compile=False,
+                steps_per_execution=steps_per_execution)
   callback = LedgerCallback(ctx)
   model.fit(distributed_data, epochs=1,
             steps_per_epoch=ctx.last_step - ctx.first_step + 1, verbose=0,

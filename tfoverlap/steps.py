@@ -66,13 +66,9 @@ def example_batch(model, task: str, batch_size: int):
   return inputs, targets
 
 
-def make_train_step(strategy, model, optimizer, *, task: str,
-                    global_batch_size: int):
-  """A tf.function running one optimizer step on a distributed batch.
-
-  Returns:
-    train_step(distributed_batch) -> the global mean loss (a scalar tensor).
-  """
+def _make_replica_step(model, optimizer, *, task: str,
+                       global_batch_size: int):
+  """One replica's optimizer step: (inputs, targets) -> its loss share."""
   scales_loss = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
   def replica_step(inputs, targets):
@@ -86,6 +82,19 @@ def make_train_step(strategy, model, optimizer, *, task: str,
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     return loss
 
+  return replica_step
+
+
+def make_train_step(strategy, model, optimizer, *, task: str,
+                    global_batch_size: int):
+  """A tf.function running one optimizer step on a distributed batch.
+
+  Returns:
+    train_step(distributed_batch) -> the global mean loss (a scalar tensor).
+  """
+  replica_step = _make_replica_step(model, optimizer, task=task,
+                                    global_batch_size=global_batch_size)
+
   @tf.function
   def train_step(batch):
     per_replica_loss = strategy.run(replica_step, args=batch)
@@ -93,6 +102,32 @@ def make_train_step(strategy, model, optimizer, *, task: str,
                            axis=None)
 
   return train_step
+
+
+def make_multi_step_train_step(strategy, model, optimizer, *, task: str,
+                               global_batch_size: int):
+  """A tf.function running several optimizer steps per call, as Keras'
+  `steps_per_execution` does: the iterator is read inside the traced loop,
+  so the steps of one call cost one Python round trip.
+
+  Returns:
+    train_steps(iterator, num_steps) -> the global mean loss of each step
+    (a vector). `num_steps` is a scalar tensor, so a shorter last call
+    reuses the same trace.
+  """
+  replica_step = _make_replica_step(model, optimizer, task=task,
+                                    global_batch_size=global_batch_size)
+
+  @tf.function
+  def train_steps(iterator, num_steps):
+    losses = tf.TensorArray(tf.float32, size=num_steps)
+    for i in tf.range(num_steps):
+      per_replica_loss = strategy.run(replica_step, args=next(iterator))
+      losses = losses.write(i, strategy.reduce(
+          tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None))
+    return losses.stack()
+
+  return train_steps
 
 
 def _replica_eval_sums(model, task, inputs, targets):

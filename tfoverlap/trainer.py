@@ -52,6 +52,22 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
       device_kind="GPUs" if num_gpus else "CPU cores", runs_plans=True,
       runs_background=not num_gpus)
   check_burst_combinations(config)
+  check_steps_per_execution(config)
+
+
+def check_steps_per_execution(config: TrainConfig) -> None:
+  """K steps per traced call runs the plain replicated step only."""
+  k = config.run.steps_per_execution
+  if k == 1:
+    return
+  if config.pipeline.stages > 1:
+    raise ConfigError("steps_per_execution", k,
+                      "a pipelined step times its stages per step; allowed "
+                      "with --pipeline_stages > 1: 1")
+  if config.burst.enabled:
+    raise ConfigError("steps_per_execution", k,
+                      "a burst step is traced per step; allowed with "
+                      "--burst_parallel: 1")
 
 
 def check_burst_combinations(config: TrainConfig) -> None:
@@ -161,13 +177,28 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
                                    start_batch=ctx.first_step - 1)
   if ctx.first_step > ctx.last_step:
     return float("nan")
+  k = config.run.steps_per_execution
   if config.run.loop == "fit":
+    remaining = ctx.last_step - ctx.first_step + 1
+    if remaining % k:
+      raise ConfigError(
+          "steps_per_execution", k,
+          f"the run resumes after step {ctx.first_step - 1} and model.fit "
+          f"runs whole executions, but {remaining} steps remain; allowed: "
+          f"a divisor of {remaining}, or --loop=ctl")
     return loops.run_fit_loop(ctx, model=model, optimizer=optimizer,
                               loss_fn=loops.fit_loss(spec.task),
-                              distributed_data=train_input)
+                              distributed_data=train_input,
+                              steps_per_execution=k)
   if built.pipeline:
     return _run_pipelined_loop(ctx, config, spec, built.pipeline, optimizer,
                                iter(train_input))
+  if k > 1:
+    return loops.run_multi_step_loop(
+        ctx, train_steps=steps.make_multi_step_train_step(
+            strategy, model, optimizer, task=spec.task,
+            global_batch_size=config.data.batch_size),
+        iterator=iter(train_input), steps_per_execution=k)
   if built.burst:
     train_step = steps.make_burst_train_step(
         built.burst, model, optimizer, task=spec.task,
@@ -316,13 +347,20 @@ def train(config: TrainConfig) -> dict:
   if config.run.loop == "fit":
     notes.append("model.fit pulls its input inside the compiled step: "
                  "data wait is part of compute")
+  elif config.run.steps_per_execution > 1:
+    notes.append(f"{config.run.steps_per_execution} steps per traced call, "
+                 "the input read inside it: each call is timed as one span "
+                 "and each step recorded as the span divided by the steps; "
+                 "data wait is part of compute")
   if restored_step:
     notes.append(f"resumed from the checkpoint of step {restored_step}")
     if config.data.data_service:
       notes.append("the tf.data service hands batches to consumers in "
                    "arrival order: the resumed data order is not exact")
+  input_inside = (config.run.loop == "fit"
+                  or config.run.steps_per_execution > 1)
   phases_measured = ([ledger_lib.COMPUTE, ledger_lib.CHECKPOINT_STALL]
-                     if config.run.loop == "fit" else list(ledger_lib.PHASES))
+                     if input_inside else list(ledger_lib.PHASES))
   if built.pipeline:
     # The compute span is split into stage compute, transfer and bubble.
     phases_measured = [ledger_lib.DATA_WAIT, ledger_lib.CHECKPOINT_STALL]

@@ -52,6 +52,15 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
                       "model.fit is Keras'; PyTorch has no counterpart, and "
                       "the PyTorch trainer's loop is the measured custom "
                       "loop; allowed: ctl")
+  if config.run.steps_per_execution > 1:
+    # The nearest equivalents do not apply here: torch.compile cannot trace
+    # a loop that pulls from a DataLoader (a graph break at every batch),
+    # and CUDA graphs need a GPU and inputs copied into static buffers.
+    raise ConfigError("steps_per_execution", config.run.steps_per_execution,
+                      "PyTorch runs each step eagerly from Python and has "
+                      "no traced multi-step loop over a DataLoader (CUDA "
+                      "graphs would need a GPU and static input buffers); "
+                      "allowed: 1")
   if config.data.data_service:
     raise ConfigError("data_service", config.data.data_service,
                       "the tf.data service has no PyTorch counterpart; "

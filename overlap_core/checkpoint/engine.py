@@ -204,6 +204,7 @@ class CheckpointEngine:
         first_step=first_step, log=log)
     self._persists = persist.PersistThread(timeout_s=persist_timeout_s)
     self._last_mark: Optional[float] = None
+    self._last_marked_step = 0
     self._stall_in_step_s = 0.0
     self.stall_s: List[float] = []
     self.persist_s: List[float] = []
@@ -249,14 +250,18 @@ class CheckpointEngine:
   def is_due(self, step: int) -> bool:
     """Whether to checkpoint after `step`; call once per step, every worker.
 
-    Also measures the step (the time since the previous call, less the
-    checkpoint stall in it) for the adaptive cadence.
+    A loop that runs several steps per call asks only after a call's last
+    step. Also measures the step for the adaptive cadence: the time since
+    the previous call, less the checkpoint stall in it, per step since.
     """
     now = time.perf_counter()
     if self._last_mark is not None:
-      self.policy.observe_step(now - self._last_mark - self._stall_in_step_s,
-                               persisting=self.busy)
+      steps_since = max(1, step - self._last_marked_step)
+      self.policy.observe_step(
+          (now - self._last_mark - self._stall_in_step_s) / steps_since,
+          persisting=self.busy)
     self._last_mark = now
+    self._last_marked_step = step
     self._stall_in_step_s = 0.0
     self._collect()
     return self.policy.is_due(step, agree=self._agree)

@@ -41,6 +41,8 @@ class RunConfig:
   evaluate: bool
   intra_op_threads: int  # 0 = the framework's default
   inter_op_threads: int
+  # Optimizer steps per traced call (TensorFlow); 1 = one call per step.
+  steps_per_execution: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -144,9 +144,11 @@ class StepLedger:
     else:
       self._current_step_start = first_phase_start_s
 
-  def end_step(self, step: int, num_samples: int) -> StepRecord:
-    """Closes the current step; its duration runs until now."""
-    end = self._clock()
+  def end_step(self, step: int, num_samples: int,
+               end_s: Optional[float] = None) -> StepRecord:
+    """Closes the current step; its duration runs until now, or until
+    `end_s` for a step timed as a share of a longer span."""
+    end = self._clock() if end_s is None else end_s
     start = (self._current_step_start
              if self._current_step_start is not None else end)
     record = StepRecord(step, start, end, num_samples,

@@ -16,7 +16,7 @@ and the TensorBoard scalars are decided identically on both sides.
 """
 
 import dataclasses
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime.progress import ProgressPrinter
@@ -36,16 +36,51 @@ class LoopContext:
   background: Optional[object] = None
 
 
-def after_step(ctx: LoopContext, step: int, loss: float) -> None:
-  """Checkpoint, close the step in the ledger, report."""
-  if ctx.checkpointer is not None and ctx.checkpointer.is_due(step):
+def after_step(ctx: LoopContext, step: int, loss: float, *,
+               may_checkpoint: bool = True,
+               end_s: Optional[float] = None) -> None:
+  """Checkpoint, close the step in the ledger, report.
+
+  Args:
+    may_checkpoint: False inside a multi-step call, where the variables
+      already hold a later step's state (see `after_execution`).
+    end_s: where the step ends in the ledger, for a step that is a share
+      of a multi-step call; None: now.
+  """
+  if (may_checkpoint and ctx.checkpointer is not None
+      and ctx.checkpointer.is_due(step)):
     with ctx.ledger.phase(ledger_lib.CHECKPOINT_STALL):
       ctx.checkpointer.save(step)
-  record = ctx.ledger.end_step(step, ctx.global_batch_size)
+  record = ctx.ledger.end_step(step, ctx.global_batch_size, end_s=end_s)
   if ctx.background is not None:
     ctx.background.on_step_end(step, record.duration_s)
   ctx.progress.maybe_print(ctx.ledger, step, loss)
   ctx.write_scalars(step, loss)
+
+
+def after_execution(ctx: LoopContext, first_step: int,
+                    losses: Sequence[float], start_s: float,
+                    end_s: float) -> None:
+  """Closes the steps of one call that ran len(losses) steps.
+
+  The call is timed as one span, its input waits inside; each of its steps
+  is recorded as an equal share of it, in order (the last one also holds
+  what happens after the call: the checkpoint stall, the bookkeeping of
+  all its steps). Checkpointing is asked only
+  after the last step: only then do the variables hold the state of the
+  step a checkpoint would be named after. The cadence therefore sees only
+  the calls' last steps, which the adaptive policy allows (it checkpoints
+  at the first step at or past the one it planned) and a fixed cadence
+  meets when it is a multiple of the steps per call (checked with the
+  flags).
+  """
+  per_step_s = (end_s - start_s) / len(losses)
+  for i, loss in enumerate(losses):
+    share_end_s = start_s + (i + 1) * per_step_s
+    ctx.ledger.add(ledger_lib.COMPUTE, start_s + i * per_step_s, share_end_s)
+    last = i == len(losses) - 1
+    after_step(ctx, first_step + i, float(loss), may_checkpoint=last,
+               end_s=None if last else share_end_s)
 
 
 class ScalarWindows:

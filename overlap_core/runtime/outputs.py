@@ -76,6 +76,7 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
       notes=notes,
       offload=offload_stats,
       pipeline=pipeline,
-      background=background_stats)
+      background=background_stats,
+      steps_per_execution=config.run.steps_per_execution)
   run_record.write_run_record(out_dir, record)
   return record

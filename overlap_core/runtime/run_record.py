@@ -108,8 +108,13 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
                      notes: Optional[list] = None,
                      offload: Optional[dict] = None,
                      pipeline: Optional[dict] = None,
-                     background: Optional[dict] = None) -> dict:
+                     background: Optional[dict] = None,
+                     steps_per_execution: int = 1) -> dict:
   """Assembles the run.json payload; see README "run.json" for each field.
+
+  `steps_per_execution` is the steps each traced call ran: above 1, the
+  ledger timed spans of that many steps, and every per-step figure in
+  `phases` is a span divided by it, its input waits inside compute.
 
   `background` is the background job's throughput and the foreground's
   slowdown (`BackgroundRunner.stats()`), or None without one.
@@ -135,6 +140,7 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
       "samples_per_second": ledger_summary["samples_per_second"],
       "phases": ledger_summary["phases"],
       "phases_measured": list(phases_measured),
+      "steps_per_execution": steps_per_execution,
       "final": final,
       "weights_digest": weights_digest,
       "checkpoint": checkpoint,

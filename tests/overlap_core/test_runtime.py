@@ -18,7 +18,8 @@ from overlap_core.runtime.config import (ConfigError, DistributeConfig,
 from overlap_core.runtime.cost_calibration import (CostCalibration,
                                              measure_iterations_per_ms)
 from overlap_core.runtime.evaluation import evaluation_result
-from overlap_core.runtime.loop_context import LoopContext, ScalarWindows, after_step
+from overlap_core.runtime.loop_context import (LoopContext, ScalarWindows,
+                                               after_execution, after_step)
 from overlap_core.runtime.progress import ProgressPrinter
 
 from tests.helpers import REPO_ROOT
@@ -174,8 +175,10 @@ class RecordingCheckpointer:
   def __init__(self, clock, every, save_s):
     self.clock, self.every, self.save_s = clock, every, save_s
     self.saved = []
+    self.asked = []
 
   def is_due(self, step):
+    self.asked.append(step)
     return step % self.every == 0
 
   def save(self, step):
@@ -205,6 +208,35 @@ def test_after_step_times_the_checkpoint_and_reports():
   assert [span.step for span in stalls] == [2, 4]
   assert [span.duration_s for span in stalls] == pytest.approx([0.5, 0.5])
   assert written == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
+
+
+def test_a_multi_step_call_is_shared_out_and_checkpoints_at_its_end():
+  """Two calls of 4 steps, 0.4 s each: every step gets 0.1 s in order, and
+  the checkpointer is asked only after each call's last step, when the
+  variables hold that step's state."""
+  clock = FakeClock()
+  ledger = ledger_lib.StepLedger(clock=clock)
+  checkpointer = RecordingCheckpointer(clock, every=4, save_s=0.5)
+  ctx = LoopContext(
+      ledger=ledger,
+      progress=ProgressPrinter(total_steps=8, every_steps=4, enabled=False),
+      checkpointer=checkpointer, write_scalars=lambda step, loss: None,
+      first_step=1, last_step=8, global_batch_size=8)
+  for first in (1, 5):
+    start = clock()
+    clock.advance(0.4)
+    after_execution(ctx, first, [float(first + i) for i in range(4)],
+                    start, clock())
+  assert checkpointer.asked == [4, 8] and checkpointer.saved == [4, 8]
+  steps = ledger.steps
+  assert [s.step for s in steps] == list(range(1, 9))
+  assert [s.phases_s[ledger_lib.COMPUTE] for s in steps] == pytest.approx(
+      [0.1] * 8)
+  # A call's last step also holds its checkpoint stall.
+  assert [s.duration_s for s in steps] == pytest.approx(
+      [0.1, 0.1, 0.1, 0.6] * 2)
+  assert ledger.summary(warmup_steps=0)["phases"]["compute"]["p50"] == \
+      pytest.approx(0.1)
 
 
 def test_scalar_windows_cover_the_steps_since_the_last_report():

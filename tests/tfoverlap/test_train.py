@@ -194,6 +194,9 @@ def test_super_resolution_beats_bicubic_upsampling(tmp_path):
      ["--all_reduce_pack_mb=4"]),
     (["--strategy=multi_worker", "--num_workers=2", "--batch_size=64"],
      ["tfoverlap.launch"]),
+    (["--steps_per_execution=2", "--pipeline_stages=2",
+      "--pipeline_microbatches=2", "--num_devices=2"],
+     ["--steps_per_execution=2", "pipelined"]),
 ])
 def test_settings_the_framework_cannot_honour_exit_2(tmp_path, args, words):
   result = run_module("tfoverlap.train", f"--model_dir={tmp_path}", *args,

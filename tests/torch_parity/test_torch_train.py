@@ -84,6 +84,7 @@ def test_both_trainers_accept_exactly_the_same_flags():
     (["--loop=fit"], ["--loop=fit", "model.fit", "ctl"]),
     (["--data_service=local"], ["--data_service=local", "tf.data service"]),
     (["--checkpoint=tf_async"], ["--checkpoint=tf_async", "TensorFlow"]),
+    (["--steps_per_execution=4"], ["--steps_per_execution=4", "eagerly"]),
     (["--strategy=default", "--all_reduce=ring"],
      ["--all_reduce=ring", "no all-reduce"]),
     (["--strategy=one_device", "--all_reduce_pack_mb=4"],
