@@ -29,8 +29,8 @@ timed elsewhere and has no CPU time.
 import contextlib
 import dataclasses
 import math
-import time
 import os
+import time
 from typing import Callable, Dict, List, Optional
 
 from overlap_core.runtime import cpu_clock as cpu_clock_lib
