@@ -2,8 +2,10 @@
 
 For each group (framework x workload): the baseline and the fastest cell,
 the best single optimization, whether the best combination beat it beyond
-the noise, and the largest interference. Over all groups: how often
-combining paid off. The report puts these first.
+the noise, and the largest interference; and, where the runs recorded CPU
+times, whether the best combination and the worst interference hit the
+machine's limit or lost to interference (`metrics.ResourceBound`). Over
+all groups: how often combining paid off. The report puts these first.
 """
 
 from typing import List
@@ -19,6 +21,14 @@ def _pct(value: float) -> str:
 def phases_text(grown) -> str:
   """`compute +12.0 ms, data_wait +1.2 ms` for a slow-down's grown phases."""
   return ", ".join(f"{p} +{1e3 * g:.1f} ms" for p, g in grown)
+
+
+def bound_text(bound) -> str:
+  """Where a cell stands against its resource bound, in one sentence."""
+  return (f"it {bound.verdict}: its step is {bound.efficiency:.0%} as short "
+          f"as the bound allows ({1e3 * bound.bound_s:.1f} ms: the work "
+          f"over the cores {1e3 * bound.work_bound_s:.1f} ms, the "
+          f"critical-path ideal {1e3 * bound.ideal_s:.1f} ms)")
 
 
 def _tolerance(comparison: Comparison, *stats) -> float:
@@ -55,6 +65,9 @@ def group_findings(comparison: Comparison, key: GroupKey) -> List[str]:
     best = max(combos, key=lambda c: stats[c].samples_per_second)
     lines.append(_combination_verdict(comparison, key, best, single,
                                       "Best combination"))
+    if analysis.resource_bound.get(best):
+      lines[-1] = (lines[-1][:-1] + "; "
+                   + bound_text(analysis.resource_bound[best]) + ".")
     full = [c for c in combos
             if len(c.optimizations) == len(comparison.matrix.axes)]
     if full and len(comparison.matrix.axes) > 2:
@@ -72,6 +85,9 @@ def group_findings(comparison: Comparison, key: GroupKey) -> List[str]:
         f"{100 * worst.slowdown_frac:.0f}% slower"
         + (f" ({phases_text(worst.grown_phases)} grew)."
            if worst.grown_phases else "."))
+    if analysis.resource_bound.get(worst.cell):
+      lines[-1] = (lines[-1][:-1] + "; "
+                   + bound_text(analysis.resource_bound[worst.cell]) + ".")
   elif combos:
     lines.append("No combination was slower than its parts beyond the "
                  "noise.")

@@ -29,6 +29,16 @@ Definitions (the report prints them too):
   parallelism shrinking compute), outside what overlap alone can do. It is
   undefined when serial - ideal is under 2% of serial: there is nothing to
   overlap.
+- Resource bound. The ideal assumes each component has resources of its
+  own; on a CPU host they share the cores. A cell's work W is the CPU
+  time its process tree spent per step (run.json `cpu`, times the number
+  of workers, which share this host's cores), and W / cores is the
+  shortest step that work allows. The bound is max(ideal, W / cores), and
+  the resource efficiency bound / S (1: at the bound). A cell within the
+  noise of its bound, where W / cores set the bound, hit the machine's
+  limit: no overlap could go faster on these cores. A cell well above its
+  bound lost time to interference (waits, contention), not to a lack of
+  cores. Spin-waiting threads count as work, so the work bound errs high.
 - Slow-down: adding an optimization x to a cell P made it slower, i.e.
   step(P + x) > step(P) * (1 + tolerance), tolerance being the larger of
   the noise floor and each cell's spread across repeats ((max - min) of
@@ -71,6 +81,9 @@ class CellStats:
     runs_samples_per_second: every repeat's throughput, in run order.
     checkpoint_interval_s: its seconds between checkpoints (cadence in
       steps times the mean step), or None without checkpoints.
+    work_s: CPU seconds per step of all its workers' process trees, or
+      None where run.json has no `cpu` section.
+    cores: the cores those processes could use, or None.
   """
   num_runs: int
   samples_per_second: float
@@ -79,6 +92,8 @@ class CellStats:
   step_spread: float
   runs_samples_per_second: Tuple[float, ...]
   checkpoint_interval_s: Optional[float] = None
+  work_s: Optional[float] = None
+  cores: Optional[int] = None
 
   @property
   def phase_fractions(self) -> Dict[str, float]:
@@ -116,6 +131,36 @@ class Efficiency:
   value: float
   raw: float
   note: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ResourceBound:
+  """How close a cell came to what its work and critical path allow.
+
+  Attributes:
+    ideal_s: the critical-path ideal, max(D, C, K) + O.
+    work_bound_s: the cell's work per step over the cores.
+    bound_s: the larger of the two.
+    efficiency: bound_s / the cell's step.
+    at_bound: the step is within the noise of the bound.
+  """
+  ideal_s: float
+  work_bound_s: float
+  bound_s: float
+  efficiency: float
+  at_bound: bool
+
+  @property
+  def machine_limited(self) -> bool:
+    """The work, not the critical path, sets the bound."""
+    return self.work_bound_s >= self.ideal_s
+
+  @property
+  def verdict(self) -> str:
+    if not self.at_bound:
+      return "lost to interference"
+    return ("hit the machine's limit" if self.machine_limited
+            else "reached the critical-path ideal")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +214,8 @@ class GroupAnalysis:
     components: from the baseline cell; None when the baseline failed.
     speedup_vs_baseline, speedup_vs_best_single: per cell with stats.
     efficiency: per cell with stats, None where undefined.
+    resource_bound: per cell with stats, None where its run.json has no
+      CPU times or there is no baseline.
     best_single: the fastest single-optimization cell, or None.
     slowdowns: every slow-down found, interference and single alike.
     marginal_effects: per non-baseline axis setting.
@@ -177,6 +224,7 @@ class GroupAnalysis:
   speedup_vs_baseline: Dict[Cell, Optional[float]]
   speedup_vs_best_single: Dict[Cell, Optional[float]]
   efficiency: Dict[Cell, Optional[Efficiency]]
+  resource_bound: Dict[Cell, Optional[ResourceBound]]
   best_single: Optional[Cell]
   slowdowns: List[Slowdown]
   marginal_effects: List[MarginalEffect]
@@ -228,6 +276,12 @@ def summarize_records(records: Sequence[dict]) -> CellStats:
   step_s = median["phases"]["step"]["mean"]
   steps = [r["phases"]["step"]["mean"] for r in records]
   spread = (max(steps) - min(steps)) / step_s if step_s > 0 else 0.0
+  cpu = median.get("cpu") or {}
+  # Each worker records its own process tree; on one host they share the
+  # cores, and the workers of a data-parallel job do alike work.
+  workers = (median.get("worker") or {}).get("num_workers", 1)
+  work_s = (cpu["work_s_per_step"] * workers
+            if cpu.get("work_s_per_step") is not None else None)
   return CellStats(
       num_runs=len(records),
       samples_per_second=median["samples_per_second"],
@@ -235,7 +289,8 @@ def summarize_records(records: Sequence[dict]) -> CellStats:
       phases_s=_step_phases_s(median["phases"]),
       step_spread=spread,
       runs_samples_per_second=tuple(r["samples_per_second"] for r in records),
-      checkpoint_interval_s=checkpoint_interval_s(median))
+      checkpoint_interval_s=checkpoint_interval_s(median),
+      work_s=work_s, cores=cpu.get("cores"))
 
 
 def components_from(baseline: CellStats) -> OverlapComponents:
@@ -266,6 +321,24 @@ def overlap_efficiency(step_s: float, components: OverlapComponents
   if raw > 1:
     return Efficiency(1.0, raw, "beat the ideal: a component got cheaper")
   return Efficiency(raw, raw, "")
+
+
+def resource_bound(cell: CellStats, components: OverlapComponents, *,
+                   noise_floor: float = DEFAULT_NOISE_FLOOR
+                   ) -> Optional[ResourceBound]:
+  """The cell against max(ideal, work / cores); see the module doc.
+
+  Returns:
+    None without CPU times or a step.
+  """
+  if cell.work_s is None or not cell.cores or cell.step_s <= 0:
+    return None
+  work_bound = cell.work_s / cell.cores
+  bound = max(components.ideal_s, work_bound)
+  tolerance = _tolerance(noise_floor, cell)
+  return ResourceBound(ideal_s=components.ideal_s, work_bound_s=work_bound,
+                       bound_s=bound, efficiency=bound / cell.step_s,
+                       at_bound=cell.step_s <= bound * (1 + tolerance))
 
 
 def grown_phases(cell: CellStats, reference: CellStats
@@ -354,6 +427,9 @@ def analyze_group(stats: Mapping[Cell, CellStats],
       speedup_vs_best_single={c: ratio(c, best_single) for c in stats},
       efficiency={c: (overlap_efficiency(stats[c].step_s, components)
                       if components else None) for c in stats},
+      resource_bound={c: (resource_bound(stats[c], components,
+                                         noise_floor=noise_floor)
+                          if components else None) for c in stats},
       best_single=best_single,
       slowdowns=find_slowdowns(stats, noise_floor),
       marginal_effects=marginal_effects(stats))

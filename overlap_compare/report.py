@@ -48,6 +48,16 @@ DEFINITIONS = """\
   optimization made a component itself cheaper, e.g. data parallelism
   shrinking compute (">1"). It is undefined ("n/a") when serial - ideal is
   under 2% of serial.
+- **Resource bound.** The ideal assumes every component has resources of
+  its own; on a CPU host they share the cores. A cell's work W is the CPU
+  time its processes spent per step (all threads, DataLoader workers and
+  every worker of a multi-worker job), and W / cores the shortest step
+  that work allows. bound = max(ideal, W / cores); the resource efficiency
+  is bound / S. A cell within the noise of its bound **hit the machine's
+  limit** when W / cores set it (it reached the **critical-path ideal**
+  otherwise); a cell above it **lost to interference**. Threads that spin
+  while waiting count as work, so W errs high. Blank where the runs
+  recorded no CPU times.
 - **Slow-down.** Adding setting x to cell P made it slower when
   step(P + x) > step(P) x (1 + tolerance). The tolerance is the larger of the
   noise floor and both cells' spread across repeats ((max - min) of their
@@ -99,6 +109,15 @@ def _efficiency_text(eff: Optional[overlap_metrics.Efficiency]) -> str:
   if eff.raw > 1:
     return ">1"
   return f"{100 * eff.value:.0f}%"
+
+
+def _bound_cells(stats, bound: Optional[overlap_metrics.ResourceBound]
+                 ) -> List[str]:
+  """Work, bound and verdict columns; blank without CPU times."""
+  if bound is None:
+    return ["", "", ""]
+  return [_ms(stats.work_s), _ms(bound.bound_s),
+          f"{100 * bound.efficiency:.0f}%: {bound.verdict}"]
 
 
 # ------------------------------------------------------------------ report
@@ -202,7 +221,7 @@ def _group_section(comparison: Comparison, key: GroupKey) -> str:
   out.write(f"\n## {comparison.group_label(key)}\n\n")
   headers = ["cell", "runs ok", "samples/s [range]", "×base", "×best single",
              "step ms", "data wait", "compute", "ckpt stall", "other",
-             "overlap eff."]
+             "overlap eff.", "work CPU-ms", "bound ms", "vs bound"]
   rows = []
   for cell in comparison.cells(key):
     result = comparison.results[key][cell]
@@ -216,6 +235,7 @@ def _group_section(comparison: Comparison, key: GroupKey) -> str:
             _ratio(analysis.speedup_vs_best_single[cell]), _ms(s.step_s)]
     row += [_ms(s.phases_s[p]) for p in PHASE_COLUMNS]
     row.append(_efficiency_text(analysis.efficiency[cell]))
+    row += _bound_cells(s, analysis.resource_bound[cell])
     rows.append(row)
   out.write(_table(headers, rows) + "\n")
   out.write(_components_text(comparison, key))
@@ -343,7 +363,9 @@ def format_results_csv(comparison: Comparison) -> str:
              [f"{p}_ms" for p in PHASE_COLUMNS] +
              ["step_spread", "speedup_vs_baseline", "speedup_vs_best_single",
               "overlap_efficiency", "overlap_efficiency_raw",
-              "checkpoint_interval_s", "error"])
+              "checkpoint_interval_s", "work_cpu_ms", "cores",
+              "resource_bound_ms", "resource_efficiency", "resource_verdict",
+              "error"])
   rows = []
   for key in comparison.groups():
     analysis = comparison.analyses[key]
@@ -367,6 +389,12 @@ def format_results_csv(comparison: Comparison) -> str:
                 _num(eff.value if eff else None),
                 _num(eff.raw if eff else None),
                 _num(s.checkpoint_interval_s)]
+        bound = analysis.resource_bound[cell]
+        row += [_num(1e3 * s.work_s if s.work_s is not None else None),
+                _num(s.cores),
+                _num(1e3 * bound.bound_s if bound else None),
+                _num(bound.efficiency if bound else None),
+                bound.verdict if bound else ""]
       row.append(" / ".join(result.errors))
       rows.append(row)
   return _csv_text(headers, rows)

@@ -17,7 +17,8 @@ import tensorflow as tf
 from tfoverlap import steps
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime.loop_context import (LoopContext, ScalarWindows,
-                                               after_execution, after_step)
+                                               after_execution, after_step,
+                                               compute_phase)
 
 
 def run_custom_loop(ctx: LoopContext, *, train_step, iterator,
@@ -36,15 +37,10 @@ def run_custom_loop(ctx: LoopContext, *, train_step, iterator,
   for step in range(ctx.first_step, ctx.last_step + 1):
     with ctx.ledger.phase(ledger_lib.DATA_WAIT):
       batch = next(iterator)
-    start_s = time.perf_counter()
-    # Reading the loss waits for the step to finish, so the span covers
-    # the device work and not only its dispatch.
-    loss = float(train_step(batch))
-    end_s = time.perf_counter()
-    parts = (split_compute(start_s, end_s) if split_compute else
-             [(ledger_lib.COMPUTE, start_s, end_s)])
-    for phase, begin_s, finish_s in parts:
-      ctx.ledger.add(phase, begin_s, finish_s)
+    with compute_phase(ctx.ledger, split_compute):
+      # Reading the loss waits for the step to finish, so the span covers
+      # the device work and not only its dispatch.
+      loss = float(train_step(batch))
     after_step(ctx, step, loss)
   return loss
 

@@ -6,16 +6,15 @@ step (forward, backward with the overlapped all-reduce, update), the
 checkpoint. PyTorch has no `model.fit`, so there is one loop.
 """
 
-import contextlib
 import sys
-import time
 import types
 from typing import Optional
 
 import torch
 
 from overlap_core.runtime import ledger as ledger_lib
-from overlap_core.runtime.loop_context import LoopContext, ScalarWindows, after_step
+from overlap_core.runtime.loop_context import (LoopContext, ScalarWindows,
+                                               after_step, compute_phase)
 
 
 def _wait_for_device(device: torch.device) -> None:
@@ -37,7 +36,7 @@ def run_custom_loop(ctx: LoopContext, *, train_step, iterator,
   for step in range(ctx.first_step, ctx.last_step + 1):
     with ctx.ledger.phase(ledger_lib.DATA_WAIT):
       batch = next(iterator)
-    with _compute_phase(ctx.ledger, split_compute):
+    with compute_phase(ctx.ledger, split_compute):
       loss_tensor = train_step(batch)
       # CUDA runs the step asynchronously: waiting here makes the span
       # cover the device work and not only its launch, as TensorFlow's
@@ -46,21 +45,6 @@ def run_custom_loop(ctx: LoopContext, *, train_step, iterator,
       loss = float(loss_tensor)
     after_step(ctx, step, loss)
   return loss
-
-
-@contextlib.contextmanager
-def _compute_phase(ledger: ledger_lib.StepLedger, split_compute):
-  """The step's compute span, or the pipeline phases that tile it."""
-  if split_compute is None:
-    with ledger.phase(ledger_lib.COMPUTE):
-      yield
-    return
-  start = time.perf_counter()
-  try:
-    yield
-  finally:
-    for phase, begin, end in split_compute(start, time.perf_counter()):
-      ledger.add(phase, begin, end)
 
 
 def _summary_writer_class():

@@ -17,14 +17,23 @@ In a pipelined run, `compute` is not recorded: each step's compute span is
 recorded as the three phases of `overlap_core.runtime.pipeline_stats`
 (stage_compute, bubble, transfer), which partition it, so the phases still
 add up to the step.
+
+Beside each wall time the ledger keeps CPU time (`overlap_core.runtime.
+cpu_clock`): per step, the CPU of the whole process tree (every thread,
+and children such as DataLoader workers) and of the training thread; per
+phase timed with `phase()`, the CPU of this process's threads and of the
+training thread while the phase lasted. A phase added with `add()` was
+timed elsewhere and has no CPU time.
 """
 
 import contextlib
 import dataclasses
 import math
+import os
 import time
 from typing import Callable, Dict, List, Optional
 
+from overlap_core.runtime import cpu_clock as cpu_clock_lib
 from overlap_core.runtime import pipeline_stats
 
 DATA_WAIT = "data_wait"  # blocked waiting for the next batch
@@ -48,12 +57,29 @@ class Span:
 
 
 @dataclasses.dataclass(frozen=True)
+class CpuClocks:
+  """The CPU clocks the ledger reads (seconds); injectable for tests."""
+  thread: Callable[[], float] = time.thread_time  # the training thread
+  process: Callable[[], float] = time.process_time  # all of its threads
+  tree: Callable[[], float] = None  # with its children; read once a step
+
+  def __post_init__(self):
+    if self.tree is None:
+      object.__setattr__(self, "tree", cpu_clock_lib.ProcessTreeClock())
+
+
+@dataclasses.dataclass(frozen=True)
 class StepRecord:
   step: int
   start_s: float
   end_s: float
   num_samples: int
   phases_s: Dict[str, float]
+  # CPU seconds: the process tree and the training thread over the step,
+  # and (process, thread) per phase timed with `phase()`.
+  cpu_s: float = 0.0
+  thread_cpu_s: float = 0.0
+  phases_cpu_s: Dict[str, tuple] = dataclasses.field(default_factory=dict)
 
   @property
   def duration_s(self) -> float:
@@ -97,10 +123,16 @@ class StepLedger:
 
   Args:
     clock: a monotonic clock in seconds; injectable so tests can drive it.
+    cpu_clocks: the CPU clocks (default: this process's real ones).
   """
 
-  def __init__(self, clock: Callable[[], float] = time.perf_counter):
+  def __init__(self, clock: Callable[[], float] = time.perf_counter,
+               cpu_clocks: Optional[CpuClocks] = None):
     self._clock = clock
+    self._cpu = cpu_clocks or CpuClocks()
+    self._current_phases_cpu: Dict[str, tuple] = {}
+    # CPU readings at the previous step's end (tree, thread).
+    self._previous_cpu = (self._cpu.tree(), self._cpu.thread())
     self._spans: List[Span] = []
     self._steps: List[StepRecord] = []
     self._current_step_start: Optional[float] = None
@@ -123,11 +155,16 @@ class StepLedger:
   def phase(self, name: str):
     """Times the enclosed block as phase `name` of the current step."""
     start = self._clock()
+    process_start, thread_start = self._cpu.process(), self._cpu.thread()
     self._open_step(start)
     try:
       yield
     finally:
       self.add(name, start, self._clock())
+      process, thread = self._current_phases_cpu.get(name, (0.0, 0.0))
+      self._current_phases_cpu[name] = (
+          process + self._cpu.process() - process_start,
+          thread + self._cpu.thread() - thread_start)
 
   def add(self, name: str, start_s: float, end_s: float) -> None:
     """Adds a phase measured elsewhere (e.g. by a callback) to this step."""
@@ -149,15 +186,21 @@ class StepLedger:
     """Closes the current step; its duration runs until now, or until
     `end_s` for a step timed as a share of a longer span."""
     end = self._clock() if end_s is None else end_s
+    cpu = (self._cpu.tree(), self._cpu.thread())
     start = (self._current_step_start
              if self._current_step_start is not None else end)
     record = StepRecord(step, start, end, num_samples,
-                        dict(self._current_phases))
+                        dict(self._current_phases),
+                        cpu_s=cpu[0] - self._previous_cpu[0],
+                        thread_cpu_s=cpu[1] - self._previous_cpu[1],
+                        phases_cpu_s=dict(self._current_phases_cpu))
     self._steps.append(record)
     self._spans.append(Span(STEP, step, start, end))
     self._current_step_start = None
     self._current_phases = {}
+    self._current_phases_cpu = {}
     self._previous_step_end = end
+    self._previous_cpu = cpu
     return record
 
   def window(self, since_step: int) -> List[StepRecord]:
@@ -169,9 +212,14 @@ class StepLedger:
 
     Returns:
       A dict with `warmup_steps`, `measured_steps`, `samples_per_second`
-      (samples of measured steps / their summed step time) and `phases`:
+      (samples of measured steps / their summed step time), `phases`:
       {name: {mean, p50, p95, total, fraction}} for every phase in PHASES,
-      plus `step` and `other`; a phase never entered has zeros.
+      plus `step` and `other`; a phase never entered has zeros. A phase
+      timed with `phase()` also has `cpu_mean` and `thread_cpu_mean` (CPU
+      seconds per step of this process's threads, and of the training
+      thread, while it lasted), and `step` has them for the whole step,
+      `cpu_mean` there including child processes. And `cpu`: see
+      `_cpu_summary`.
     """
     if warmup_steps is None:
       warmup_steps = default_warmup_steps(len(self._steps))
@@ -190,13 +238,49 @@ class StepLedger:
                                  if step_total else 0.0)
     phases[STEP] = describe_durations([r.duration_s for r in measured])
     phases[STEP]["fraction"] = 1.0
+    count = len(measured) or 1
+    for name in names:
+      timed = [r.phases_cpu_s[name] for r in measured
+               if name in r.phases_cpu_s]
+      if timed:
+        phases[name]["cpu_mean"] = sum(p for p, _ in timed) / count
+        phases[name]["thread_cpu_mean"] = sum(t for _, t in timed) / count
+    phases[STEP]["cpu_mean"] = sum(r.cpu_s for r in measured) / count
+    phases[STEP]["thread_cpu_mean"] = sum(
+        r.thread_cpu_s for r in measured) / count
     samples = sum(r.num_samples for r in measured)
     return {
         "warmup_steps": min(warmup_steps, len(self._steps)),
         "measured_steps": len(measured),
         "samples_per_second": samples / step_total if step_total else 0.0,
         "phases": phases,
+        "cpu": _cpu_summary(phases[STEP]),
     }
+
+
+def usable_cores() -> int:
+  """The cores this process may run on (its affinity), else all of them."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except (AttributeError, OSError):
+    return os.cpu_count() or 1
+
+
+def _cpu_summary(step: dict) -> dict:
+  """What the steps' work asked of the host.
+
+  `work_s_per_step`: CPU seconds of the process tree per step.
+  `cores`: the cores this process may use. `busy_cores`: work per second
+  of step, the cores kept busy on average. `work_bound_s`: work / cores,
+  the shortest step this work allows on these cores if nothing else runs
+  and every core is shared perfectly: a step near it has filled the
+  machine.
+  """
+  cores = usable_cores()
+  work = step["cpu_mean"]
+  return {"work_s_per_step": work, "cores": cores,
+          "busy_cores": work / step["mean"] if step["mean"] else 0.0,
+          "work_bound_s": work / cores}
 
 
 def summarize_window(records: List[StepRecord]) -> Dict[str, float]:

@@ -15,7 +15,9 @@ and the TensorBoard scalars are decided identically on both sides.
     after_step(ctx, step, loss)
 """
 
+import contextlib
 import dataclasses
+import time
 from typing import Callable, Optional, Sequence
 
 from overlap_core.runtime import ledger as ledger_lib
@@ -34,6 +36,23 @@ class LoopContext:
   global_batch_size: int
   # on_step_end(step, step_s) after each step, e.g. a BackgroundRunner
   background: Optional[object] = None
+
+
+@contextlib.contextmanager
+def compute_phase(ledger: ledger_lib.StepLedger, split_compute=None):
+  """Times the enclosed step as its compute phase, or, for a pipelined
+  step, as the phases `split_compute(start_s, end_s)` returns, which tile
+  its span ([(phase, start_s, end_s)]; those have no CPU time)."""
+  if split_compute is None:
+    with ledger.phase(ledger_lib.COMPUTE):
+      yield
+    return
+  start = time.perf_counter()
+  try:
+    yield
+  finally:
+    for phase, begin, end in split_compute(start, time.perf_counter()):
+      ledger.add(phase, begin, end)
 
 
 def after_step(ctx: LoopContext, step: int, loss: float, *,

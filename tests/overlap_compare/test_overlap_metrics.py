@@ -15,7 +15,7 @@ from overlap_compare import comparison
 from overlap_compare import metrics as overlap_metrics
 from overlap_core.runtime import run_record
 from overlap_core.runtime.ledger import (CHECKPOINT_STALL, COMPUTE, DATA_WAIT,
-                                   StepLedger)
+                                   CpuClocks, StepLedger)
 from overlap_compare.matrix import Cell, Matrix, parse_axes
 
 BATCH = 32
@@ -37,15 +37,19 @@ class HandClock:
 
 
 def make_record(*, data_ms, compute_ms, stall_ms=0.0, other_ms=0.0,
-                checkpoint_mode="sync"):
+                checkpoint_mode="sync", work_ms=0.0, cores=2):
   """A run.json whose every step has these phase times.
 
   The stall happens on every CHECKPOINT_EVERY-th step only, as a real
   checkpoint's does, so its mean per step is stall_ms / CHECKPOINT_EVERY.
+  The process tree does `work_ms` of CPU work per step on `cores` cores.
   """
   clock = HandClock()
-  ledger = StepLedger(clock=clock)
+  work = HandClock()
+  ledger = StepLedger(clock=clock, cpu_clocks=CpuClocks(
+      thread=lambda: 0.0, process=lambda: 0.0, tree=work))
   for step in range(1, NUM_STEPS + 1):
+    work.advance_ms(work_ms)
     with ledger.phase(DATA_WAIT):
       clock.advance_ms(data_ms)
     with ledger.phase(COMPUTE):
@@ -57,10 +61,13 @@ def make_record(*, data_ms, compute_ms, stall_ms=0.0, other_ms=0.0,
     ledger.end_step(step, num_samples=BATCH)
   checkpoint = {"mode": checkpoint_mode, "every_steps": CHECKPOINT_EVERY,
                 "final_every_steps": CHECKPOINT_EVERY}
+  summary = ledger.summary(warmup_steps=0)
+  summary["cpu"].update(cores=cores,
+                        work_bound_s=summary["cpu"]["work_s_per_step"] / cores)
   return run_record.build_run_record(
       framework="tensorflow", config={}, environment={"tensorflow": "test"},
       model_name="mlp", num_params=1, strategy={},
-      ledger_summary=ledger.summary(warmup_steps=0), num_steps=NUM_STEPS,
+      ledger_summary=summary, num_steps=NUM_STEPS,
       wall_s=1.0, final={}, weights_digest="", worker_index=0, num_workers=1,
       phases_measured=[DATA_WAIT, COMPUTE, CHECKPOINT_STALL], outputs={},
       checkpoint=checkpoint)
@@ -143,6 +150,45 @@ def test_efficiency_from_the_baseline_components():
   assert eff[PREFETCH] == pytest.approx((40 - 32) / 20)
   assert eff[ASYNC] == pytest.approx((40 - 31) / 20)
   assert eff[BOTH] == pytest.approx((40 - 25) / 20)
+
+
+def test_resource_bound_tells_a_full_machine_from_interference():
+  # The baseline's ideal is 20 ms (see BASELINE). Both cells take 40 ms.
+  # One did 80 CPU-ms of work per step on 2 cores: its work alone needs
+  # 40 ms, so it hit the machine's limit. The other did 30 CPU-ms: 15 ms
+  # of cores, under the ideal, so the 20 ms it lost went to interference.
+  base = overlap_metrics.summarize_records(
+      [make_record(data_ms=10, compute_ms=20, stall_ms=40, work_ms=20)])
+  components = overlap_metrics.components_from(base)
+  full = overlap_metrics.summarize_records(
+      [make_record(data_ms=10, compute_ms=30, work_ms=80)])
+  lost = overlap_metrics.summarize_records(
+      [make_record(data_ms=10, compute_ms=30, work_ms=30)])
+  assert full.work_s == pytest.approx(0.080) and full.cores == 2
+  at_limit = overlap_metrics.resource_bound(full, components)
+  assert at_limit.work_bound_s == pytest.approx(0.040)
+  assert at_limit.bound_s == pytest.approx(0.040)
+  assert at_limit.efficiency == pytest.approx(1.0)
+  assert at_limit.verdict == "hit the machine's limit"
+  interfered = overlap_metrics.resource_bound(lost, components)
+  assert interfered.bound_s == pytest.approx(0.020)  # the ideal
+  assert interfered.efficiency == pytest.approx(0.5)
+  assert interfered.verdict == "lost to interference"
+  # At the ideal with cores to spare: the critical path, not the machine.
+  quick = overlap_metrics.summarize_records(
+      [make_record(data_ms=5, compute_ms=15, work_ms=10)])
+  assert (overlap_metrics.resource_bound(quick, components).verdict
+          == "reached the critical-path ideal")
+  # Workers of one job share the host: their work adds up.
+  two = make_record(data_ms=10, compute_ms=30, work_ms=30)
+  two["worker"]["num_workers"] = 2
+  assert overlap_metrics.summarize_records([two]).work_s == pytest.approx(
+      0.060)
+  # A run.json from before CPU times has no bound, and says nothing.
+  old = make_record(data_ms=10, compute_ms=30)
+  old["cpu"] = None
+  assert overlap_metrics.resource_bound(
+      overlap_metrics.summarize_records([old]), components) is None
 
 
 def test_efficiency_is_clipped_and_says_why():

@@ -68,6 +68,41 @@ def test_summary_excludes_warmup_and_splits_phases():
   assert summary["samples_per_second"] == pytest.approx(32 / 0.013)
 
 
+def test_cpu_time_is_kept_beside_wall_time_per_phase_and_step():
+  """Each phase's CPU is what the clocks advanced while it lasted; the
+  step's is the process tree's over the whole step, other time included."""
+  clock, thread, process, tree = (FakeClock(), FakeClock(), FakeClock(),
+                                  FakeClock())
+  ledger = ledger_lib.StepLedger(clock=clock, cpu_clocks=ledger_lib.CpuClocks(
+      thread=thread, process=process, tree=tree))
+
+  def work(wall_s, thread_s, process_s, tree_s):
+    for c, s in ((clock, wall_s), (thread, thread_s), (process, process_s),
+                 (tree, tree_s)):
+      c.advance(s)
+
+  for step in range(1, 5):
+    with ledger.phase(ledger_lib.DATA_WAIT):
+      work(0.010, 0.001, 0.008, 0.012)  # input threads work while we wait
+    with ledger.phase(ledger_lib.COMPUTE):
+      work(0.020, 0.005, 0.030, 0.030)  # op threads on two cores
+    ledger.add(ledger_lib.CHECKPOINT_STALL, clock(), clock())  # timed elsewhere
+    work(0.010, 0.001, 0.002, 0.002)  # bookkeeping between steps
+    ledger.end_step(step, num_samples=8)
+  summary = ledger.summary(warmup_steps=0)
+  phases = summary["phases"]
+  assert phases["data_wait"]["cpu_mean"] == pytest.approx(0.008)
+  assert phases["data_wait"]["thread_cpu_mean"] == pytest.approx(0.001)
+  assert phases["compute"]["cpu_mean"] == pytest.approx(0.030)
+  assert "cpu_mean" not in phases["checkpoint_stall"]
+  assert phases["step"]["cpu_mean"] == pytest.approx(0.044)
+  assert phases["step"]["thread_cpu_mean"] == pytest.approx(0.007)
+  cpu = summary["cpu"]
+  assert cpu["work_s_per_step"] == pytest.approx(0.044)
+  assert cpu["busy_cores"] == pytest.approx(0.044 / 0.040)
+  assert cpu["work_bound_s"] == pytest.approx(0.044 / cpu["cores"])
+
+
 def test_time_between_steps_counts_as_other():
   clock = FakeClock()
   ledger = ledger_lib.StepLedger(clock=clock)

@@ -85,8 +85,19 @@ def test_run_record_and_trace_hold_what_they_claim(tmp_path):
   assert record["samples_per_second"] > 0
   for phase in ("data_wait", "compute", "checkpoint_stall", "step", "other"):
     stats = record["phases"][phase]
-    assert set(stats) == {"mean", "p50", "p95", "total", "fraction"}
+    assert {"mean", "p50", "p95", "total", "fraction"} <= set(stats)
     assert stats["p50"] <= stats["p95"] + 1e-12
+  # CPU beside wall time: the timed phases and the step have it, and the
+  # step's work (its process tree) is at least the training thread's.
+  for phase in ("data_wait", "compute", "step"):
+    assert record["phases"][phase]["thread_cpu_mean"] >= 0
+  step = record["phases"]["step"]
+  assert step["cpu_mean"] >= step["thread_cpu_mean"] > 0
+  assert record["phases"]["compute"]["cpu_mean"] > 0
+  cpu = record["cpu"]
+  assert cpu["work_s_per_step"] == step["cpu_mean"]
+  assert cpu["work_bound_s"] == pytest.approx(
+      cpu["work_s_per_step"] / cpu["cores"])
   assert record["phases"]["compute"]["mean"] > 0
   assert record["phases"]["checkpoint_stall"]["total"] == 0
   assert 0 <= record["final"]["eval_accuracy"] <= 1
