@@ -441,6 +441,7 @@ class CheckpointEngine:
         "stall_s": _summary(self.stall_s),
         "final_save_s": self.final_save_s,
         "persist_s": _summary(self.persist_s),
+        "persist_nice": self._persists.nice,
         "decisions": [d.to_dict() for d in self.policy.decisions],
         "restore": dict(self.restore_info),
     }

@@ -20,6 +20,7 @@ import safetensors.numpy
 from overlap_core.checkpoint import cadence
 from overlap_core.checkpoint import files as checkpoint_files
 from overlap_core.checkpoint import engine as checkpoint_engine
+from overlap_core.checkpoint import persist
 from overlap_core.checkpoint import tensor_file
 from overlap_core.checkpoint.files import (CheckpointError,
                                              CorruptCheckpointError)
@@ -299,6 +300,28 @@ def test_busy_policy_when_a_persist_outlives_the_interval(tmp_path, if_busy):
     assert stats["num_saved"] + stats["num_skipped_busy"] == 10
     assert stats["num_persisted"] == stats["num_saved"]
   assert json.dumps(stats)  # run.json can hold it
+
+
+def _nice_of_this_thread() -> int:
+  return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+def test_the_persist_thread_lowers_its_own_priority_only(tmp_path):
+  """Training keeps its priority; the persist yields the cores to it."""
+  training = _nice_of_this_thread()
+  expected = min(19, training + persist.PERSIST_NICE_INCREMENT)
+  seen = []
+  threads = persist.PersistThread(timeout_s=60)
+  threads.start(1, lambda: seen.append(_nice_of_this_thread()) or 0.0)
+  assert threads.wait()
+  assert seen == [expected] and threads.nice == expected
+  assert _nice_of_this_thread() == training
+  # The engine's persists run so, and run.json says at what nice value.
+  engine = _engine(tmp_path, every_steps=1)
+  assert engine.is_due(1)
+  engine.save(1)
+  engine.close()
+  assert engine.stats()["persist_nice"] == expected
 
 
 def test_resumed_engine_keeps_the_cadence_and_names_the_restore(tmp_path):
