@@ -195,7 +195,8 @@ def test_super_resolution_beats_bicubic_upsampling(tmp_path):
     (["--strategy=multi_worker", "--num_workers=2", "--batch_size=64"],
      ["tfoverlap.launch"]),
     (["--steps_per_execution=2", "--pipeline_stages=2",
-      "--pipeline_microbatches=2", "--num_devices=2"],
+      "--pipeline_microbatches=2", "--pipeline_split=even",
+      "--num_devices=2"],
      ["--steps_per_execution=2", "pipelined"]),
 ])
 def test_settings_the_framework_cannot_honour_exit_2(tmp_path, args, words):
