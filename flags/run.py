@@ -28,7 +28,8 @@ def define_flags():
       "The ledger then times spans of K steps and records each step as the "
       "span / K, data wait inside. Checkpoints fall between calls, so a "
       "fixed --checkpoint_every must be a multiple of K. TensorFlow only: "
-      "the PyTorch trainer refuses K > 1.",
+      "the PyTorch trainer refuses K > 1, and so does --loop=fit under a "
+      "replicated strategy (a Keras 3 bug).",
       lower_bound=1)
   flags.DEFINE_boolean("progress", True, "Show progress lines while training.")
   flags.DEFINE_boolean("trace", True,

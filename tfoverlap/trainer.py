@@ -68,6 +68,16 @@ def check_steps_per_execution(config: TrainConfig) -> None:
     raise ConfigError("steps_per_execution", k,
                       "a burst step is traced per step; allowed with "
                       "--burst_parallel: 1")
+  if (config.run.loop == "fit" and
+      config.distribute.strategy in ("mirrored", "multi_worker")):
+    # Keras 3's multi-step train function under a replicated strategy
+    # fails at its first call with "You must feed a value for placeholder
+    # tensor" (keras-team/keras#19246, open); plain Keras does the same.
+    raise ConfigError("steps_per_execution", k,
+                      "Keras 3's model.fit fails with several steps per "
+                      "execution under a replicated strategy "
+                      "(keras-team/keras#19246); allowed: --loop=ctl, or 1 "
+                      f"with --strategy={config.distribute.strategy}")
 
 
 def check_burst_combinations(config: TrainConfig) -> None:

@@ -206,8 +206,11 @@ def test_super_resolution_beats_bicubic_upsampling(tmp_path):
     (["--strategy=multi_worker", "--num_workers=2", "--batch_size=64"],
      ["tfoverlap.launch"]),
     (["--steps_per_execution=2", "--pipeline_stages=2",
-      "--pipeline_microbatches=2", "--num_devices=2"],
+      "--pipeline_microbatches=2", "--pipeline_split=even",
+      "--num_devices=2"],
      ["--steps_per_execution=2", "pipelined"]),
+    (["--steps_per_execution=2", "--loop=fit", "--strategy=mirrored"],
+     ["--steps_per_execution=2", "keras-team/keras#19246", "--loop=ctl"]),
 ])
 def test_settings_the_framework_cannot_honour_exit_2(tmp_path, args, words):
   result = run_module("tfoverlap.train", f"--model_dir={tmp_path}", *args,
