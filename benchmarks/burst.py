@@ -137,9 +137,12 @@ def _rank_worker(argv) -> int:
   finally:
     if runner:
       runner.stop()
-  with open(out_path, "w", encoding="utf-8") as f:
-    json.dump({"step_s": times,
-               "background": runner.stats() if runner else None}, f)
+  # Rank 0 reports: every step ends at a barrier, so its step times are
+  # the job's, and a second writer would interleave with it in one file.
+  if rank == 0:
+    with open(out_path, "w", encoding="utf-8") as f:
+      json.dump({"step_s": times,
+                 "background": runner.stats() if runner else None}, f)
   torch.distributed.destroy_process_group()
   return 0
 
