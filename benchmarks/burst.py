@@ -230,6 +230,7 @@ def main(argv) -> int:
   args.repeats = args.repeats or (1 if args.quick else 5)
   if args.quick:
     args.profile_repeats, args.warmup = 1, 0
+  machine = common.describe_machine()  # the load average before the runs
   start = time.perf_counter()
   # The plans rest on profiles measured here, so the host's load over the
   # profiling is recorded as the runtime's is.
@@ -237,7 +238,7 @@ def main(argv) -> int:
   plans = _plan_rows(args)
   profiling_host = harness.host_load(before, harness.host_snapshot())
   runtime = _runtime(args)
-  payload = {"benchmark": "burst", "machine": common.describe_machine(),
+  payload = {"benchmark": "burst", "machine": machine,
              "command": common.command_line(), "quick": args.quick,
              "repeats": args.repeats, "settings": vars(args),
              "plans": plans, "runtime": runtime["summary"],

@@ -215,6 +215,7 @@ def main():
   stages = args.stages or stages
   repeats = common.resolve_repeats(args, FULL[3])
   factors = BUBBLE_FACTORS_QUICK if args.quick else BUBBLE_FACTORS_FULL
+  machine = common.describe_machine()  # the load average before the runs
   start = time.perf_counter()
   with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as work:
     plans = {}
@@ -245,7 +246,7 @@ def main():
                                      repeats, run_side)
     results = summarize(record["runs"], models, stages, factors, plans,
                         microbatch)
-  payload = {"benchmark": NAME, "machine": common.describe_machine(),
+  payload = {"benchmark": NAME, "machine": machine,
              "command": common.command_line(), "quick": args.quick,
              "repeats": repeats, "stages": stages,
              "microbatch_size": microbatch, "measured_steps": steps,

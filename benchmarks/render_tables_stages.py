@@ -2,9 +2,9 @@
 
 Registered into `render_tables.TABLES` on import, like the tables there.
 The results files are written by `benchmarks.tf_pipeline` and
-`benchmarks.burst`. Every figure is the
-median over the repeats, from the recorded runs, with its spread: the
-harness's interval where the repeats allow one, else [min, max].
+`benchmarks.burst`. Every figure is the median over the repeats, from the
+recorded runs, with its spread: the harness's interval where the repeats
+allow one, else [min, max].
 """
 
 from typing import Callable, Sequence

@@ -135,6 +135,7 @@ def main():
   micro_batches = [f * stages for f in ((1, 2) if args.quick
                                         else (1, 2, 4, 8))]
   train_steps = 6 if args.quick else 20
+  machine = common.describe_machine()  # the load average before the runs
   start = time.perf_counter()
   with tempfile.TemporaryDirectory() as scratch:
 
@@ -153,7 +154,7 @@ def main():
   summary = summarize(record["runs"], frameworks, micro_batches)
   print(_format(summary, frameworks))
   payload = {"benchmark": NAME, "command": common.command_line(),
-             "machine": common.describe_machine(), "quick": args.quick,
+             "machine": machine, "quick": args.quick,
              "repeats": repeats, "stages": stages,
              "cut_pool_indices": list(_CUTS[stages]),
              "image_size": args.image_size,
