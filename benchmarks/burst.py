@@ -16,11 +16,13 @@ CNN trained by `torch_parity.burst.BurstModel` under a mixed-width plan and
 under the all-wide plan (data parallelism by the same runtime), each with
 and without the background job (`--background_job=small_mlp`'s process,
 started halfway). Reports samples/s, and the foreground's slowdown and the
-background's samples/s when it ran. Repeats are interleaved. On a 2-core
+background's samples/s when it ran. The variants run through
+`benchmarks.harness` (interleaved, the host's load recorded); burst over
+data parallel throughput is the median of the per-repeat ratios. On a 2-core
 CPU host this shows the runtime's overheads, not DeepPool's gains: the
 ranks share the cores with each other and with the background job.
 
-Results go to benchmarks/results/burst[_quick].json.
+Results go to benchmarks/results/burst.json (burst.quick.json with --quick).
 """
 
 import argparse
@@ -33,6 +35,7 @@ import tempfile
 import time
 
 from benchmarks import common
+from benchmarks import harness
 
 MODELS = {"vgg16": 32, "wide_resnet101_2": 32, "inception_v3": 75}
 QUICK_MODELS = {"vgg16": 32, "wide_resnet26_2": 32}
@@ -134,9 +137,12 @@ def _rank_worker(argv) -> int:
   finally:
     if runner:
       runner.stop()
-  with open(out_path, "w", encoding="utf-8") as f:
-    json.dump({"step_s": times,
-               "background": runner.stats() if runner else None}, f)
+  # Rank 0 reports: every step ends at a barrier, so its step times are
+  # the job's, and a second writer would interleave with it in one file.
+  if rank == 0:
+    with open(out_path, "w", encoding="utf-8") as f:
+      json.dump({"step_s": times,
+                 "background": runner.stats() if runner else None}, f)
   torch.distributed.destroy_process_group()
   return 0
 
@@ -168,20 +174,39 @@ def _run_variant(widths, *, ranks, steps, background_job, workdir):
   return row
 
 
-def _runtime_rows(args):
-  rows = {}
-  variants = [(name, bg) for name in _runtime_variants(args.runtime_ranks)
-              for bg in ("none", "small_mlp")]
+def _runtime(args) -> dict:
+  """Every (plan, background) variant once per repeat, interleaved by the
+  harness; burst over data parallel throughput paired within each repeat."""
+  widths = _runtime_variants(args.runtime_ranks)
+  sides = [(name, bg) for name in widths for bg in ("none", "small_mlp")]
   with tempfile.TemporaryDirectory() as workdir:
-    for repeat in range(args.repeats):
-      shift = repeat % len(variants)
-      for name, bg in variants[shift:] + variants[:shift]:
-        common.log(f"runtime {name}, background {bg}, repeat {repeat}")
-        rows.setdefault(f"{name}/{bg}", []).append(_run_variant(
-            _runtime_variants(args.runtime_ranks)[name],
-            ranks=args.runtime_ranks, steps=args.steps,
-            background_job=bg, workdir=workdir))
-  return rows
+
+    def run_side(side, repeat):
+      name, bg = side
+      common.log(f"runtime {name}, background {bg}, repeat {repeat + 1}")
+      return {"side": [name, bg], "repeat": repeat, **_run_variant(
+          widths[name], ranks=args.runtime_ranks, steps=args.steps,
+          background_job=bg, workdir=workdir)}
+
+    record = harness.run_interleaved(sides, args.repeats, run_side)
+  throughput = harness.values_by_side(record["runs"], "samples_per_second")
+  summary = {}
+  for name, bg in sides:
+    entry = {"samples_per_second": harness.median_interval(
+        throughput[(name, bg)])}
+    if bg != "none":
+      mine = [r for r in record["runs"] if r["side"] == [name, bg]]
+      entry["foreground_slowdown_frac"] = harness.median_interval(
+          [r["foreground_slowdown_frac"] for r in mine])
+      entry["background_samples_per_second"] = harness.median_interval(
+          [r["background_samples_per_second"] for r in mine])
+      entry["background_policy"] = mine[0]["background_policy"]
+    summary[f"{name}/{bg}"] = entry
+  for bg in ("none", "small_mlp"):
+    summary[f"burst_over_data_parallel/{bg}"] = harness.summarize_ratios(
+        throughput[("burst", bg)], throughput[("data_parallel", bg)])
+  return {"summary": summary, "runs": record["runs"],
+          "host": record["host"]}
 
 
 def main(argv) -> int:
@@ -200,25 +225,38 @@ def main(argv) -> int:
   args = parser.parse_args(argv[1:])
   args.global_batch = args.global_batch or (16 if args.quick else 64)
   args.steps = args.steps or (8 if args.quick else 60)
-  args.repeats = args.repeats or (1 if args.quick else 3)
+  # Five repeats: the fewest whose order-statistics interval of a median
+  # reaches the harness's 90% (see benchmarks.harness.median_interval).
+  args.repeats = args.repeats or (1 if args.quick else 5)
   if args.quick:
     args.profile_repeats, args.warmup = 1, 0
-  payload = {"machine": common.describe_machine(),
-             "command": common.command_line(),
-             "settings": vars(args),
-             "plans": _plan_rows(args),
-             "runtime": _runtime_rows(args)}
+  machine = common.describe_machine()  # the load average before the runs
+  start = time.perf_counter()
+  # The plans rest on profiles measured here, so the host's load over the
+  # profiling is recorded as the runtime's is.
+  before = harness.host_snapshot()
+  plans = _plan_rows(args)
+  profiling_host = harness.host_load(before, harness.host_snapshot())
+  runtime = _runtime(args)
+  payload = {"benchmark": "burst", "machine": machine,
+             "command": common.command_line(), "quick": args.quick,
+             "repeats": args.repeats, "settings": vars(args),
+             "plans": plans, "runtime": runtime["summary"],
+             "runs": runtime["runs"],
+             "total_wall_s": time.perf_counter() - start,
+             **harness.payload_fields({"profiling": profiling_host,
+                                       "runtime": runtime["host"]})}
   path = os.path.join(common.RESULTS_DIR,
-                      "burst_quick.json" if args.quick else "burst.json")
+                      "burst.quick.json" if args.quick else "burst.json")
   common.write_results(path, payload)
   for row in payload["plans"]:
     print(f"{row['model']:<18} limit {row['limit']:<4} iteration "
           f"{row['iteration_ms']:9.2f} ms (x{row['iteration_vs_dp']:.2f} of "
           f"data parallel), GPU-s x{row['gpu_s_vs_dp']:.2f}, widths "
           f"{row['layers_by_width']}")
-  for name, reps in payload["runtime"].items():
-    print(f"{name:<26} " + ", ".join(
-        f"{r['samples_per_second']:.1f} samples/s" for r in reps))
+  for name, entry in payload["runtime"].items():
+    value = entry.get("samples_per_second", entry)
+    print(f"{name:<34} {harness.format_interval(value)}")
   print(f"wrote {path}")
   return 0
 

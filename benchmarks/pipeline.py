@@ -22,10 +22,11 @@ and a table in the spirit of the large-image study: per model, the chosen
 cuts and every stage's predicted against measured time.
 
 Every trainer run is its own process (`python -m torch_parity.train`, S
-stage processes under --strategy=mirrored). Repeats are interleaved: each
-repeat runs every variant once, starting at a different one, so a slow
-minute on a shared host hits every variant alike; the tables give medians
-over repeats. Each model is profiled twice, once per question 1's side.
+stage processes under --strategy=mirrored). The variants run through
+`benchmarks.harness`: interleaved, each repeat starting at a different one,
+with the host's load recorded; auto against even is the median of the
+per-repeat throughput ratios with its interval. Each model is profiled
+twice, once per question 1's side.
 """
 
 import argparse
@@ -33,8 +34,10 @@ import json
 import os
 import statistics
 import tempfile
+import time
 
 from benchmarks import common
+from benchmarks import harness
 from overlap_core.planning.cost_model import fit_cost_model
 from overlap_core.planning.graph import LayerGraph
 from overlap_core.planning.profile import Profile
@@ -43,8 +46,13 @@ NAME = "pipeline"
 FULL_MODELS = {"vgg16": 32, "resnet50": 32, "inception_v3": 75}
 QUICK_MODELS = {"small_cnn": 8}
 # (stages, micro-batch size, measured steps, repeats)
-FULL = (2, 2, 20, 3)
+# Five repeats: the fewest whose order-statistics interval of a median
+# reaches the harness's 90% (see benchmarks.harness.median_interval).
+FULL = (2, 2, 20, 5)
 QUICK = (2, 2, 3, 1)
+# The cost model's goal on CPU: each stage's predicted time within 15% of
+# the measured one (median absolute relative error).
+STAGE_ERROR_GOAL = 0.15
 BUBBLE_FACTORS_FULL = (1, 2, 4, 8)  # M = factor x S
 BUBBLE_FACTORS_QUICK = (1, 2)
 
@@ -80,6 +88,11 @@ def plan_model(model: str, image_size: int, *, stages: int, batch: int,
       f"--image_size={image_size}", f"--batch_size={batch}",
       "--strategy=default", f"--pipeline_stages={stages}",
       f"--pipeline_microbatches={microbatches}", "--pipeline_split=auto",
+      # The micro-batch and up: the default adds half of it, and ResNet-50
+      # at 32 px or Inception-V3 at 75 end in 1x1 maps, where BatchNorm
+      # cannot train on a batch of one.
+      "--plan_batch_sizes=" + ",".join(
+          str(n * (batch // microbatches)) for n in (1, 2, 4)),
       f"--plan_repeats={2 if quick else 5}", f"--plan_output_dir={out_dir}"])
   with open(os.path.join(out_dir, "graph.json"), encoding="utf-8") as f:
     graph = LayerGraph.from_json(f.read())
@@ -134,13 +147,65 @@ def imbalance(section: dict) -> float:
   return max(times) / statistics.mean(times)
 
 
-def variants(models: dict, stages: int, microbatch: int, factors) -> list:
-  """(model, split, micro-batches): the splits at M = S, and GPipe's
-  bubble at every M on the first model."""
+def variants(models: dict, stages: int, factors) -> list:
+  """The sides run in every repeat, (model, split, micro-batches): both
+  splits at M = S for every model, and GPipe's bubble at every other M on
+  the first model."""
   out = [(m, split, stages) for m in models for split in ("auto", "even")]
   first = next(iter(models))
   out += [(first, "even", f * stages) for f in factors if f != 1]
   return out
+
+
+def summarize(runs: list, models: dict, stages: int, factors,
+              plans: dict, microbatch: int) -> dict:
+  """Per model: the cost model's errors and both splits side by side (auto
+  over even throughput paired within each repeat); and the bubble."""
+  by_side = {}
+  for run in runs:
+    by_side.setdefault(tuple(run["side"]), []).append(run)
+  results = {"models": {}, "bubble": []}
+  for model in models:
+    fit, other = plans[model]
+    row = {"image_size": models[model],
+           "layer_error_median": common.median(
+               layer_errors(fit, other["profile"], microbatch))}
+    throughput = {}
+    for split in ("auto", "even"):
+      done = by_side[(model, split, stages)]
+      throughput[split] = harness.values_by_side(
+          done, "samples_per_second")[(model, split, stages)]
+      row[split] = {
+          "samples_per_second": common.median(throughput[split]),
+          "slowest_over_mean": harness.median_interval(
+              [imbalance(r["pipeline"]) for r in done]),
+          "stage_error_median": common.median(
+              [e for r in done for e in stage_errors(r["pipeline"])]),
+          # One value per repeat (its stages' median error), so that the
+          # interval is over independent runs, judged against the goal.
+          "stage_error": harness.judge(harness.median_interval(
+              [common.median(stage_errors(r["pipeline"])) for r in done]),
+              STAGE_ERROR_GOAL),
+          "cuts": done[0]["pipeline"]["cut_layers"],
+          "per_stage": [{"stage": s["stage"],
+                         "predicted_ms": s["predicted_ms"],
+                         "measured_ms": common.median(
+                             [r["pipeline"]["per_stage"][s["stage"]]
+                              ["compute_ms"] for r in done])}
+                        for s in done[0]["pipeline"]["per_stage"]],
+      }
+    row["auto_over_even_throughput"] = harness.summarize_ratios(
+        throughput["auto"], throughput["even"])
+    results["models"][model] = row
+  first = next(iter(models))
+  for f in factors:
+    done = by_side[(first, "even", f * stages)]
+    results["bubble"].append({
+        "model": first, "stages": stages, "micro_batches": f * stages,
+        "theory": done[0]["pipeline"]["bubble_fraction_theory"],
+        "measured": harness.median_interval(
+            [r["pipeline"]["bubble_fraction"] for r in done])})
+  return results
 
 
 def main():
@@ -150,66 +215,45 @@ def main():
   stages = args.stages or stages
   repeats = common.resolve_repeats(args, FULL[3])
   factors = BUBBLE_FACTORS_QUICK if args.quick else BUBBLE_FACTORS_FULL
-  work = tempfile.mkdtemp(prefix="pipeline-bench-")
-  plans = {}
-  for model, size in models.items():
-    common.log(f"profiling {model} twice")
-    batch = microbatch * stages
-    plans[model] = [plan_model(model, size, stages=stages, batch=batch,
-                               microbatches=stages, quick=args.quick,
-                               out_dir=os.path.join(work, model, f"p{i}"))
-                    for i in (0, 1)]
-  todo = variants(models, stages, microbatch, factors)
-  runs = {v: [] for v in todo}
-  for repeat in range(repeats):
-    shift = repeat * len(todo) // repeats
-    for model, split, m in todo[shift:] + todo[:shift]:
+  machine = common.describe_machine()  # the load average before the runs
+  start = time.perf_counter()
+  with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as work:
+    plans = {}
+    # Profiling is part of the measurement (question 1 compares two
+    # profiles), so the host's load over it is recorded like the runs'.
+    before = harness.host_snapshot()
+    for model, size in models.items():
+      common.log(f"profiling {model} twice")
+      plans[model] = [plan_model(model, size, stages=stages,
+                                 batch=microbatch * stages,
+                                 microbatches=stages, quick=args.quick,
+                                 out_dir=os.path.join(work, model, f"p{i}"))
+                      for i in (0, 1)]
+    profiling_host = harness.host_load(before, harness.host_snapshot())
+
+    def run_side(side, repeat):
+      model, split, m = side
       common.log(f"repeat {repeat + 1}/{repeats}: {model} {split} M={m}")
-      runs[(model, split, m)].append(run_pipeline(
+      return {"side": list(side), "repeat": repeat, **run_pipeline(
           model, models[model], stages=stages, batch=microbatch * m,
           microbatches=m, split=split,
           profile_path=plans[model][0]["profile_path"],
           steps=steps + 2,  # the ledger leaves out the first as warm-up
           model_dir=os.path.join(work, "runs", model, split, str(m),
-                                 f"r{repeat}")))
-  results = {"models": {}, "bubble": []}
-  for model in models:
-    fit, other = plans[model]
-    per_layer = layer_errors(fit, other["profile"], microbatch)
-    row = {"image_size": models[model],
-           "layer_error_median": common.median(per_layer)}
-    for split in ("auto", "even"):
-      done = runs[(model, split, stages)]
-      row[split] = {
-          "samples_per_second": common.median(
-              [r["samples_per_second"] for r in done]),
-          "slowest_over_mean": common.median([imbalance(r["pipeline"])
-                                              for r in done]),
-          "stage_error_median": common.median(
-              [e for r in done for e in stage_errors(r["pipeline"])]),
-          "cuts": done[0]["pipeline"]["cut_layers"],
-          "per_stage": [{"stage": s["stage"],
-                         "predicted_ms": s["predicted_ms"],
-                         "measured_ms": common.median(
-                             [r["pipeline"]["per_stage"][s["stage"]]
-                              ["compute_ms"] for r in done])}
-                        for s in done[0]["pipeline"]["per_stage"]],
-      }
-    results["models"][model] = row
-  first = next(iter(models))
-  for f in factors:
-    done = runs[(first, "even", f * stages)]
-    section = done[0]["pipeline"]
-    results["bubble"].append({
-        "model": first, "stages": stages, "micro_batches": f * stages,
-        "theory": section["bubble_fraction_theory"],
-        "measured": common.median([r["pipeline"]["bubble_fraction"]
-                                   for r in done])})
-  payload = {"machine": common.describe_machine(),
-             "command": common.command_line(), "repeats": repeats,
-             "stages": stages, "microbatch_size": microbatch,
-             "measured_steps": steps, "results": results,
-             "runs": {f"{m}/{s}/M={n}": r for (m, s, n), r in runs.items()}}
+                                 f"r{repeat}"))}
+
+    record = harness.run_interleaved(variants(models, stages, factors),
+                                     repeats, run_side)
+    results = summarize(record["runs"], models, stages, factors, plans,
+                        microbatch)
+  payload = {"benchmark": NAME, "machine": machine,
+             "command": common.command_line(), "quick": args.quick,
+             "repeats": repeats, "stages": stages,
+             "microbatch_size": microbatch, "measured_steps": steps,
+             "results": results, "runs": record["runs"],
+             "total_wall_s": time.perf_counter() - start,
+             **harness.payload_fields({"profiling": profiling_host,
+                                       "runs": record["host"]})}
   path = common.result_path(NAME, args)
   common.write_results(path, payload)
   print(_tables(results))
@@ -225,15 +269,19 @@ def _tables(results: dict) -> str:
           f"{s['predicted_ms']:.1f}/{s['measured_ms']:.1f}"
           for s in side["per_stage"] if s["predicted_ms"] is not None)
       rows.append([model, split, ",".join(side["cuts"]), stage_text,
-                   side["slowest_over_mean"], side["samples_per_second"],
-                   side["stage_error_median"], row["layer_error_median"]])
+                   harness.format_interval(side["slowest_over_mean"]),
+                   side["samples_per_second"], side["stage_error_median"],
+                   row["layer_error_median"]])
+    rows.append([model, "auto/even", "", "", "", harness.format_interval(
+        row["auto_over_even_throughput"]), "", ""])
   table = common.format_table(
       ["model", "split", "cuts", "stage ms pred/meas", "slowest/mean",
        "samples/s", "stage err", "layer err"], rows)
   bubble = common.format_table(
       ["model", "S", "M", "theory", "measured"],
       [[b["model"], b["stages"], b["micro_batches"], b["theory"],
-        b["measured"]] for b in results["bubble"]])
+        harness.format_interval(b["measured"])]
+       for b in results["bubble"]])
   return table + "\n\n" + bubble
 
 

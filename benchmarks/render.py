@@ -20,6 +20,7 @@ from benchmarks import render_tables
 # Imported for its side effect: it registers its tables.
 from benchmarks import render_tables_parallel  # noqa: F401
 from benchmarks import render_tables_soak  # noqa: F401
+from benchmarks import render_tables_stages  # noqa: F401
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCUMENT = os.path.join(REPO_ROOT, "BENCHMARKS.md")

@@ -16,20 +16,25 @@ one process on S devices (logical CPUs on a host without GPUs, which share
 one thread pool, so little overlap is possible there); PyTorch runs one
 process per stage.
 
-Repeats are interleaved (every framework and M once per repeat); medians
-are reported. A PyTorch run whose run.json has no `pipeline` section yet
-reports its throughput only.
+Every framework and M runs once per repeat through `benchmarks.harness`
+(interleaved, the first side rotating, the host's load recorded); medians
+carry their intervals, and TensorFlow over PyTorch throughput is the median
+of the per-repeat ratios.
 """
 
 import argparse
 import json
 import os
 import tempfile
+import time
 
 from benchmarks import common
+from benchmarks import harness
 
 NAME = "tf_pipeline"
-DEFAULT_REPEATS = 3
+# Five repeats: the fewest whose order-statistics interval of a median
+# reaches the harness's 90% (see benchmarks.harness.median_interval).
+DEFAULT_REPEATS = 5
 # VGG-16's pooling layers, by torchvision index: a cut after one of them is
 # the same place in both zoos.
 _CUTS = {2: (16,), 3: (9, 23), 4: (9, 16, 23)}
@@ -78,7 +83,48 @@ def _run(framework: str, flags, model_dir: str) -> dict:
 
 def _median_or_none(values):
   values = [v for v in values if v is not None]
-  return common.median(values) if values else None
+  return harness.median_interval(values) if values else None
+
+
+def summarize(runs: list, frameworks: list, micro_batches: list) -> dict:
+  """Per M: each framework's throughput and bubble, and TensorFlow over
+  PyTorch throughput paired within each repeat."""
+  summary = {}
+  for m in micro_batches:
+    entry = {}
+    throughput = {}
+    for framework in frameworks:
+      mine = [r for r in runs if r["side"] == [framework, m]]
+      throughput[framework] = [r["samples_per_second"] for r in mine]
+      entry[framework] = {
+          "samples_per_second": harness.median_interval(
+              throughput[framework]),
+          "bubble_fraction": _median_or_none(
+              [r["bubble_fraction"] for r in mine]),
+          "bubble_fraction_theory": mine[0]["bubble_fraction_theory"]}
+    if len(frameworks) == 2:
+      entry["tensorflow_over_pytorch"] = harness.summarize_ratios(
+          throughput["tensorflow"], throughput["pytorch"])
+    summary[f"M={m}"] = entry
+  return summary
+
+
+def _format(summary: dict, frameworks: list) -> str:
+  rows = []
+  for key, entry in summary.items():
+    for framework in frameworks:
+      side = entry[framework]
+      rows.append([f"{framework}/{key}",
+                   harness.format_interval(side["samples_per_second"]),
+                   "-" if side["bubble_fraction"] is None
+                   else harness.format_interval(side["bubble_fraction"]),
+                   "-" if side["bubble_fraction_theory"] is None
+                   else side["bubble_fraction_theory"]])
+    if "tensorflow_over_pytorch" in entry:
+      rows.append([f"TF/PyTorch {key}", harness.format_interval(
+          entry["tensorflow_over_pytorch"]), "", ""])
+  return common.format_table(
+      ["framework/M", "samples/s", "bubble measured", "bubble theory"], rows)
 
 
 def main():
@@ -86,44 +132,37 @@ def main():
   repeats = common.resolve_repeats(args, DEFAULT_REPEATS)
   frameworks = args.frameworks.split(",")
   stages = args.stages
-  multipliers = (1, 2) if args.quick else (1, 2, 4, 8)
-  train_steps = 6 if args.quick else 30
-  runs = {}
+  micro_batches = [f * stages for f in ((1, 2) if args.quick
+                                        else (1, 2, 4, 8))]
+  train_steps = 6 if args.quick else 20
+  machine = common.describe_machine()  # the load average before the runs
+  start = time.perf_counter()
   with tempfile.TemporaryDirectory() as scratch:
-    for repeat in range(repeats):
-      for m in multipliers:
-        for framework in (frameworks if repeat % 2 == 0 else
-                          frameworks[::-1]):
-          key = f"{framework}/M={m * stages}"
-          model_dir = os.path.join(scratch, f"{repeat}-{key}".replace(
-              "/", "-"))
-          runs.setdefault(key, []).append(_run(
-              framework, _flags(framework, stages, m * stages, args,
-                                train_steps), model_dir))
-          common.log(f"repeat {repeat + 1}/{repeats} {key}: "
-                     f"{runs[key][-1]['samples_per_second']:.1f} samples/s")
-  rows, summary = [], {}
-  for key, results in runs.items():
-    summary[key] = {
-        "samples_per_second_median": common.median(
-            [r["samples_per_second"] for r in results]),
-        "bubble_fraction_median": _median_or_none(
-            [r["bubble_fraction"] for r in results]),
-        "bubble_fraction_theory": results[0]["bubble_fraction_theory"],
-        "runs": results}
-    s = summary[key]
-    rows.append([key, s["samples_per_second_median"],
-                 "-" if s["bubble_fraction_median"] is None
-                 else s["bubble_fraction_median"],
-                 "-" if s["bubble_fraction_theory"] is None
-                 else s["bubble_fraction_theory"]])
-  print(common.format_table(
-      ["framework/M", "samples/s", "bubble measured", "bubble theory"], rows))
-  payload = {"name": NAME, "command": common.command_line(),
-             "machine": common.describe_machine(), "repeats": repeats,
-             "stages": stages, "cut_pool_indices": list(_CUTS[stages]),
+
+    def run_side(side, repeat):
+      framework, m = side
+      result = _run(framework, _flags(framework, stages, m, args,
+                                      train_steps),
+                    os.path.join(scratch, f"{repeat}-{framework}-{m}"))
+      common.log(f"repeat {repeat + 1}/{repeats} {framework} M={m}: "
+                 f"{result['samples_per_second']:.1f} samples/s")
+      return {"side": [framework, m], "repeat": repeat, **result}
+
+    record = harness.run_interleaved(
+        [(framework, m) for m in micro_batches for framework in frameworks],
+        repeats, run_side)
+  summary = summarize(record["runs"], frameworks, micro_batches)
+  print(_format(summary, frameworks))
+  payload = {"benchmark": NAME, "command": common.command_line(),
+             "machine": machine, "quick": args.quick,
+             "repeats": repeats, "stages": stages,
+             "cut_pool_indices": list(_CUTS[stages]),
              "image_size": args.image_size,
-             "microbatch_size": args.microbatch_size, "results": summary}
+             "microbatch_size": args.microbatch_size,
+             "train_steps": train_steps, "results": summary,
+             "runs": record["runs"],
+             "total_wall_s": time.perf_counter() - start,
+             **harness.payload_fields({"runs": record["host"]})}
   path = common.result_path(NAME, args)
   common.write_results(path, payload)
   print(f"results: {os.path.relpath(path, common.REPO_ROOT)}")

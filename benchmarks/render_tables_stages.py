@@ -1,0 +1,107 @@
+"""BENCHMARKS.md tables of the stage-parallel runtimes: pipelines and bursts.
+
+Registered into `render_tables.TABLES` on import, like the tables there.
+The results files are written by `benchmarks.tf_pipeline` and
+`benchmarks.burst`. Every figure is the median over the repeats, from the
+recorded runs, with its spread: the harness's interval where the repeats
+allow one, else [min, max].
+"""
+
+from typing import Callable, Sequence
+
+from benchmarks import harness
+from benchmarks.render_tables import DASH, g, load, markdown, table
+
+
+def _spread(values: Sequence[float], show: Callable[[float], str] = g) -> str:
+  """median [low, high]: the 90% interval, or with too few repeats for
+  one, the range, marked as such."""
+  values = [v for v in values if v is not None]
+  if not values:
+    return DASH
+  summary = harness.median_interval(values)
+  if summary["low"] is not None:
+    return (f"{show(summary['median'])} [{show(summary['low'])}, "
+            f"{show(summary['high'])}]")
+  return (f"{show(summary['median'])} (range {show(min(values))}–"
+          f"{show(max(values))}, {len(values)} runs)")
+
+
+def _percent(fraction: float) -> str:
+  return f"{100 * fraction:.1f}%"
+
+
+def _runs(data: dict, side: list) -> list:
+  return [r for r in data["runs"] if r["side"] == side]
+
+
+# ---- TensorFlow against PyTorch pipelines (benchmarks.tf_pipeline) ---------
+
+
+@table("tf_pipeline")
+def tf_pipeline() -> str:
+  data = load("tf_pipeline")
+  rows = []
+  # The file's keys are sorted as text ("M=16" before "M=2").
+  by_m = sorted((int(key.split("=")[1]), entry)
+                for key, entry in data["results"].items())
+  for m, entry in by_m:
+    tf_runs = _runs(data, ["tensorflow", m])
+    torch_runs = _runs(data, ["pytorch", m])
+    ratio = entry.get("tensorflow_over_pytorch")
+    rows.append([
+        g(m), _spread([r["samples_per_second"] for r in tf_runs]),
+        _spread([r["samples_per_second"] for r in torch_runs]),
+        _spread(ratio["per_repeat"]) if ratio else DASH,
+        _percent(entry["tensorflow"]["bubble_fraction_theory"]),
+        _spread([r["bubble_fraction"] for r in tf_runs], _percent),
+        _spread([r["bubble_fraction"] for r in torch_runs], _percent)])
+  return markdown(
+      ["micro-batches M", "TensorFlow samples/s", "PyTorch samples/s",
+       "TensorFlow / PyTorch, per-repeat ratio", "(S-1)/(M+S-1)",
+       "bubble, TensorFlow", "bubble, PyTorch"], rows)
+
+
+# ---- burst parallelism (benchmarks.burst) ----------------------------------
+
+
+@table("burst_plans")
+def burst_plans() -> str:
+  rows = []
+  for p in load("burst")["plans"]:
+    widths = ", ".join(f"{n} on {w}"
+                       for w, n in p["layers_by_width"].items())
+    rows.append([f"`{p['model']}`", g(p["limit"]), g(p["iteration_ms"]),
+                 g(p["dp_iteration_ms"]), g(p["iteration_vs_dp"]),
+                 g(p["gpu_s"]), g(p["dp_gpu_s"]), g(p["gpu_s_vs_dp"]),
+                 g(p["amplification"]), widths])
+  return markdown(
+      ["model", "amplification limit", "iteration ms", "data parallel ms",
+       "iteration / DP", "GPU-s", "DP GPU-s", "GPU-s / DP",
+       "amplification", "layers on each device count"], rows)
+
+
+@table("burst_runtime")
+def burst_runtime() -> str:
+  data = load("burst")
+  rows = []
+  for name, bg in (("burst", "none"), ("data_parallel", "none"),
+                   ("burst", "small_mlp"), ("data_parallel", "small_mlp")):
+    runs = _runs(data, [name, bg])
+    background = bg != "none"
+    rows.append([
+        f"`{name}`", f"`{bg}`",
+        _spread([r["samples_per_second"] for r in runs]),
+        _spread([r["foreground_slowdown_frac"] for r in runs], _percent)
+        if background else DASH,
+        _spread([r["background_samples_per_second"] for r in runs])
+        if background else DASH,
+        runs[0]["background_policy"] if background else DASH])
+  for bg in ("none", "small_mlp"):
+    ratio = data["runtime"][f"burst_over_data_parallel/{bg}"]
+    rows.append(["burst / data parallel", f"`{bg}`",
+                 _spread(ratio["per_repeat"]), DASH, DASH, DASH])
+  return markdown(
+      ["plan", "background job", "foreground samples/s",
+       "foreground slowdown", "background samples/s", "background policy"],
+      rows)
