@@ -15,7 +15,7 @@ def define_flags():
   flags.DEFINE_list(
       "plan_batch_sizes", [],
       "Batch sizes to profile every layer at (default: the micro-batch, "
-      "half and double it).")
+      "half of it but at least 2, and double it).")
   flags.DEFINE_integer("plan_warmup", 2, "Untimed runs per layer and batch.",
                        lower_bound=0)
   flags.DEFINE_integer("plan_repeats", 5,

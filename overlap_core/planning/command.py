@@ -43,11 +43,17 @@ def plan_microbatch_size(config: TrainConfig) -> int:
 def profile_batch_sizes(requested: Sequence[str], microbatch: int) -> List[int]:
   """--plan_batch_sizes as integers, or the micro-batch, half and double.
 
+  Half is never below 2 unless the micro-batch itself is 1: training-mode
+  BatchNorm after global pooling has one value per channel at a batch of
+  one and cannot normalize it, so profiling a micro-batch of 2 at 1 would
+  fail where the training it plans for does not.
+
   Raises:
     ValueError: one line, for a size that is not a positive integer.
   """
   if not requested:
-    return sorted({max(1, microbatch // 2), microbatch, 2 * microbatch})
+    half = min(microbatch, max(2, microbatch // 2))
+    return sorted({half, microbatch, 2 * microbatch})
   try:
     sizes = sorted({int(b) for b in requested})
   except ValueError:
