@@ -88,9 +88,9 @@ def plan_model(model: str, image_size: int, *, stages: int, batch: int,
       f"--image_size={image_size}", f"--batch_size={batch}",
       "--strategy=default", f"--pipeline_stages={stages}",
       f"--pipeline_microbatches={microbatches}", "--pipeline_split=auto",
-      # The micro-batch and up: the default adds half of it, and ResNet-50
-      # at 32 px or Inception-V3 at 75 end in 1x1 maps, where BatchNorm
-      # cannot train on a batch of one.
+      # The micro-batch and up, never below it: ResNet-50 at 32 px and
+      # Inception-V3 at 75 end in 1x1 maps, where BatchNorm cannot train on
+      # a batch of one, and the micro-batch here may be 2.
       "--plan_batch_sizes=" + ",".join(
           str(n * (batch // microbatches)) for n in (1, 2, 4)),
       f"--plan_repeats={2 if quick else 5}", f"--plan_output_dir={out_dir}"])
