@@ -1,16 +1,16 @@
 """BENCHMARKS.md tables of the stage-parallel runtimes: pipelines and bursts.
 
 Registered into `render_tables.TABLES` on import, like the tables there.
-The results files are written by `benchmarks.tf_pipeline` and
-`benchmarks.burst`. Every figure is the median over the repeats, from the
-recorded runs, with its spread: the harness's interval where the repeats
-allow one, else [min, max].
+The results files are written by `benchmarks.pipeline`,
+`benchmarks.tf_pipeline` and `benchmarks.burst`. Every figure is the
+median over the repeats, from the recorded runs, with its spread: the
+harness's interval where the repeats allow one, else [min, max].
 """
 
 from typing import Callable, Sequence
 
 from benchmarks import harness
-from benchmarks.render_tables import DASH, g, load, markdown, table
+from benchmarks.render_tables import DASH, g, load, markdown, pct, table
 
 
 def _spread(values: Sequence[float], show: Callable[[float], str] = g) -> str:
@@ -33,6 +33,71 @@ def _percent(fraction: float) -> str:
 
 def _runs(data: dict, side: list) -> list:
   return [r for r in data["runs"] if r["side"] == side]
+
+
+# ---- PyTorch pipeline stages (benchmarks.pipeline) -------------------------
+
+
+def _stage_errors(section: dict) -> list:
+  return [abs(r["predicted_ms"] - r["compute_ms"]) / r["compute_ms"]
+          for r in section["per_stage"]
+          if r["predicted_ms"] is not None and r["compute_ms"]]
+
+
+def _slowest_over_mean(section: dict) -> float:
+  times = [r["compute_ms"] for r in section["per_stage"]]
+  return max(times) / (sum(times) / len(times))
+
+
+@table("pipeline_splits")
+def pipeline_splits() -> str:
+  data = load("pipeline")
+  stages = data["stages"]
+  rows = []
+  for model, row in data["results"]["models"].items():
+    for split in ("auto", "even"):
+      side = row[split]
+      runs = _runs(data, [model, split, stages])
+      error = side["stage_error"]
+      stage_times = "; ".join(
+          f"{g(s['predicted_ms'])} / {g(s['measured_ms'])}"
+          for s in side["per_stage"])
+      rows.append([
+          f"`{model}` ({row['image_size']} px)", split,
+          ", ".join(f"`{c}`" for c in side["cuts"]), stage_times,
+          _spread([_slowest_over_mean(r["pipeline"]) for r in runs]),
+          _spread([r["samples_per_second"] for r in runs]),
+          _spread([harness.median_interval(_stage_errors(r["pipeline"]))
+                   ["median"] for r in runs], _percent)
+          + f": {harness.verdict(error, error['target'])}",
+          pct(row["layer_error_median"])])
+  return markdown(
+      ["model", "split", "cuts after", "stage ms, predicted / measured",
+       "slowest / mean stage", "samples/s",
+       "stage error (goal at most 15%)", "layer error % (median)"], rows)
+
+
+@table("pipeline_auto_vs_even")
+def pipeline_auto_vs_even() -> str:
+  rows = [[f"`{model}`",
+           _spread(row["auto_over_even_throughput"]["per_repeat"])]
+          for model, row in load("pipeline")["results"]["models"].items()]
+  return markdown(["model", "auto / even throughput, per-repeat ratio"],
+                  rows)
+
+
+@table("pipeline_bubble")
+def pipeline_bubble() -> str:
+  data = load("pipeline")
+  rows = []
+  for b in data["results"]["bubble"]:
+    runs = _runs(data, [b["model"], "even", b["micro_batches"]])
+    rows.append([f"`{b['model']}`", g(b["stages"]), g(b["micro_batches"]),
+                 _percent(b["theory"]),
+                 _spread([r["pipeline"]["bubble_fraction"] for r in runs],
+                         _percent)])
+  return markdown(["model", "S", "M", "(S-1)/(M+S-1)", "measured bubble"],
+                  rows)
 
 
 # ---- TensorFlow against PyTorch pipelines (benchmarks.tf_pipeline) ---------
