@@ -131,6 +131,47 @@ def all_reduce_pack() -> str:
   return _all_reduce("all_reduce_pack")
 
 
+# ---- all_reduce_sizes ----------------------------------------------------
+
+SIDE_NAMES = {"tf_ring": "TensorFlow ring", "torch_gloo": "torch gloo",
+              "horovod_gloo": "Horovod gloo", "torch_nccl": "torch NCCL"}
+
+
+def _bytes(size: int) -> str:
+  for unit, scale in (("MB", 1 << 20), ("KB", 1 << 10)):
+    if size >= scale:
+      return f"{size // scale} {unit}"
+  return f"{size} B"
+
+
+@table("all_reduce_sizes")
+def all_reduce_sizes() -> str:
+  data = load("all_reduce_sizes")
+  sides, reference = data["sides"], data["reference_side"]
+  others = [s for s in sides if s != reference]
+  rows = []
+  for size in data["sizes_bytes"]:
+    entries = {s: data["summary"][s][str(size)] for s in sides}
+    rows.append(
+        [_bytes(size)]
+        + [_microseconds(e["time_interval_s"]) for e in entries.values()]
+        + [g(entries[s]["busbw_gb_s"]) for s in sides]
+        + [_range(entries[s]["time_over_reference"]) for s in others])
+  return markdown(
+      ["message"] + [f"{SIDE_NAMES[s]} µs" for s in sides]
+      + [f"{SIDE_NAMES[s]} bus GB/s" for s in sides]
+      + [f"{SIDE_NAMES[s]} / {SIDE_NAMES[reference]} time" for s in others],
+      rows)
+
+
+def _microseconds(stats: dict) -> str:
+  """A median time in µs with its interval (none from too few repeats)."""
+  median = g(1e6 * stats["median"])
+  if stats.get("low") is None or stats.get("high") is None:
+    return median
+  return f"{median} [{g(1e6 * stats['low'])}, {g(1e6 * stats['high'])}]"
+
+
 # ---- 9. offload -------------------------------------------------------------
 
 
