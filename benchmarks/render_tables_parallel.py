@@ -1,4 +1,4 @@
-"""BENCHMARKS.md tables of sections 6-9: frameworks, all-reduce, offload.
+"""BENCHMARKS.md tables of sections 6-10: frameworks, all-reduce, offload.
 
 Registered into `render_tables.TABLES` on import, like the tables there.
 """
