@@ -10,6 +10,7 @@ harness's interval where the repeats allow one, else [min, max].
 from typing import Callable, Sequence
 
 from benchmarks import harness
+from benchmarks import pipeline
 from benchmarks.render_tables import DASH, g, load, markdown, pct, table
 
 
@@ -38,17 +39,6 @@ def _runs(data: dict, side: list) -> list:
 # ---- PyTorch pipeline stages (benchmarks.pipeline) -------------------------
 
 
-def _stage_errors(section: dict) -> list:
-  return [abs(r["predicted_ms"] - r["compute_ms"]) / r["compute_ms"]
-          for r in section["per_stage"]
-          if r["predicted_ms"] is not None and r["compute_ms"]]
-
-
-def _slowest_over_mean(section: dict) -> float:
-  times = [r["compute_ms"] for r in section["per_stage"]]
-  return max(times) / (sum(times) / len(times))
-
-
 @table("pipeline_splits")
 def pipeline_splits() -> str:
   data = load("pipeline")
@@ -65,9 +55,9 @@ def pipeline_splits() -> str:
       rows.append([
           f"`{model}` ({row['image_size']} px)", split,
           ", ".join(f"`{c}`" for c in side["cuts"]), stage_times,
-          _spread([_slowest_over_mean(r["pipeline"]) for r in runs]),
+          _spread([pipeline.imbalance(r["pipeline"]) for r in runs]),
           _spread([r["samples_per_second"] for r in runs]),
-          _spread([harness.median_interval(_stage_errors(r["pipeline"]))
+          _spread([harness.median_interval(pipeline.stage_errors(r["pipeline"]))
                    ["median"] for r in runs], _percent)
           + f": {harness.verdict(error, error['target'])}",
           pct(row["layer_error_median"])])
