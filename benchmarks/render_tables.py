@@ -74,6 +74,20 @@ def interval(values: Sequence[float]) -> str:
   return harness.format_interval(harness.median_interval(values))
 
 
+def spread(values: Sequence[float], show: Callable[[float], str] = g) -> str:
+  """median [low, high]: the 90% interval, or with too few repeats for
+  one, the range, marked as such."""
+  values = [v for v in values if v is not None]
+  if not values:
+    return DASH
+  summary = harness.median_interval(values)
+  if summary["low"] is not None:
+    return (f"{show(summary['median'])} [{show(summary['low'])}, "
+            f"{show(summary['high'])}]")
+  return (f"{show(summary['median'])} (range {show(min(values))}–"
+          f"{show(max(values))}, {len(values)} runs)")
+
+
 def judged(values: Sequence[float], target: float,
            direction: str = harness.AT_MOST) -> str:
   return harness.verdict(harness.median_interval(values), target, direction)

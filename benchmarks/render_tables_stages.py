@@ -7,25 +7,10 @@ median over the repeats, from the recorded runs, with its spread: the
 harness's interval where the repeats allow one, else [min, max].
 """
 
-from typing import Callable, Sequence
-
 from benchmarks import harness
 from benchmarks import pipeline
-from benchmarks.render_tables import DASH, g, load, markdown, pct, table
-
-
-def _spread(values: Sequence[float], show: Callable[[float], str] = g) -> str:
-  """median [low, high]: the 90% interval, or with too few repeats for
-  one, the range, marked as such."""
-  values = [v for v in values if v is not None]
-  if not values:
-    return DASH
-  summary = harness.median_interval(values)
-  if summary["low"] is not None:
-    return (f"{show(summary['median'])} [{show(summary['low'])}, "
-            f"{show(summary['high'])}]")
-  return (f"{show(summary['median'])} (range {show(min(values))}–"
-          f"{show(max(values))}, {len(values)} runs)")
+from benchmarks.render_tables import DASH, g, load, markdown, pct, spread
+from benchmarks.render_tables import table
 
 
 def _percent(fraction: float) -> str:
@@ -55,9 +40,9 @@ def pipeline_splits() -> str:
       rows.append([
           f"`{model}` ({row['image_size']} px)", split,
           ", ".join(f"`{c}`" for c in side["cuts"]), stage_times,
-          _spread([pipeline.imbalance(r["pipeline"]) for r in runs]),
-          _spread([r["samples_per_second"] for r in runs]),
-          _spread([harness.median_interval(pipeline.stage_errors(r["pipeline"]))
+          spread([pipeline.imbalance(r["pipeline"]) for r in runs]),
+          spread([r["samples_per_second"] for r in runs]),
+          spread([harness.median_interval(pipeline.stage_errors(r["pipeline"]))
                    ["median"] for r in runs], _percent)
           + f": {harness.verdict(error, error['target'])}",
           pct(row["layer_error_median"])])
@@ -70,7 +55,7 @@ def pipeline_splits() -> str:
 @table("pipeline_auto_vs_even")
 def pipeline_auto_vs_even() -> str:
   rows = [[f"`{model}`",
-           _spread(row["auto_over_even_throughput"]["per_repeat"])]
+           spread(row["auto_over_even_throughput"]["per_repeat"])]
           for model, row in load("pipeline")["results"]["models"].items()]
   return markdown(["model", "auto / even throughput, per-repeat ratio"],
                   rows)
@@ -84,7 +69,7 @@ def pipeline_bubble() -> str:
     runs = _runs(data, [b["model"], "even", b["micro_batches"]])
     rows.append([f"`{b['model']}`", g(b["stages"]), g(b["micro_batches"]),
                  _percent(b["theory"]),
-                 _spread([r["pipeline"]["bubble_fraction"] for r in runs],
+                 spread([r["pipeline"]["bubble_fraction"] for r in runs],
                          _percent)])
   return markdown(["model", "S", "M", "(S-1)/(M+S-1)", "measured bubble"],
                   rows)
@@ -105,12 +90,12 @@ def tf_pipeline() -> str:
     torch_runs = _runs(data, ["pytorch", m])
     ratio = entry.get("tensorflow_over_pytorch")
     rows.append([
-        g(m), _spread([r["samples_per_second"] for r in tf_runs]),
-        _spread([r["samples_per_second"] for r in torch_runs]),
-        _spread(ratio["per_repeat"]) if ratio else DASH,
+        g(m), spread([r["samples_per_second"] for r in tf_runs]),
+        spread([r["samples_per_second"] for r in torch_runs]),
+        spread(ratio["per_repeat"]) if ratio else DASH,
         _percent(entry["tensorflow"]["bubble_fraction_theory"]),
-        _spread([r["bubble_fraction"] for r in tf_runs], _percent),
-        _spread([r["bubble_fraction"] for r in torch_runs], _percent)])
+        spread([r["bubble_fraction"] for r in tf_runs], _percent),
+        spread([r["bubble_fraction"] for r in torch_runs], _percent)])
   return markdown(
       ["micro-batches M", "TensorFlow samples/s", "PyTorch samples/s",
        "TensorFlow / PyTorch, per-repeat ratio", "(S-1)/(M+S-1)",
@@ -146,16 +131,16 @@ def burst_runtime() -> str:
     background = bg != "none"
     rows.append([
         f"`{name}`", f"`{bg}`",
-        _spread([r["samples_per_second"] for r in runs]),
-        _spread([r["foreground_slowdown_frac"] for r in runs], _percent)
+        spread([r["samples_per_second"] for r in runs]),
+        spread([r["foreground_slowdown_frac"] for r in runs], _percent)
         if background else DASH,
-        _spread([r["background_samples_per_second"] for r in runs])
+        spread([r["background_samples_per_second"] for r in runs])
         if background else DASH,
         runs[0]["background_policy"] if background else DASH])
   for bg in ("none", "small_mlp"):
     ratio = data["runtime"][f"burst_over_data_parallel/{bg}"]
     rows.append(["burst / data parallel", f"`{bg}`",
-                 _spread(ratio["per_repeat"]), DASH, DASH, DASH])
+                 spread(ratio["per_repeat"]), DASH, DASH, DASH])
   return markdown(
       ["plan", "background job", "foreground samples/s",
        "foreground slowdown", "background samples/s", "background policy"],
