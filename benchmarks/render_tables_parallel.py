@@ -1,4 +1,5 @@
-"""BENCHMARKS.md tables of sections 6-10: frameworks, all-reduce, offload.
+"""BENCHMARKS.md tables of sections 6-11: frameworks, all-reduce, offload,
+scaling.
 
 Registered into `render_tables.TABLES` on import, like the tables there.
 """
@@ -7,7 +8,7 @@ from typing import List, Sequence
 
 from benchmarks import harness
 from benchmarks.render_tables import DASH, f3, g, interval, judged, load
-from benchmarks.render_tables import markdown, pct, table
+from benchmarks.render_tables import markdown, pct, spread, table
 
 # The runs of each framework_parity file and how the document names them:
 # labels, not measurements.
@@ -131,7 +132,41 @@ def all_reduce_pack() -> str:
   return _all_reduce("all_reduce_pack")
 
 
-# ---- all_reduce_sizes ----------------------------------------------------
+# ---- 9. offload -------------------------------------------------------------
+
+
+def _copy(stats: dict) -> str:
+  if not stats or stats.get("median") is None:
+    return DASH
+  return f"{stats['median']:.3f} ({stats['max']:.3f})"
+
+
+@table("offload_h200")
+def offload_h200() -> str:
+  rows = []
+  for model, variants in load("offload_h200_quick_r3")["results"].items():
+    base = variants["baseline"]["total_s_per_repeat"]
+    for variant, s in variants.items():
+      ratios = harness.paired_ratios(s["total_s_per_repeat"], base)
+      host = s.get("to_host")
+      rows.append([
+          model, variant,
+          f"{harness.median_interval(ratios)['median']:.2f} "
+          f"({min(ratios):.2f}–{max(ratios):.2f})",
+          f"{s['peak_device_mb']:.0f}",
+          f"{host['mb_per_step']:.0f}" if host else DASH, _copy(host),
+          _copy(s.get("to_device")),
+          str(s["prefetched_tensors"]) if host else DASH])
+  return markdown(
+      ["model", "variant",
+       "step time ratio to baseline, median (min–max of paired repeats)",
+       "peak GPU MB", "MB to host / step",
+       "one copy to host, median over repeats ms (max)",
+       "one copy to device, median over repeats ms (max)",
+       "tensors prefetched"], rows)
+
+
+# ---- 10. all_reduce_sizes -------------------------------------------------
 
 SIDE_NAMES = {"tf_ring": "TensorFlow ring", "torch_gloo": "torch gloo",
               "horovod_gloo": "Horovod gloo", "torch_nccl": "torch NCCL"}
@@ -172,35 +207,22 @@ def _microseconds(stats: dict) -> str:
   return f"{median} [{g(1e6 * stats['low'])}, {g(1e6 * stats['high'])}]"
 
 
-# ---- 9. offload -------------------------------------------------------------
+# ---- 11. scaling -----------------------------------------------------------
 
 
-def _copy(stats: dict) -> str:
-  if not stats or stats.get("median") is None:
-    return DASH
-  return f"{stats['median']:.3f} ({stats['max']:.3f})"
-
-
-@table("offload_h200")
-def offload_h200() -> str:
+@table("scaling")
+def scaling() -> str:
   rows = []
-  for model, variants in load("offload_h200_quick_r3")["results"].items():
-    base = variants["baseline"]["total_s_per_repeat"]
-    for variant, s in variants.items():
-      ratios = harness.paired_ratios(s["total_s_per_repeat"], base)
-      host = s.get("to_host")
-      rows.append([
-          model, variant,
-          f"{harness.median_interval(ratios)['median']:.2f} "
-          f"({min(ratios):.2f}–{max(ratios):.2f})",
-          f"{s['peak_device_mb']:.0f}",
-          f"{host['mb_per_step']:.0f}" if host else DASH, _copy(host),
-          _copy(s.get("to_device")),
-          str(s["prefetched_tensors"]) if host else DASH])
-  return markdown(
-      ["model", "variant",
-       "step time ratio to baseline, median (min–max of paired repeats)",
-       "peak GPU MB", "MB to host / step",
-       "one copy to host, median over repeats ms (max)",
-       "one copy to device, median over repeats ms (max)",
-       "tensors prefetched"], rows)
+  for name, entry in load("scaling")["summary"].items():
+    model, stack = name.split("/")
+    throughput = entry["samples_per_second"]
+    efficiency = entry.get("efficiency")
+    rows.append([f"`{model}`", stack,
+                 spread(throughput.get("1", {}).get("per_repeat", [])),
+                 spread(throughput.get("2", {}).get("per_repeat", [])),
+                 spread(efficiency["per_repeat"], f3) if efficiency
+                 else DASH])
+  return markdown(["model", "stack", "samples/s, 1 worker",
+                   "samples/s, 2 workers",
+                   "efficiency: throughput(2) / (2 × throughput(1)), "
+                   "per-repeat"], rows)
