@@ -189,22 +189,16 @@ def all_reduce_sizes() -> str:
     entries = {s: data["summary"][s][str(size)] for s in sides}
     rows.append(
         [_bytes(size)]
-        + [_microseconds(e["time_interval_s"]) for e in entries.values()]
+        + [spread([1e6 * t for t in e["time_s_per_repeat"]])
+           for e in entries.values()]
         + [g(entries[s]["busbw_gb_s"]) for s in sides]
-        + [_range(entries[s]["time_over_reference"]) for s in others])
+        + [spread(entries[s]["time_over_reference"]["per_repeat"], f3)
+           for s in others])
   return markdown(
       ["message"] + [f"{SIDE_NAMES[s]} µs" for s in sides]
       + [f"{SIDE_NAMES[s]} bus GB/s" for s in sides]
       + [f"{SIDE_NAMES[s]} / {SIDE_NAMES[reference]} time" for s in others],
       rows)
-
-
-def _microseconds(stats: dict) -> str:
-  """A median time in µs with its interval (none from too few repeats)."""
-  median = g(1e6 * stats["median"])
-  if stats.get("low") is None or stats.get("high") is None:
-    return median
-  return f"{median} [{g(1e6 * stats['low'])}, {g(1e6 * stats['high'])}]"
 
 
 # ---- 11. scaling -----------------------------------------------------------

@@ -7,6 +7,7 @@ median over the repeats, from the recorded runs, with its spread: the
 harness's interval where the repeats allow one, else [min, max].
 """
 
+from benchmarks import common
 from benchmarks import harness
 from benchmarks import pipeline
 from benchmarks.render_tables import DASH, g, load, markdown, pct, spread
@@ -42,8 +43,9 @@ def pipeline_splits() -> str:
           ", ".join(f"`{c}`" for c in side["cuts"]), stage_times,
           spread([pipeline.imbalance(r["pipeline"]) for r in runs]),
           spread([r["samples_per_second"] for r in runs]),
-          spread([harness.median_interval(pipeline.stage_errors(r["pipeline"]))
-                   ["median"] for r in runs], _percent)
+          # Per run, the median over its stages, as the benchmark judges it.
+          spread([common.median(pipeline.stage_errors(r["pipeline"]))
+                  for r in runs], _percent)
           + f": {harness.verdict(error, error['target'])}",
           pct(row["layer_error_median"])])
   return markdown(
