@@ -307,7 +307,8 @@ def max_foreign_cpu_frac(data: dict, num_cores: int) -> Optional[float]:
 
   Files from before the harness record `foreign_cpu_s` and
   `process_wall_s` per trainer run, which is what the harness's CPU rule
-  needs; files that record neither give None.
+  needs; the harness records the share per repeat of each measured
+  section. Files that record neither give None.
   """
   runs = data.get("runs")
   fractions = []
@@ -317,6 +318,10 @@ def max_foreign_cpu_frac(data: dict, num_cores: int) -> Optional[float]:
         "process_wall_s")
     if foreign_s is not None and wall_s:
       fractions.append(foreign_s / (wall_s * num_cores))
+  for section in data.get("harness", {}).get("host", {}).values():
+    for host in section.get("host_by_repeat", [section]):
+      if host.get("foreign_cpu_frac") is not None:
+        fractions.append(host["foreign_cpu_frac"])
   return max(fractions) if fractions else None
 
 

@@ -107,3 +107,19 @@ def test_stored_verdicts_are_the_harness_verdicts():
       assert "target_met" not in cell
       checked += 1
   assert checked == 4 + 4 + 6
+
+
+def test_other_processes_share_is_read_from_runs_and_from_the_harness():
+  # Per trainer run (files from before the harness): 3 s of 10 s on 2 cores.
+  per_run = {"runs": [{"result": {"foreign_cpu_s": 3.0,
+                                  "process_wall_s": 10.0}}]}
+  assert render_tables.max_foreign_cpu_frac(per_run, 2) == 0.15
+  # Per repeat of each section the harness measured, and a section
+  # recorded whole; the largest share wins.
+  harnessed = {"runs": [], "harness": {"host": {
+      "profiling": {"foreign_cpu_frac": 0.02},
+      "runs": {"foreign_cpu_frac": 0.01,
+               "host_by_repeat": [{"foreign_cpu_frac": 0.004},
+                                  {"foreign_cpu_frac": 0.03}]}}}}
+  assert render_tables.max_foreign_cpu_frac(harnessed, 2) == 0.03
+  assert render_tables.max_foreign_cpu_frac({"runs": []}, 2) is None
