@@ -10,9 +10,11 @@ Four questions, one result file (benchmarks/results/pipeline.json):
      backward at the micro-batch against a second, independent profile:
      the median absolute relative error.
   2. cost model, per stage: each stage's predicted time per step (the
-     plan's, M micro-batches) against the stage_compute a real pipelined
-     run measured (run.json's pipeline section): the median absolute
-     relative error.
+     plan's: M micro-batches and the optimizer's update) against the
+     stage_compute a real pipelined run measured (run.json's pipeline
+     section): the median absolute relative error. The update's share of
+     both is kept beside them, so that a miss can be told apart: the
+     layers' forward and backward, or the update.
   3. auto against even: for both splits, slowest stage over mean stage
      (measured stage_compute) and throughput, measured side by side.
   4. the bubble: GPipe at M = S, 2S, 4S, 8S micro-batches, the measured
@@ -86,7 +88,10 @@ def plan_model(model: str, image_size: int, *, stages: int, batch: int,
   common.run_process([
       "-m", "torch_parity.plan", f"--model={model}",
       f"--image_size={image_size}", f"--batch_size={batch}",
-      "--strategy=default", f"--pipeline_stages={stages}",
+      # The trainer's own job flags: the plan then times every layer on
+      # the threads one stage process gets.
+      "--strategy=mirrored", f"--num_devices={stages}",
+      f"--pipeline_stages={stages}",
       f"--pipeline_microbatches={microbatches}", "--pipeline_split=auto",
       # The micro-batch and up, never below it: ResNet-50 at 32 px and
       # Inception-V3 at 75 end in 1x1 maps, where BatchNorm cannot train on
@@ -141,6 +146,10 @@ def stage_errors(section: dict) -> list:
           if r["predicted_ms"] is not None and r["compute_ms"]]
 
 
+def _median_or_none(values: list):
+  return None if None in values or not values else common.median(values)
+
+
 def imbalance(section: dict) -> float:
   """Slowest stage over mean stage, of the measured stage_compute."""
   times = [r["compute_ms"] for r in section["per_stage"]]
@@ -191,7 +200,11 @@ def summarize(runs: list, models: dict, stages: int, factors,
                          "predicted_ms": s["predicted_ms"],
                          "measured_ms": common.median(
                              [r["pipeline"]["per_stage"][s["stage"]]
-                              ["compute_ms"] for r in done])}
+                              ["compute_ms"] for r in done]),
+                         "predicted_update_ms": s.get("predicted_update_ms"),
+                         "measured_update_ms": _median_or_none(
+                             [r["pipeline"]["per_stage"][s["stage"]]
+                              .get("update_ms") for r in done])}
                         for s in done[0]["pipeline"]["per_stage"]],
       }
     row["auto_over_even_throughput"] = harness.summarize_ratios(

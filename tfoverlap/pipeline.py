@@ -325,9 +325,12 @@ class GPipeRuntime:
     measured and which derived."""
     per_stage = []
     for k, layers in enumerate(self.stage_layers()):
-      predicted_ms, predicted_mb = split_lib.stage_predictions(
+      # The stage figures here are forward + backward timed alone; the
+      # step applies every stage's gradients at once after the pipeline,
+      # so the prediction they are held against leaves the update out.
+      predicted_ms, _, predicted_mb = split_lib.stage_predictions(
           self.predicted_by.stages[k:k + 1] if self.predicted_by else (),
-          num_microbatches=self.num_microbatches)
+          num_microbatches=self.num_microbatches, with_update=False)
       per_stage.append(pipeline_stats.stage_entry(
           k, layers=layers, device=self.devices[k],
           medians_ms=self.recorders[k].medians_ms(skip_steps),

@@ -39,12 +39,18 @@ def main(argv):
   from tfoverlap.models import build_model
   from tfoverlap.planning.graph import build_layer_graph
   from tfoverlap.planning.profiler import profile_layers
+  from tfoverlap.steps import build_optimizer
 
   microbatch = command.plan_microbatch_size(config)
   try:
     sizes = command.profile_batch_sizes(values.plan_batch_sizes, microbatch)
   except ValueError as e:
     tfo_flags.exit_with_usage_error(str(e))
+  # Before any op: layers are timed on the threads each of the trainer's
+  # processes gets (one process holds every stage, on logical devices).
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.config.threading.set_intra_op_parallelism_threads(
+      command.profiling_threads(config, config.distribute.num_workers))
   keras.utils.set_random_seed(config.run.seed)
   model = build_model(config.model.name, image_size=config.data.image_size,
                       num_classes=config.data.num_classes)
@@ -61,7 +67,10 @@ def main(argv):
     profile = profile_layers(model, batch_sizes=sizes,
                              warmup=values.plan_warmup,
                              repeats=values.plan_repeats,
-                             name=config.model.name, seed=config.run.seed)
+                             name=config.model.name, seed=config.run.seed,
+                             optimizer_factory=lambda: build_optimizer(
+                                 config.model),
+                             optimizer_name=config.model.optimizer)
   try:
     print(command.run_plan(
         graph, profile, config,

@@ -122,13 +122,14 @@ def _local_row(runtime, device, warmup_steps: int) -> dict:
   plan = runtime.split
   stages = [plan.stages[i] for i in runtime.stage_indices] if plan else []
   microbatches = runtime.schedule._n_microbatches  # pylint: disable=protected-access
-  predicted_ms = predicted_mb = None
+  predicted_ms = predicted_update_ms = predicted_mb = None
   if runtime.has_predictions:
-    predicted_ms, predicted_mb = split_lib.stage_predictions(
-        stages, num_microbatches=microbatches)
+    predicted_ms, predicted_update_ms, predicted_mb = (
+        split_lib.stage_predictions(stages, num_microbatches=microbatches))
   return {"stage": runtime.mesh.stage, "replica": runtime.mesh.replica,
           "layers": [layer for s in stages for layer in s.layers],
           "device": str(device), "predicted_ms": predicted_ms,
+          "predicted_update_ms": predicted_update_ms,
           "predicted_memory_mb": predicted_mb,
           "medians_ms": runtime.recorder.medians_ms(warmup_steps)}
 
@@ -147,6 +148,7 @@ def gather_pipeline_section(runtime, cfg, device, *,
   per_stage = [stage_entry(r["stage"], layers=r["layers"], device=r["device"],
                            medians_ms=r["medians_ms"],
                            predicted_ms=r["predicted_ms"],
+                           predicted_update_ms=r["predicted_update_ms"],
                            predicted_memory_mb=r["predicted_memory_mb"])
                for r in rows if r["replica"] == 0]
   return pipeline_section(

@@ -39,6 +39,7 @@ def main(argv):
   from torch_parity.models import build_model
   from torch_parity.planning.graph import build_layer_graph
   from torch_parity.planning.profiler import profile_layers
+  from torch_parity.steps import build_optimizer
 
   microbatch = command.plan_microbatch_size(config)
   try:
@@ -64,10 +65,17 @@ def main(argv):
     # Layers are timed where the trainer would run them: the first GPU,
     # else the CPU.
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    # One process per stage (and replica): each gets that share of the
+    # host's cores, and its layers are timed on that share.
+    torch.set_num_threads(command.profiling_threads(
+        config, command.world_size(config)))
     profile = profile_layers(model, make_input, device=device,
                              batch_sizes=sizes, warmup=values.plan_warmup,
                              repeats=values.plan_repeats,
-                             name=config.model.name)
+                             name=config.model.name,
+                             optimizer_factory=lambda params: build_optimizer(
+                                 config.model, params),
+                             optimizer_name=config.model.optimizer)
   try:
     print(command.run_plan(
         graph, profile, config,

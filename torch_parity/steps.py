@@ -210,7 +210,9 @@ def make_pipeline_train_step(runtime, optimizer, strategy):
     optimizer.zero_grad()
     loss = runtime.step(inputs.to(device, non_blocking=True),
                         targets.to(device, non_blocking=True))
+    start = time.perf_counter()
     optimizer.step()
+    runtime.recorder.record_update(start, time.perf_counter())
     if loss is None:
       loss = torch.zeros((), device=device)
     # Every rank waits here for the last stage's loss, which the last

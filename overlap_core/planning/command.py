@@ -18,20 +18,34 @@ from typing import List, Optional, Sequence
 from overlap_core.planning import partition, report
 from overlap_core.planning.graph import LayerGraph
 from overlap_core.planning.profile import Profile
+from overlap_core.runtime import processes
 from overlap_core.runtime.config import PipelineConfig, TrainConfig
+
+
+def world_size(config: TrainConfig) -> int:
+  """--num_workers, times --num_devices under mirrored."""
+  dist = config.distribute
+  return dist.num_workers * (dist.num_devices
+                             if dist.strategy == "mirrored" else 1)
 
 
 def data_parallel_replicas(config: TrainConfig) -> int:
   """Data-parallel copies of the pipeline: the world over the stages.
 
-  The world is --num_workers (times --num_devices under mirrored); a
-  pipelined world is stages x replicas, so each replica's pipeline sees
+  A pipelined world is stages x replicas, so each replica's pipeline sees
   its share of the global batch.
   """
-  dist = config.distribute
-  world = dist.num_workers * (dist.num_devices
-                              if dist.strategy == "mirrored" else 1)
-  return max(1, world // config.pipeline.stages)
+  return max(1, world_size(config) // config.pipeline.stages)
+
+
+def profiling_threads(config: TrainConfig, num_processes: int) -> int:
+  """The intra-op threads to time layers on: --intra_op_threads, else what
+  each of the trainer's `num_processes` processes on this host gets when
+  launched (`processes.cpu_share`). A layer timed on the whole host and
+  run in a stage process holding half of it takes up to twice as long as
+  profiled, in every stage alike.
+  """
+  return config.run.intra_op_threads or processes.cpu_share(num_processes)
 
 
 def plan_microbatch_size(config: TrainConfig) -> int:

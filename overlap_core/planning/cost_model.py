@@ -16,9 +16,15 @@ of predicting a layer shape never profiled. The fit weighs each sample by
 1 / time^2, i.e. it minimizes relative error, so cheap layers (ReLU, add)
 are not drowned by the convolutions.
 
+The optimizer's update runs once per step over a layer's parameters,
+whatever the batch; when the profile timed it, one more fit predicts it
+from the parameter bytes alone (`UpdateFit`: linear, relative error,
+leave-one-layer-out error reported like the families').
+
   model = fit_cost_model([(graph, profile)])
   print(model.report())
   fwd_s, bwd_s = model.predict(graph.nodes[3], batch_size=16)
+  update_s = model.predict_update(graph.nodes[3])
 
 scikit-learn is imported inside `fit_cost_model` only, so importing the
 planning package stays light.
@@ -29,7 +35,7 @@ import statistics
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from overlap_core.planning.graph import LayerGraph, LayerNode
-from overlap_core.planning.profile import Profile
+from overlap_core.planning.profile import Profile, UpdateTiming
 
 _DERIVED = ("flops_per_sample", "bytes_per_sample")
 # (feature set, polynomial degree), simplest first: on a tie the simpler wins.
@@ -95,9 +101,75 @@ class FamilyFit:
 
 
 @dataclasses.dataclass(frozen=True)
+class UpdateFit:
+  """The optimizer update of a layer's parameters, against their bytes.
+
+  update_s = intercept_s + seconds_per_byte x param_bytes, fitted for
+  relative error (weights 1 / time^2) over every layer the profile timed.
+  An Adam or momentum step reads and writes each parameter and its state a
+  fixed number of times, so time follows bytes; the intercept is the
+  per-tensor launch cost.
+
+  Attributes:
+    optimizer: whose step was timed.
+    num_layers: layers it was fitted on.
+    holdout_error: median relative error of each layer predicted by the
+      fit on the others; None below MIN_CONFIGS_FOR_HOLDOUT layers.
+  """
+  optimizer: str
+  intercept_s: float
+  seconds_per_byte: float
+  num_layers: int
+  holdout_error: Optional[float]
+
+  def predict(self, param_bytes: int) -> float:
+    """Seconds of one update of `param_bytes`; 0 for a parameterless layer."""
+    if param_bytes <= 0:
+      return 0.0
+    return max(self.intercept_s + self.seconds_per_byte * param_bytes, 0.0)
+
+
+def _line(points: Sequence[Tuple[float, float]]) -> Tuple[float, float]:
+  """(intercept, slope) of y on x minimizing relative error; a line through
+  the origin's mean ratio when every x is the same."""
+  weights = [1.0 / max(y, 1e-12) ** 2 for _, y in points]
+  total = sum(weights)
+  mean_x = sum(w * x for w, (x, _) in zip(weights, points)) / total
+  mean_y = sum(w * y for w, (_, y) in zip(weights, points)) / total
+  var_x = sum(w * (x - mean_x) ** 2 for w, (x, _) in zip(weights, points))
+  if var_x <= 0:
+    return 0.0, mean_y / mean_x if mean_x else 0.0
+  slope = sum(w * (x - mean_x) * (y - mean_y)
+              for w, (x, y) in zip(weights, points)) / var_x
+  return mean_y - slope * mean_x, slope
+
+
+def fit_updates(optimizer: str,
+                updates: Sequence[UpdateTiming]) -> Optional[UpdateFit]:
+  """The update fit of a profile's timings; None when there are none."""
+  points = [(float(u.param_bytes), u.update_s) for u in updates
+            if u.param_bytes > 0 and u.update_s > 0]
+  if not points:
+    return None
+  holdout = None
+  if len(points) >= MIN_CONFIGS_FOR_HOLDOUT:
+    errors = []
+    for i, (x, y) in enumerate(points):
+      intercept, slope = _line(points[:i] + points[i + 1:])
+      errors.append(abs(max(intercept + slope * x, 0.0) - y) / y)
+    holdout = statistics.median(errors)
+  intercept, slope = _line(points)
+  return UpdateFit(optimizer=optimizer, intercept_s=intercept,
+                   seconds_per_byte=slope, num_layers=len(points),
+                   holdout_error=holdout)
+
+
+@dataclasses.dataclass(frozen=True)
 class CostModel:
-  """Per-type fits; predicts forward and backward seconds of any layer."""
+  """Per-type fits; predicts forward and backward seconds of any layer,
+  and its optimizer update when the profile timed updates."""
   families: Mapping[str, FamilyFit]
+  update: Optional[UpdateFit] = None
 
   def predict(self, node: LayerNode, batch_size: int) -> Tuple[float, float]:
     """(forward_s, backward_s) of `node` at `batch_size`, never negative.
@@ -120,6 +192,15 @@ class CostModel:
     """Forward + backward seconds of every node, by name."""
     return {n.name: sum(self.predict(n, batch_size)) for n in graph.nodes}
 
+  def predict_update(self, node: LayerNode) -> float:
+    """Seconds of the optimizer's update of `node`'s parameters, once per
+    step; 0 when no update was profiled (the plan then leaves it out)."""
+    return self.update.predict(node.param_bytes) if self.update else 0.0
+
+  def predict_updates(self, graph: LayerGraph) -> Dict[str, float]:
+    """`predict_update` of every node, by name."""
+    return {n.name: self.predict_update(n) for n in graph.nodes}
+
   def report(self) -> str:
     rows = ["Cost model: per layer type, error on held-out configurations "
             "(median |pred - meas| / meas of fwd+bwd)",
@@ -131,6 +212,18 @@ class CostModel:
       rows.append(f"{op_type:<16} {f.num_samples:>7} {f.num_configs:>7} "
                   f"{f.feature_set:<14} {f.degree:>3} {err:>12} "
                   f"{f.backward_over_forward:>7.2f}")
+    if self.update is None:
+      rows.append("optimizer update: not profiled, so stage times leave "
+                  "it out")
+    else:
+      u = self.update
+      err = ("n/a (<3 layers)" if u.holdout_error is None
+             else f"{u.holdout_error:.1%}")
+      rows.append(f"optimizer update ({u.optimizer}, once per step): "
+                  f"{u.intercept_s * 1e6:.1f} us + "
+                  f"{u.seconds_per_byte * 2**20 * 1e3:.3f} ms per MiB of "
+                  f"parameters; fitted on {u.num_layers} layers, held-out "
+                  f"error {err}")
     return "\n".join(rows)
 
 
@@ -160,12 +253,21 @@ def fit_cost_model(measured: Sequence[Tuple[LayerGraph, Profile]] = (),
     A CostModel whose families each report their held-out error.
   """
   pooled = list(samples)
+  updates: List[UpdateTiming] = []
+  optimizers = set()
   for graph, profile in measured:
     pooled += samples_from(graph, profile)
+    if profile.updates:
+      updates += profile.updates
+      optimizers.add(profile.optimizer)
+  if len(optimizers) > 1:
+    raise ValueError(f"profiles time the updates of different optimizers "
+                     f"{sorted(optimizers)}; pool profiles of one")
   by_type: Dict[str, List[Sample]] = {}
   for s in pooled:
     by_type.setdefault(s.op_type, []).append(s)
-  return CostModel({t: _fit_family(t, ss) for t, ss in by_type.items()})
+  return CostModel({t: _fit_family(t, ss) for t, ss in by_type.items()},
+                   update=fit_updates(next(iter(optimizers), ""), updates))
 
 
 def _make_estimator(degree: int):

@@ -1,6 +1,6 @@
 """Splitting a layer graph into pipeline stages at its cut points.
 
-Three modes, one objective. A stage's predicted time is
+Three modes, one objective. A stage's predicted time per micro-batch is
 
   compute_s / replicas           its layers' forward + backward at the
                                  micro-batch (from the cost model or profile)
@@ -10,9 +10,16 @@ Three modes, one objective. A stage's predicted time is
                                  forward and that activation's gradient
                                  backward, 2 x bytes / bandwidth
 
-and a pipeline runs at the pace of its slowest stage, so `auto` minimizes
-the slowest stage (PipeDream's objective; its replication is the uniform
-kind here: stages x replicas = world). `even` splits by layer count at the
+and per step it runs M micro-batches and then the optimizer's update of its
+parameters once (update_s, when the profile timed updates):
+
+  step_s(M) = M x time_s + update_s
+
+A pipeline runs at the pace of its busiest stage, so `auto` minimizes the
+largest step_s(M) (PipeDream's objective, with the update counted: a stage
+holding a large classifier can be light per micro-batch and still the
+slowest per step; its replication is the uniform kind here: stages x
+replicas = world). `even` splits by layer count at the
 nearest cut points (what torchtitan does); `explicit` cuts after named
 layers. Whatever the mode, the plan carries every stage's layers, predicted
 time and memory, and the reason for the choice.
@@ -48,10 +55,16 @@ class Stage:
   transfer_s: float
   param_bytes: int
   activation_bytes: int  # outputs of its layers for one micro-batch
+  update_s: float = 0.0  # the optimizer's update of its parameters, per step
 
   @property
   def time_s(self) -> float:
+    """One micro-batch: compute, all-reduce share and transfer."""
     return self.compute_s + self.allreduce_s + self.transfer_s
+
+  def step_s(self, num_microbatches: int) -> float:
+    """One step: M micro-batches, then the update."""
+    return num_microbatches * self.time_s + self.update_s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,37 +76,47 @@ class StagePlan:
   replicas: int
   batch_size: int  # the micro-batch the times are for
   reason: str
+  num_microbatches: int = 1  # M: what the per-step figures are for
 
   @property
   def bottleneck_s(self) -> float:
-    return max(s.time_s for s in self.stages)
+    """The busiest stage's step: M micro-batches and its update."""
+    return max(s.step_s(self.num_microbatches) for s in self.stages)
 
   @property
   def imbalance(self) -> float:
-    """Slowest stage over mean stage: 1.0 is perfectly balanced."""
-    mean = sum(s.time_s for s in self.stages) / len(self.stages)
+    """Busiest stage over mean stage, per step: 1.0 is perfectly balanced."""
+    mean = sum(s.step_s(self.num_microbatches)
+               for s in self.stages) / len(self.stages)
     return self.bottleneck_s / mean if mean > 0 else 1.0
 
   def predicted_step_s(self, num_microbatches: int) -> float:
-    """A GPipe step: M + S - 1 slots, each as long as the slowest stage."""
-    return (num_microbatches + len(self.stages) - 1) * self.bottleneck_s
+    """A GPipe step: M + S - 1 slots, each as long as the slowest stage's
+    micro-batch, then the updates, which every stage runs at once."""
+    slot = max(s.time_s for s in self.stages)
+    update = max(s.update_s for s in self.stages)
+    return (num_microbatches + len(self.stages) - 1) * slot + update
 
   def table(self, num_microbatches: Optional[int] = None) -> str:
     rows = [f"Split ({self.mode}, {len(self.stages)} stages x "
             f"{self.replicas} replicas, micro-batch {self.batch_size}): "
             f"{self.reason}",
             f"{'stage':>5}  {'layers':<44} {'compute ms':>10} "
-            f"{'comm ms':>8} {'stage ms':>8} {'params MiB':>10} "
-            f"{'act MiB':>8}"]
+            f"{'comm ms':>8} {'stage ms':>8} {'update ms':>9} "
+            f"{'params MiB':>10} {'act MiB':>8}"]
     for s in self.stages:
       span = (s.layers[0] if len(s.layers) == 1 else
               f"{s.layers[0]} .. {s.layers[-1]}")
       span = f"{span} ({len(s.layers)})"
       rows.append(f"{s.index:>5}  {span:<44} {s.compute_s * 1e3:>10.3f} "
                   f"{(s.allreduce_s + s.transfer_s) * 1e3:>8.3f} "
-                  f"{s.time_s * 1e3:>8.3f} {s.param_bytes / 2**20:>10.3f} "
+                  f"{s.time_s * 1e3:>8.3f} {s.update_s * 1e3:>9.3f} "
+                  f"{s.param_bytes / 2**20:>10.3f} "
                   f"{s.activation_bytes / 2**20:>8.3f}")
-    rows.append(f"slowest stage {self.bottleneck_s * 1e3:.3f} ms, slowest/"
+    rows.append("(compute, comm and stage: one micro-batch; update: once "
+                "per step)")
+    rows.append(f"busiest stage per step of {self.num_microbatches} "
+                f"micro-batches {self.bottleneck_s * 1e3:.3f} ms, busiest/"
                 f"mean {self.imbalance:.2f}; cuts after: "
                 f"{', '.join(self.cuts) or '(none)'}")
     if num_microbatches:
@@ -109,12 +132,16 @@ class _Costs:
 
   def __init__(self, graph: LayerGraph, times_s: Mapping[str, float],
                batch_size: int, bandwidth_bytes_per_s: Optional[float],
-               replicas: int):
+               replicas: int, update_s: Optional[Mapping[str, float]] = None,
+               num_microbatches: int = 1):
     missing = [n.name for n in graph.nodes if n.name not in times_s]
     if missing:
       raise ValueError(f"no predicted time for layers {missing[:5]}")
     self.graph = graph
     self.replicas = replicas
+    self.num_microbatches = num_microbatches
+    update_s = update_s or {}
+    self.update = _prefix([update_s.get(n.name, 0.0) for n in graph.nodes])
     self.scale = batch_size / graph.batch_size
     self.inv_bw = 0.0 if not bandwidth_bytes_per_s else (
         1.0 / bandwidth_bytes_per_s)
@@ -141,7 +168,9 @@ class _Costs:
         transfer_s=0.0 if last else
         2 * self.crossing_bytes(end - 1) * self.inv_bw,
         param_bytes=int(params),
-        activation_bytes=int((self.acts[end] - self.acts[start]) * self.scale))
+        activation_bytes=int((self.acts[end] - self.acts[start]) * self.scale),
+        # Every replica updates its own copy: not divided by r.
+        update_s=self.update[end] - self.update[start])
 
 
 def _prefix(values):
@@ -155,15 +184,19 @@ def evaluate_cuts(graph: LayerGraph, times_s: Mapping[str, float],
                   cuts: Sequence[int], *, batch_size: int,
                   bandwidth_bytes_per_s: Optional[float] = None,
                   replicas: int = 1, mode: str = "explicit",
-                  reason: str = "") -> StagePlan:
+                  reason: str = "",
+                  update_s: Optional[Mapping[str, float]] = None,
+                  num_microbatches: int = 1) -> StagePlan:
   """The plan of cutting after the node indices `cuts` (sorted cut points)."""
-  costs = _Costs(graph, times_s, batch_size, bandwidth_bytes_per_s, replicas)
+  costs = _Costs(graph, times_s, batch_size, bandwidth_bytes_per_s, replicas,
+                 update_s, num_microbatches)
   bounds = [0] + [c + 1 for c in cuts] + [len(graph.nodes)]
   stages = tuple(costs.stage(k, a, b)
                  for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])))
   return StagePlan(mode=mode, stages=stages,
                    cuts=tuple(graph.nodes[c].name for c in cuts),
-                   replicas=replicas, batch_size=batch_size, reason=reason)
+                   replicas=replicas, batch_size=batch_size, reason=reason,
+                   num_microbatches=num_microbatches)
 
 
 def _auto_cuts(graph, costs: _Costs, num_stages: int) -> Tuple[int, ...]:
@@ -179,7 +212,8 @@ def _auto_cuts(graph, costs: _Costs, num_stages: int) -> Tuple[int, ...]:
         prev_cost, prev_cuts = best[s - 1][j]
         if prev_cost == math.inf:
           continue
-        cost = max(prev_cost, costs.stage(0, bounds[j], bounds[k]).time_s)
+        stage = costs.stage(0, bounds[j], bounds[k])
+        cost = max(prev_cost, stage.step_s(costs.num_microbatches))
         if cost < best[s][k][0]:
           cuts = prev_cuts + ((bounds[j] - 1,) if j else ())
           best[s][k] = (cost, cuts)
@@ -230,7 +264,9 @@ def partition(graph: LayerGraph, times_s: Mapping[str, float], *,
               num_stages: int, batch_size: int, mode: str = "auto",
               cut_layers: Sequence[str] = (),
               bandwidth_bytes_per_s: Optional[float] = None,
-              replicas: int = 1) -> StagePlan:
+              replicas: int = 1,
+              update_s: Optional[Mapping[str, float]] = None,
+              num_microbatches: int = 1) -> StagePlan:
   """Splits `graph` into `num_stages` stages at its cut points.
 
   Args:
@@ -244,6 +280,10 @@ def partition(graph: LayerGraph, times_s: Mapping[str, float], *,
     bandwidth_bytes_per_s: link between stages (and within replicas);
       None: communication is free.
     replicas: data-parallel replicas of every stage.
+    update_s: the optimizer's update seconds per layer name, once per step
+      (None: not counted).
+    num_microbatches: M, the micro-batches of a step, which weighs the
+      per-micro-batch times against the once-a-step update.
 
   Raises:
     ValueError: one line naming what cannot be split and why.
@@ -259,11 +299,15 @@ def partition(graph: LayerGraph, times_s: Mapping[str, float], *,
   if replicas < 1:
     raise ValueError(f"Invalid value for argument `replicas`. Received: "
                      f"{replicas}; allowed: an integer >= 1")
-  costs = _Costs(graph, times_s, batch_size, bandwidth_bytes_per_s, replicas)
+  if num_microbatches < 1:
+    raise ValueError(f"Invalid value for argument `num_microbatches`. "
+                     f"Received: {num_microbatches}; allowed: an integer >= 1")
+  costs = _Costs(graph, times_s, batch_size, bandwidth_bytes_per_s, replicas,
+                 update_s, num_microbatches)
   if mode == "auto":
     cuts = _auto_cuts(graph, costs, num_stages)
-    reason = (f"the slowest stage is the least of every split at the "
-              f"{num_cuts} cut points (min-max dynamic programme)")
+    reason = (f"the busiest stage per step is the least of every split at "
+              f"the {num_cuts} cut points (min-max dynamic programme)")
   elif mode == "even":
     cuts = _even_cuts(graph, num_stages)
     reason = "about equal layer counts, at the nearest cut points"
@@ -272,4 +316,5 @@ def partition(graph: LayerGraph, times_s: Mapping[str, float], *,
     reason = "cut after the layers asked for"
   return evaluate_cuts(graph, times_s, cuts, batch_size=batch_size,
                        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
-                       replicas=replicas, mode=mode, reason=reason)
+                       replicas=replicas, mode=mode, reason=reason,
+                       update_s=update_s, num_microbatches=num_microbatches)

@@ -4,14 +4,17 @@ One schema for both frameworks and for every planner (the pipeline
 partitioner here; a burst-parallel planner needs the same numbers at several
 per-device batch sizes, which is why each layer has one entry per batch).
 
-JSON schema (schema_version 1):
+JSON schema (schema_version 2; version 1 files, which lack the optimizer
+and its updates, still load):
 
-  {"schema_version": 1,
+  {"schema_version": 2,
    "model": "resnet18",           # the LayerGraph's name
    "framework": "torch 2.13.0",   # what ran the layers
    "device": "cpu",               # "cpu", "cuda:0 (NVIDIA H200)", ...
    "dtype": "float32",
    "date": "2026-11-20T10:00:00+00:00",   # ISO 8601, UTC
+   "threads": 1,                  # intra-op threads the layers ran on
+                                  # (0: not recorded; version 1 files)
    "warmup": 2,                   # untimed runs before timing, per entry
    "repeats": 5,                  # timed runs per entry; times are medians
    "timings": [
@@ -21,10 +24,22 @@ JSON schema (schema_version 1):
       "forward_s": 0.0012,        # median of `repeats` runs, seconds
       "backward_s": 0.0025,       # gradient w.r.t. input and parameters
       "forward_spread_s": 0.0001, # max - min of the repeats
-      "backward_spread_s": 0.0002}]}
+      "backward_spread_s": 0.0002}],
+   "optimizer": "adam",           # whose update `updates` timed; "" if none
+   "updates": [                   # once per step, not per sample: no batch
+     {"layer": "layer1.0.conv1",  # a LayerNode that owns parameters
+      "param_bytes": 147456,      # the parameters the update touched
+      "update_s": 0.0004,         # median of `repeats` optimizer steps
+      "update_spread_s": 0.00005}]}
+
+A pipeline stage runs its layers' forward and backward once per
+micro-batch, and the optimizer's update of its parameters once per step;
+a stage holding a large classifier spends much of its step there, which
+is why the update is profiled per layer too.
 
   p = Profile.from_json(text)
   p.time_s("layer1.0.conv1", batch_size=8)   # forward + backward
+  p.update_s("layer1.0.conv1")               # its optimizer update, or None
 """
 
 import dataclasses
@@ -32,7 +47,8 @@ import datetime
 import json
 from typing import Dict, Optional, Tuple
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +68,15 @@ class LayerTiming:
 
 
 @dataclasses.dataclass(frozen=True)
+class UpdateTiming:
+  """The optimizer's step over one layer's parameters (median of repeats)."""
+  layer: str
+  param_bytes: int
+  update_s: float
+  update_spread_s: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Profile:
   """Measured layer times of one model on one device; see module docstring."""
   model: str
@@ -62,6 +87,9 @@ class Profile:
   timings: Tuple[LayerTiming, ...]
   dtype: str = "float32"
   date: str = ""
+  optimizer: str = ""
+  updates: Tuple[UpdateTiming, ...] = ()
+  threads: int = 0
 
   @property
   def batch_sizes(self) -> Tuple[int, ...]:
@@ -81,11 +109,21 @@ class Profile:
                      f"{batch_size}; profiled batches: {self.batch_sizes}")
     return t.total_s
 
+  def update_s(self, layer: str) -> Optional[float]:
+    """The optimizer update of `layer`'s parameters; None if not timed."""
+    for u in self.updates:
+      if u.layer == layer:
+        return u.update_s
+    return None
+
   def summary(self) -> str:
     """Per layer: forward and backward ms at each profiled batch."""
     batches = self.batch_sizes
-    rows = [f"Profile of {self.model} on {self.device} ({self.framework}, "
-            f"{self.dtype}, warm-up {self.warmup}, median of {self.repeats})",
+    threads = (f", {self.threads} intra-op thread"
+               f"{'' if self.threads == 1 else 's'}" if self.threads else "")
+    rows = [f"Profile of {self.model} on {self.device}{threads} "
+            f"({self.framework}, {self.dtype}, warm-up {self.warmup}, median "
+            f"of {self.repeats})",
             f"{'layer':<34} " + " ".join(f"{'b=' + str(b) + ' fwd/bwd ms':>20}"
                                          for b in batches)]
     table = self.lookup()
@@ -96,11 +134,16 @@ class Profile:
         cells.append(f"{'-':>20}" if t is None else
                      f"{t.forward_s * 1e3:>9.3f}/{t.backward_s * 1e3:<10.3f}")
       rows.append(f"{layer:<34} " + " ".join(cells))
+    if self.updates:
+      rows.append(f"{self.optimizer} update per layer (once per step): "
+                  + ", ".join(f"{u.layer} {u.update_s * 1e3:.3f} ms"
+                              for u in self.updates))
     return "\n".join(rows)
 
   def to_dict(self) -> dict:
     d = dataclasses.asdict(self)
     d["timings"] = [dataclasses.asdict(t) for t in self.timings]
+    d["updates"] = [dataclasses.asdict(u) for u in self.updates]
     return {"schema_version": SCHEMA_VERSION, **d}
 
   def to_json(self) -> str:
@@ -109,13 +152,16 @@ class Profile:
   @classmethod
   def from_dict(cls, d: dict) -> "Profile":
     version = d.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS:
       raise ValueError(f"Invalid profile: schema_version={version!r}; "
-                       f"allowed: {SCHEMA_VERSION}")
+                       f"allowed: {', '.join(map(str, READABLE_VERSIONS))}")
     return cls(model=d["model"], framework=d["framework"], device=d["device"],
                warmup=int(d["warmup"]), repeats=int(d["repeats"]),
                dtype=d.get("dtype", "float32"), date=d.get("date", ""),
-               timings=tuple(LayerTiming(**t) for t in d["timings"]))
+               timings=tuple(LayerTiming(**t) for t in d["timings"]),
+               optimizer=d.get("optimizer", ""),
+               threads=int(d.get("threads", 0)),
+               updates=tuple(UpdateTiming(**u) for u in d.get("updates", ())))
 
   @classmethod
   def from_json(cls, text: str) -> "Profile":

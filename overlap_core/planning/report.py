@@ -40,7 +40,8 @@ def make_plan(graph: LayerGraph, profile: Profile, *, num_stages: int,
   times_s = model.predict_graph(graph, microbatch_size)
   common = dict(num_stages=num_stages, batch_size=microbatch_size,
                 bandwidth_bytes_per_s=bandwidth_bytes_per_s,
-                replicas=replicas)
+                replicas=replicas, num_microbatches=num_microbatches,
+                update_s=model.predict_updates(graph))
   plan = partition(graph, times_s, mode=split, cut_layers=cut_layers,
                    **common)
   even = partition(graph, times_s, mode="even", **common)

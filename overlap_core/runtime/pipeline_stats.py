@@ -11,6 +11,12 @@ Both trainers' pipeline runtimes time three phases on every rank:
   transfer       point-to-point copies: posting sends and receives and
                  waiting for a send to leave
 
+Inside stage_compute, a runtime that can see the optimizer's update (the
+PyTorch one calls `optimizer.step()` on the host) also times it apart,
+`record_update`, so that run.json shows how much of a stage's step was
+its update: the part of the plan's prediction that the micro-batch count
+does not scale.
+
 In a pipelined run these three replace the ledger's `compute` phase of each
 step and partition it: `partition_span` turns the bubble and transfer
 intervals a runtime recorded into spans that tile the compute span, the
@@ -31,6 +37,7 @@ STAGE_COMPUTE = "stage_compute"  # a stage's forward/backward of its chunks
 BUBBLE = "bubble"  # a stage waiting on a neighbour
 TRANSFER = "transfer"  # point-to-point activation/gradient copies
 PHASES = (STAGE_COMPUTE, BUBBLE, TRANSFER)
+UPDATE = "update"  # the optimizer step: inside stage_compute, not a phase
 
 Interval = Tuple[str, float, float]  # (phase, start_s, end_s)
 
@@ -88,6 +95,7 @@ class StageRecorder:
   def __init__(self):
     self._lock = threading.Lock()
     self._pending: List[Interval] = []
+    self._pending_update_s: Optional[float] = None
     self._steps: List[Dict[str, float]] = []
 
   def record(self, phase: str, start_s: float, end_s: float) -> None:
@@ -98,15 +106,25 @@ class StageRecorder:
     with self._lock:
       self._pending.append((phase, start_s, end_s))
 
+  def record_update(self, start_s: float, end_s: float) -> None:
+    """The optimizer's update of this step: a part of stage_compute, kept
+    apart as UPDATE in the step's totals (not a ledger phase)."""
+    with self._lock:
+      self._pending_update_s = (self._pending_update_s or 0.0) + (
+          end_s - start_s)
+
   def end_step(self, start_s: float, end_s: float) -> List[Interval]:
     """Closes the step that ran from start_s to end_s; returns its spans
     (`partition_span`) and keeps their per-phase totals."""
     with self._lock:
       pending, self._pending = self._pending, []
+      update_s, self._pending_update_s = self._pending_update_s, None
     spans = partition_span(start_s, end_s, pending)
     totals = {phase: 0.0 for phase in PHASES}
     for phase, begin, end in spans:
       totals[phase] += end - begin
+    if update_s is not None:
+      totals[UPDATE] = update_s
     with self._lock:
       self._steps.append(totals)
     return spans
@@ -117,27 +135,34 @@ class StageRecorder:
       return list(self._steps)
 
   def medians_ms(self, warmup_steps: int = 0) -> Dict[str, Optional[float]]:
-    """{compute_ms, bubble_ms, transfer_ms}: per-step medians after the
-    warm-up (all steps if none is left); None before any step."""
+    """{compute_ms, bubble_ms, transfer_ms, update_ms}: per-step medians
+    after the warm-up (all steps if none is left); None before any step,
+    and update_ms None unless every step recorded its update."""
     steps = self.steps
     measured = steps[warmup_steps:] or steps
     keys = {STAGE_COMPUTE: "compute_ms", BUBBLE: "bubble_ms",
-            TRANSFER: "transfer_ms"}
+            TRANSFER: "transfer_ms", UPDATE: "update_ms"}
     return {key: (1e3 * statistics.median(s[phase] for s in measured)
-                  if measured else None)
+                  if measured and all(phase in s for s in measured) else None)
             for phase, key in keys.items()}
 
 
 def stage_entry(stage: int, *, layers: Sequence[str], device: str,
                 medians_ms: Dict[str, Optional[float]],
                 predicted_ms: Optional[float] = None,
+                predicted_update_ms: Optional[float] = None,
                 predicted_memory_mb: Optional[float] = None) -> dict:
   """One row of `per_stage`: the plan's prediction beside the measurement
-  (predictions None when the run had no profile)."""
+  (predictions None when the run had no profile). predicted_ms and
+  compute_ms are the whole stage_compute of a step; the update_ms pair is
+  the optimizer's share of each (measured None where the runtime cannot
+  time it apart)."""
   return {"stage": stage, "layers": list(layers), "device": device,
           "predicted_ms": predicted_ms,
+          "predicted_update_ms": predicted_update_ms,
           "predicted_memory_mb": predicted_memory_mb,
           "compute_ms": medians_ms.get("compute_ms"),
+          "update_ms": medians_ms.get("update_ms"),
           "bubble_ms": medians_ms.get("bubble_ms"),
           "transfer_ms": medians_ms.get("transfer_ms")}
 

@@ -44,11 +44,31 @@ def test_recorder_totals_and_medians_per_step():
   assert recorder.steps[0] == pytest.approx(
       {ps.STAGE_COMPUTE: 3.25, ps.BUBBLE: 0.5, ps.TRANSFER: 0.25})
   medians = recorder.medians_ms(warmup_steps=1)  # steps 1..3: .1 .2 .3
+  # No step timed its update: None, not zero.
+  assert medians.pop("update_ms") is None
   assert medians == pytest.approx(
       {"compute_ms": 3550.0, "bubble_ms": 200.0, "transfer_ms": 250.0})
   assert ps.StageRecorder().medians_ms()["bubble_ms"] is None
   with pytest.raises(ValueError, match="stage_compute"):
     recorder.record(ps.STAGE_COMPUTE, 0.0, 1.0)
+
+
+def test_the_update_is_kept_apart_inside_stage_compute():
+  recorder = ps.StageRecorder()
+  for step, update_s in enumerate((0.4, 0.5, 0.6)):
+    start = 10.0 * step
+    recorder.record(ps.BUBBLE, start + 1.0, start + 2.0)
+    recorder.record_update(start + 3.0, start + 3.0 + update_s)
+    spans = recorder.end_step(start, start + 4.0)
+    # The update is no span of its own: the ledger's phases still tile
+    # the step, with the update inside stage_compute.
+    assert {phase for phase, _, _ in spans} == {ps.STAGE_COMPUTE, ps.BUBBLE}
+  assert recorder.steps[0] == pytest.approx(
+      {ps.STAGE_COMPUTE: 3.0, ps.BUBBLE: 1.0, ps.TRANSFER: 0.0,
+       ps.UPDATE: 0.4})
+  medians = recorder.medians_ms()
+  assert medians["update_ms"] == pytest.approx(500.0)
+  assert medians["compute_ms"] == pytest.approx(3000.0)
 
 
 def test_section_sums_the_bubble_over_stages():
@@ -68,8 +88,9 @@ def test_section_sums_the_bubble_over_stages():
   assert section["per_stage"][0]["predicted_ms"] == 7.5
   assert section["per_stage"][1]["predicted_ms"] is None
   assert set(section["per_stage"][0]) == {
-      "stage", "layers", "device", "predicted_ms", "predicted_memory_mb",
-      "compute_ms", "bubble_ms", "transfer_ms"}
+      "stage", "layers", "device", "predicted_ms", "predicted_update_ms",
+      "predicted_memory_mb", "compute_ms", "update_ms", "bubble_ms",
+      "transfer_ms"}
   unmeasured = ps.stage_entry(0, layers=[], device="cpu", medians_ms={})
   assert ps.measured_bubble_fraction([unmeasured]) is None
 

@@ -1,8 +1,17 @@
 """The planning commands' shared argument handling, framework-free."""
 
-import pytest
+import os
 
-from overlap_core.planning.command import profile_batch_sizes
+import pytest
+from absl.testing import flagsaver
+
+import flags as tfo_flags
+from overlap_core.planning.command import (profile_batch_sizes,
+                                           profiling_threads, world_size)
+
+tfo_flags.define_flags()
+if not tfo_flags.FLAGS.is_parsed():
+  tfo_flags.FLAGS.mark_as_parsed()
 
 
 @pytest.mark.parametrize("microbatch, sizes", [
@@ -22,3 +31,16 @@ def test_requested_sizes_are_sorted_unique_and_positive():
   for bad in (["0"], ["two"], ["-1", "4"]):
     with pytest.raises(ValueError, match="allowed: positive integers"):
       profile_batch_sizes(bad, 4)
+
+
+def test_layers_are_timed_on_the_threads_one_trainer_process_gets():
+  cores = os.cpu_count() or 1
+  with flagsaver.as_parsed(strategy="mirrored", num_devices="2",
+                           pipeline_stages="2"):
+    config = tfo_flags.to_config()
+  assert world_size(config) == 2
+  assert profiling_threads(config, world_size(config)) == max(1, cores // 2)
+  with flagsaver.as_parsed(strategy="mirrored", num_devices="2",
+                           intra_op_threads="3"):
+    config = tfo_flags.to_config()
+  assert profiling_threads(config, world_size(config)) == 3

@@ -4,8 +4,10 @@ import random
 
 import pytest
 
-from overlap_core.planning.cost_model import Sample, fit_cost_model
+from overlap_core.planning.cost_model import (CostModel, Sample,
+                                              fit_cost_model, fit_updates)
 from overlap_core.planning.graph import LayerNode
+from overlap_core.planning.profile import UpdateTiming
 
 # A roofline-like truth: time follows FLOPs and bytes moved, plus a launch
 # cost; backward costs twice forward, as the study measured.
@@ -80,3 +82,29 @@ def test_unknown_layer_type_is_named():
   node = LayerNode("mystery", "lstm", {}, ("input",), (1,), 0, 0)
   with pytest.raises(KeyError, match="no fit for layer type 'lstm'"):
     model.predict(node, batch_size=1)
+
+
+def test_update_fit_recovers_a_known_line_and_predicts_new_sizes():
+  # An update that reads and writes each byte a fixed number of times,
+  # plus a per-call cost: exactly a line in the parameter bytes.
+  per_byte_s, launch_s = 3e-10, 4e-5
+  sizes = (1_000, 40_000, 600_000, 2_500_000, 9_000_000)
+  updates = [UpdateTiming(f"l{i}", b, launch_s + per_byte_s * b)
+             for i, b in enumerate(sizes)]
+  fit = fit_updates("adam", updates)
+  assert fit.num_layers == 5 and fit.holdout_error < 1e-9
+  node = LayerNode("fc", "linear", {}, ("input",), (1,), 100_000_000, 0)
+  model = CostModel(families={}, update=fit)
+  assert model.predict_update(node) == pytest.approx(
+      launch_s + per_byte_s * 100_000_000, rel=1e-6)
+  parameterless = LayerNode("relu", "relu", {}, ("fc",), (1,), 0, 0)
+  assert model.predict_update(parameterless) == 0.0
+  assert "optimizer update (adam, once per step)" in model.report()
+
+
+def test_no_updates_profiled_predicts_none_and_says_so():
+  model = fit_cost_model(samples=synthetic_samples(random.Random(4), 0.0))
+  node = LayerNode("fc", "linear", {}, ("input",), (1,), 4096, 0)
+  assert model.update is None and model.predict_update(node) == 0.0
+  assert "optimizer update: not profiled" in model.report()
+  assert fit_updates("adam", []) is None

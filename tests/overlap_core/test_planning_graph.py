@@ -4,7 +4,7 @@ import pytest
 
 from overlap_core.planning.graph import (MODEL_INPUT, LayerGraph, LayerNode,
                                          chain)
-from overlap_core.planning.profile import LayerTiming, Profile
+from overlap_core.planning.profile import LayerTiming, Profile, UpdateTiming
 
 
 def _node(name, inputs, op_type="conv2d"):
@@ -78,3 +78,21 @@ def test_profile_json_round_trip_and_lookup():
   with pytest.raises(KeyError, match="profiled batches: \\(4, 8\\)"):
     p.time_s("stem", 16)
   assert "stem" in p.summary()
+
+
+def test_profile_carries_its_optimizer_updates_and_reads_version_1():
+  timings = (LayerTiming("stem", "conv2d", 4, 1e-3, 2e-3),)
+  p = Profile(model="toy", framework="test", device="cpu", warmup=1,
+              repeats=3, timings=timings, optimizer="adam", threads=1,
+              updates=(UpdateTiming("stem", 4096, 5e-4, 1e-5),))
+  assert Profile.from_json(p.to_json()) == p
+  assert p.update_s("stem") == 5e-4 and p.update_s("head") is None
+  assert "adam update per layer" in p.summary()
+  assert "on cpu, 1 intra-op thread (" in p.summary()
+  old = p.to_dict()
+  del old["optimizer"], old["updates"], old["threads"]
+  old["schema_version"] = 1
+  read = Profile.from_dict(old)
+  assert read.updates == () and read.optimizer == "" and read.threads == 0
+  with pytest.raises(ValueError, match="allowed: 1, 2"):
+    Profile.from_dict({**old, "schema_version": 3})

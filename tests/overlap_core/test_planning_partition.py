@@ -33,9 +33,12 @@ def test_auto_split_equals_brute_force(seed):
   points = g.cut_points()
   bandwidth = rng.choice([None, 1e3, 1e4])
   replicas = rng.choice([1, 2])
+  updates = rng.choice([None, {n.name: rng.uniform(0.0, 8.0)
+                               for n in g.nodes}])
   for num_stages in range(1, len(points) + 2):
     kwargs = dict(batch_size=2, bandwidth_bytes_per_s=bandwidth,
-                  replicas=replicas)
+                  replicas=replicas, update_s=updates,
+                  num_microbatches=rng.choice([1, 2, 4]))
     plan = partition(g, times, num_stages=num_stages, **kwargs)
     brute = min(evaluate_cuts(g, times, cuts, **kwargs).bottleneck_s
                 for cuts in itertools.combinations(points, num_stages - 1))
@@ -56,7 +59,31 @@ def test_auto_beats_even_on_a_lopsided_chain():
   even = partition(g, times, num_stages=2, batch_size=1, mode="even")
   assert auto.cuts == ("l0",) and auto.bottleneck_s == 9.0
   assert even.cuts == ("l2",) and even.bottleneck_s == 11.0
-  assert "slowest/mean" in auto.table(num_microbatches=4)
+  assert "busiest/mean" in auto.table(num_microbatches=4)
+
+
+def test_a_heavy_update_moves_the_cut_away_from_the_classifier():
+  # Four equal layers per micro-batch; the last (a classifier) updates
+  # slowly. Per micro-batch the middle cut balances, but per step of 2
+  # micro-batches stage 1 would be 2 x 2 + 6 = 10 against 4: the update
+  # pushes the cut late, so the classifier's stage holds only itself.
+  nodes = tuple(LayerNode(f"l{i}", "linear", {}, (f"l{i-1}" if i else
+                                                   MODEL_INPUT,), (1,), 0, 0)
+                for i in range(4))
+  g = LayerGraph("chain", 1, (1,), 0, nodes)
+  times = {n.name: 1.0 for n in nodes}
+  updates = {"l0": 0.0, "l1": 0.0, "l2": 0.0, "l3": 6.0}
+  blind = partition(g, times, num_stages=2, batch_size=1, num_microbatches=2)
+  seen = partition(g, times, num_stages=2, batch_size=1, num_microbatches=2,
+                   update_s=updates)
+  assert blind.cuts == ("l1",)
+  assert seen.cuts == ("l2",) and seen.bottleneck_s == pytest.approx(8.0)
+  assert [s.update_s for s in seen.stages] == [0.0, 6.0]
+  # GPipe: 2 + 2 - 1 slots of the slowest micro-batch (3.0), then the
+  # slowest update.
+  assert seen.predicted_step_s(2) == pytest.approx(3 * 3.0 + 6.0)
+  with pytest.raises(ValueError, match="num_microbatches"):
+    partition(g, times, num_stages=2, batch_size=1, num_microbatches=0)
 
 
 def test_transfer_is_charged_at_the_cut():

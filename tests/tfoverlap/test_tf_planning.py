@@ -101,7 +101,10 @@ def test_plan_command_end_to_end(tmp_path):
     assert needle in result.stdout
   with open(os.path.join(out, "profile.json"), encoding="utf-8") as f:
     profile = json.load(f)
-  assert profile["schema_version"] == 1
+  assert profile["schema_version"] == 2
+  assert profile["optimizer"] == "adam" and len(profile["updates"]) == 6
+  assert all(u["update_s"] > 0 for u in profile["updates"])
+  assert "optimizer update (adam, once per step)" in result.stdout
   assert profile["framework"].startswith("tensorflow")
   assert os.path.exists(os.path.join(out, "graph.dot"))
 

@@ -36,7 +36,8 @@ def _write_profile(path) -> None:
   model = build_model("small_cnn", image_size=IMAGE_SIZE, num_classes=10)
   profile = profile_layers(
       model, lambda batch: torch.randn(batch, 3, IMAGE_SIZE, IMAGE_SIZE),
-      batch_sizes=(2, 4, 8), warmup=1, repeats=2, name="small_cnn")
+      batch_sizes=(2, 4, 8), warmup=1, repeats=2, name="small_cnn",
+      optimizer_factory=torch.optim.Adam, optimizer_name="adam")
   path.write_text(profile.to_json(), encoding="utf-8")
 
 
@@ -64,6 +65,10 @@ def test_gpipe_run_records_stage_phases_and_predictions(tmp_path):
     # Posting every send and receive takes some time on both stages.
     assert row["transfer_ms"] > 0, row
     assert row["predicted_ms"] > 0 and row["predicted_memory_mb"] > 0
+    # Both stages hold weights, so both update; the update is a part of
+    # stage_compute, and so is the prediction's.
+    assert 0 < row["update_ms"] < row["compute_ms"], row
+    assert 0 < row["predicted_update_ms"] < row["predicted_ms"], row
   assert 0 < section["bubble_fraction"] < 1
   phases = record["phases"]
   assert set(pipeline_stats.PHASES) <= set(record["phases_measured"])

@@ -91,7 +91,13 @@ def test_plan_command_end_to_end(tmp_path):
                  "(even", "GPipe bubble 33.3%"):
     assert needle in result.stdout
   with open(os.path.join(out, "profile.json"), encoding="utf-8") as f:
-    assert json.load(f)["schema_version"] == 1
+    profile = json.load(f)
+  assert profile["schema_version"] == 2
+  # The trainer's default optimizer, timed on every layer with weights
+  # (small_cnn: 4 convolutions and 2 dense layers).
+  assert profile["optimizer"] == "adam" and len(profile["updates"]) == 6
+  assert all(u["update_s"] > 0 for u in profile["updates"])
+  assert "optimizer update (adam, once per step)" in result.stdout
   assert os.path.exists(os.path.join(out, "graph.dot"))
 
 

@@ -16,25 +16,37 @@ Both functions return a scalar sum of what they computed: reading it waits
 for the device, and it keeps the forward from being pruned out of the
 gradient function (a convolution's gradient does not need its output).
 
-  profile = profile_layers(model, batch_sizes=(4, 8, 16))
+Given the trainer's optimizer (`optimizer_factory`), every layer with
+trainable weights also has its update timed: a fresh optimizer built over
+that layer's weights alone, applying random gradients in a `tf.function`,
+once untimed (the trace), then `warmup` and `repeats` times. A pipeline
+stage updates once per step, so the update has no batch size.
+
+  profile = profile_layers(model, batch_sizes=(4, 8, 16),
+                           optimizer_factory=keras.optimizers.Adam,
+                           optimizer_name="adam")
   open("resnet18.profile.json", "w").write(profile.to_json())
 """
 
+import os
 import statistics
 import time
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import keras
 import tensorflow as tf
 
-from overlap_core.planning.profile import LayerTiming, Profile, utc_now_iso
+from overlap_core.planning.profile import (LayerTiming, Profile,
+                                           UpdateTiming, utc_now_iso)
 from tfoverlap.planning.graph import node_names, ordered_nodes
 
 
 def profile_layers(model: keras.Model, *,
                    batch_sizes: Sequence[int] = (2, 4, 8), warmup: int = 2,
                    repeats: int = 5, name: str = "", device: str = "",
-                   seed: int = 0) -> Profile:
+                   seed: int = 0,
+                   optimizer_factory: Optional[Callable[[], object]] = None,
+                   optimizer_name: str = "") -> Profile:
   """Times every layer of `model`, forward and backward, at each batch.
 
   Args:
@@ -46,6 +58,9 @@ def profile_layers(model: keras.Model, *,
     device: where layers run ("/gpu:0", "/cpu:0"; default: the first GPU,
       else the CPU).
     seed: of the random inputs.
+    optimizer_factory: () -> the trainer's (unbuilt) optimizer; None
+      times no updates.
+    optimizer_name: what the profile records as its optimizer.
 
   Returns:
     A Profile whose layer names match `build_layer_graph(model, ...)`.
@@ -61,6 +76,7 @@ def profile_layers(model: keras.Model, *,
   # variable back afterwards, so profiling leaves the caller's model as is.
   saved = [v.numpy() for v in model.variables]
   timings: List[LayerTiming] = []
+  updates: List[UpdateTiming] = []
   generator = tf.random.Generator.from_seed(seed)
   try:
     with tf.device(device):
@@ -80,6 +96,9 @@ def profile_layers(model: keras.Model, *,
               # The spread of forward + backward: backward alone is never
               # timed.
               backward_spread_s=max(bwd) - min(bwd)))
+      if optimizer_factory is not None:
+        updates = _time_updates(nodes, names, optimizer_factory, generator,
+                                warmup, repeats)
   finally:
     for variable, value in zip(model.variables, saved):
       variable.assign(value)
@@ -87,7 +106,42 @@ def profile_layers(model: keras.Model, *,
                  framework=f"tensorflow {tf.__version__}",
                  device=device, warmup=warmup, repeats=repeats,
                  dtype=keras.config.dtype_policy().compute_dtype,
-                 date=utc_now_iso(), timings=tuple(timings))
+                 date=utc_now_iso(), timings=tuple(timings),
+                 # 0 is TensorFlow's "size the pool to the host".
+                 threads=(tf.config.threading.get_intra_op_parallelism_threads()
+                          or os.cpu_count() or 0),
+                 optimizer=optimizer_name if updates else "",
+                 updates=tuple(updates))
+
+
+def _time_updates(nodes, names, optimizer_factory, generator, warmup: int,
+                  repeats: int) -> List[UpdateTiming]:
+  """Each weighted layer's optimizer step on random gradients (the
+  caller puts the weights back afterwards)."""
+  updates = []
+  for node in nodes:
+    variables = list(getattr(node.operation, "trainable_variables", ()))
+    if not variables:
+      continue
+    grads = [generator.normal(v.shape, dtype=v.dtype) for v in variables]
+    optimizer = optimizer_factory()
+    # Built outside the traced function: it creates the slot variables.
+    optimizer.build(variables)
+    apply = tf.function(lambda: optimizer.apply(grads, variables))
+    seconds = []
+    for k in range(1 + warmup + repeats):
+      begin = time.perf_counter()
+      apply()
+      # The update returns nothing to wait on; reading a weight does.
+      variables[0].numpy()
+      if k > warmup:
+        seconds.append(time.perf_counter() - begin)
+    updates.append(UpdateTiming(
+        layer=names[id(node)],
+        param_bytes=int(sum(v.numpy().nbytes for v in variables)),
+        update_s=statistics.median(seconds),
+        update_spread_s=max(seconds) - min(seconds)))
+  return updates
 
 
 def _default_device() -> str:

@@ -6,20 +6,29 @@ in the model (recorded by running the whole model once per batch size),
 shared profile schema (`overlap_core.planning.profile`). Timing is
 `time.perf_counter` on the CPU and CUDA events on a GPU.
 
-  profile = profile_layers(model, make_input, batch_sizes=(4, 8, 16))
+Given the trainer's optimizer (`optimizer_factory`), every layer that owns
+parameters also has its update timed: a fresh optimizer over that layer's
+parameters alone, stepped on random gradients, once untimed (Adam builds
+its state on the first step), then `warmup` and `repeats` times. A pipeline
+stage updates once per step, so the update has no batch size.
+
+  profile = profile_layers(model, make_input, batch_sizes=(4, 8, 16),
+                           optimizer_factory=torch.optim.Adam,
+                           optimizer_name="adam")
   open("resnet18.profile.json", "w").write(profile.to_json())
 """
 
 import copy
 import statistics
 import time
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import fx
 from torch import nn
 
-from overlap_core.planning.profile import LayerTiming, Profile, utc_now_iso
+from overlap_core.planning.profile import (LayerTiming, Profile,
+                                           UpdateTiming, utc_now_iso)
 from torch_parity.planning.graph import layer_names, op_type_of
 
 
@@ -27,7 +36,9 @@ def profile_layers(model: nn.Module,
                    make_input: Callable[[int], torch.Tensor], *,
                    batch_sizes: Sequence[int] = (2, 4, 8), warmup: int = 2,
                    repeats: int = 5, name: str = "",
-                   device: str = "cpu") -> Profile:
+                   device: str = "cpu",
+                   optimizer_factory: Optional[Callable] = None,
+                   optimizer_name: str = "") -> Profile:
   """Times every layer of `model`, forward and backward, at each batch.
 
   Args:
@@ -38,6 +49,9 @@ def profile_layers(model: nn.Module,
     repeats: timed runs; the profile keeps their median and spread.
     name: the model name the profile records (default: the class name).
     device: "cpu" or a CUDA device such as "cuda:0".
+    optimizer_factory: parameters -> the trainer's optimizer; None times
+      no updates.
+    optimizer_name: what the profile records as its optimizer.
 
   Returns:
     A Profile whose layer names match `build_layer_graph(model, ...)`.
@@ -64,10 +78,47 @@ def profile_layers(model: nn.Module,
           backward_s=statistics.median(bwd),
           forward_spread_s=max(fwd) - min(fwd),
           backward_spread_s=max(bwd) - min(bwd)))
+  updates = ()
+  if optimizer_factory is not None:
+    updates = tuple(_time_updates(traced, names, optimizer_factory, warmup,
+                                  repeats, dev))
   return Profile(model=name or type(model).__name__,
                  framework=f"torch {torch.__version__}",
                  device=_describe(dev), warmup=warmup, repeats=repeats,
-                 dtype="float32", date=utc_now_iso(), timings=tuple(timings))
+                 dtype="float32", date=utc_now_iso(), timings=tuple(timings),
+                 threads=torch.get_num_threads(),
+                 optimizer=optimizer_name if updates else "",
+                 updates=updates)
+
+
+def _time_updates(traced: fx.GraphModule, names, optimizer_factory,
+                  warmup: int, repeats: int,
+                  dev: torch.device) -> List[UpdateTiming]:
+  """Each parameter-owning layer's optimizer step, on a copy of its
+  parameters (the traced copy's own, so the caller's model is untouched)."""
+  updates = []
+  for node in traced.graph.nodes:
+    if node.op != "call_module":
+      continue
+    params = [p for p in traced.get_submodule(node.target).parameters()
+              if p.requires_grad]
+    if not params:
+      continue
+    for p in params:
+      p.grad = torch.randn_like(p)
+    optimizer = optimizer_factory(params)
+    seconds = []
+    # One untimed step first: Adam and momentum allocate their state on it.
+    for k in range(1 + warmup + repeats):
+      _, took = _timed(optimizer.step, dev)
+      if k > warmup:
+        seconds.append(took)
+    updates.append(UpdateTiming(
+        layer=names[node],
+        param_bytes=int(sum(p.numel() * p.element_size() for p in params)),
+        update_s=statistics.median(seconds),
+        update_spread_s=max(seconds) - min(seconds)))
+  return updates
 
 
 def _describe(dev: torch.device) -> str:
