@@ -4,8 +4,11 @@ Per layer type ("conv2d", "linear", ...), a polynomial regression
 (scikit-learn `PolynomialFeatures` + `LinearRegression`) of forward and
 backward seconds against features of the layer:
 
-  flops+bytes    forward FLOPs and bytes moved at the batch (what a
-                 roofline says time follows);
+  flops+bytes    forward FLOPs and activation bytes moved at the batch
+                 (what a roofline says time follows), and the layer's
+                 parameter bytes, read once per call whatever the batch:
+                 profiled with cold caches, a 512-channel convolution on
+                 a 2x2 map spends its time fetching its 9 MiB of weights;
   configuration  the batch and the layer's own numbers (channels, spatial
                  size, kernel, stride), as the study this comes from fitted.
 
@@ -17,8 +20,11 @@ of predicting a layer shape never profiled. The fit weighs each sample by
 are not drowned by the convolutions.
 
 The optimizer's update runs once per step over a layer's parameters,
-whatever the batch; when the profile timed it, one more fit predicts it
-from the parameter bytes alone (`UpdateFit`: linear, relative error,
+whatever the batch. A layer the profile timed keeps its measured update:
+with no batch to scale to, a fit has nothing to add there, and same-sized
+layers really differ (Adam's step slows where gradients are zero, and
+deeper layers have more). For layers not timed, a fit predicts it from
+the parameter bytes alone (`UpdateFit`: linear, relative error,
 leave-one-layer-out error reported like the families').
 
   model = fit_cost_model([(graph, profile)])
@@ -37,7 +43,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from overlap_core.planning.graph import LayerGraph, LayerNode
 from overlap_core.planning.profile import Profile, UpdateTiming
 
-_DERIVED = ("flops_per_sample", "bytes_per_sample")
+_DERIVED = ("flops_per_sample", "bytes_per_sample", "param_bytes")
 # (feature set, polynomial degree), simplest first: on a tie the simpler wins.
 CANDIDATES = (("flops+bytes", 1), ("flops+bytes", 2), ("configuration", 2))
 MIN_CONFIGS_FOR_HOLDOUT = 3
@@ -52,7 +58,8 @@ def features(node_config: Mapping[str, float], batch_size: int,
   """
   if feature_set == "flops+bytes":
     return [batch_size * float(node_config.get("flops_per_sample", 0.0)),
-            batch_size * float(node_config.get("bytes_per_sample", 0.0))]
+            batch_size * float(node_config.get("bytes_per_sample", 0.0)),
+            float(node_config.get("param_bytes", 0.0))]
   if feature_set == "configuration":
     return [float(batch_size)] + [float(node_config.get(k, 0.0))
                                   for k in keys]
@@ -170,6 +177,9 @@ class CostModel:
   and its optimizer update when the profile timed updates."""
   families: Mapping[str, FamilyFit]
   update: Optional[UpdateFit] = None
+  # (layer name, parameter bytes) -> the update seconds a profile measured
+  updates_measured: Mapping[Tuple[str, int], float] = dataclasses.field(
+      default_factory=dict)
 
   def predict(self, node: LayerNode, batch_size: int) -> Tuple[float, float]:
     """(forward_s, backward_s) of `node` at `batch_size`, never negative.
@@ -182,7 +192,7 @@ class CostModel:
       raise KeyError(f"the cost model has no fit for layer type "
                      f"{node.op_type!r} (layer {node.name!r}); profiled types:"
                      f" {sorted(self.families)}")
-    x = [features(node.config, batch_size, family.feature_set,
+    x = [features(layer_config(node), batch_size, family.feature_set,
                   family.config_keys)]
     forward_s, backward_s = family.estimator.predict(x)[0]
     return max(float(forward_s), 0.0), max(float(backward_s), 0.0)
@@ -194,7 +204,11 @@ class CostModel:
 
   def predict_update(self, node: LayerNode) -> float:
     """Seconds of the optimizer's update of `node`'s parameters, once per
-    step; 0 when no update was profiled (the plan then leaves it out)."""
+    step: as measured when a profile timed this layer, else from the fit;
+    0 when no update was profiled (the plan then leaves it out)."""
+    measured = self.updates_measured.get((node.name, node.param_bytes))
+    if measured is not None:
+      return measured
     return self.update.predict(node.param_bytes) if self.update else 0.0
 
   def predict_updates(self, graph: LayerGraph) -> Dict[str, float]:
@@ -223,8 +237,15 @@ class CostModel:
                   f"{u.intercept_s * 1e6:.1f} us + "
                   f"{u.seconds_per_byte * 2**20 * 1e3:.3f} ms per MiB of "
                   f"parameters; fitted on {u.num_layers} layers, held-out "
-                  f"error {err}")
+                  f"error {err}; used for layers not timed, the "
+                  f"{len(self.updates_measured)} timed keep their own")
     return "\n".join(rows)
+
+
+def layer_config(node: LayerNode) -> Dict[str, float]:
+  """The numbers the model reads of a layer: its config and its
+  parameter bytes."""
+  return {**node.config, "param_bytes": float(node.param_bytes)}
 
 
 def samples_from(graph: LayerGraph, profile: Profile) -> List[Sample]:
@@ -236,7 +257,7 @@ def samples_from(graph: LayerGraph, profile: Profile) -> List[Sample]:
     if node is None:
       raise ValueError(f"profile of {profile.model!r} times layer "
                        f"{t.layer!r}, which graph {graph.name!r} lacks")
-    samples.append(Sample(node.op_type, node.config, t.batch_size,
+    samples.append(Sample(node.op_type, layer_config(node), t.batch_size,
                           t.forward_s, t.backward_s))
   return samples
 
@@ -267,7 +288,9 @@ def fit_cost_model(measured: Sequence[Tuple[LayerGraph, Profile]] = (),
   for s in pooled:
     by_type.setdefault(s.op_type, []).append(s)
   return CostModel({t: _fit_family(t, ss) for t, ss in by_type.items()},
-                   update=fit_updates(next(iter(optimizers), ""), updates))
+                   update=fit_updates(next(iter(optimizers), ""), updates),
+                   updates_measured={(u.layer, u.param_bytes): u.update_s
+                                     for u in updates})
 
 
 def _make_estimator(degree: int):

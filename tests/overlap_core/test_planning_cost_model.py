@@ -99,6 +99,10 @@ def test_update_fit_recovers_a_known_line_and_predicts_new_sizes():
       launch_s + per_byte_s * 100_000_000, rel=1e-6)
   parameterless = LayerNode("relu", "relu", {}, ("fc",), (1,), 0, 0)
   assert model.predict_update(parameterless) == 0.0
+  # A layer a profile timed keeps its own measurement.
+  timed = CostModel(families={}, update=fit,
+                    updates_measured={("fc", 100_000_000): 0.5})
+  assert timed.predict_update(node) == 0.5
   assert "optimizer update (adam, once per step)" in model.report()
 
 

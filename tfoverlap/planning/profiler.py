@@ -15,11 +15,16 @@ weights. TensorFlow has no separate backward call to time, so
 Both functions return a scalar sum of what they computed: reading it waits
 for the device, and it keeps the forward from being pruned out of the
 gradient function (a convolution's gradient does not need its output).
+Before every timed call a buffer larger than the caches is swept
+(`overlap_core.planning.cache`): in training a layer's weights come from
+memory, not from the cache its previous repeat left them in.
 
 Given the trainer's optimizer (`optimizer_factory`), every layer with
 trainable weights also has its update timed: a fresh optimizer built over
-that layer's weights alone, applying random gradients in a `tf.function`,
-once untimed (the trace), then `warmup` and `repeats` times. A pipeline
+that layer's weights alone, applying gradients in a `tf.function`, once
+untimed (the trace), then `warmup` and `repeats` times. The gradients are
+the model's own, from one backward of the whole model: an update's time
+depends on their values, and behind ReLUs many are exactly zero. A pipeline
 stage updates once per step, so the update has no batch size.
 
   profile = profile_layers(model, batch_sizes=(4, 8, 16),
@@ -36,6 +41,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import keras
 import tensorflow as tf
 
+from overlap_core.planning import cache
 from overlap_core.planning.profile import (LayerTiming, Profile,
                                            UpdateTiming, utc_now_iso)
 from tfoverlap.planning.graph import node_names, ordered_nodes
@@ -80,12 +86,13 @@ def profile_layers(model: keras.Model, *,
   generator = tf.random.Generator.from_seed(seed)
   try:
     with tf.device(device):
+      flush = _cache_flusher(device)
       for batch in batch_sizes:
         shape = (int(batch),) + tuple(model.inputs[0].shape[1:])
         values = _record_values(model, nodes,
                                 generator.normal(shape, dtype=tf.float32))
         for node in nodes:
-          fwd, bwd = _time_node(node, values, warmup, repeats)
+          fwd, bwd = _time_node(node, values, warmup, repeats, flush)
           timings.append(LayerTiming(
               layer=names[id(node)],
               op_type=type(node.operation).__name__.lower(),
@@ -97,8 +104,10 @@ def profile_layers(model: keras.Model, *,
               # timed.
               backward_spread_s=max(bwd) - min(bwd)))
       if optimizer_factory is not None:
-        updates = _time_updates(nodes, names, optimizer_factory, generator,
-                                warmup, repeats)
+        smallest = (int(min(batch_sizes)),) + tuple(model.inputs[0].shape[1:])
+        grads = _model_gradients(model, generator.normal(smallest))
+        updates = _time_updates(nodes, names, optimizer_factory, grads,
+                                warmup, repeats, flush)
   finally:
     for variable, value in zip(model.variables, saved):
       variable.assign(value)
@@ -114,22 +123,56 @@ def profile_layers(model: keras.Model, *,
                  updates=tuple(updates))
 
 
-def _time_updates(nodes, names, optimizer_factory, generator, warmup: int,
-                  repeats: int) -> List[UpdateTiming]:
-  """Each weighted layer's optimizer step on random gradients (the
+def _cache_flusher(device: str) -> Callable[[], None]:
+  """A call that sweeps a buffer larger than the device's caches (made
+  under the caller's `tf.device`)."""
+  kind = tf.DeviceSpec.from_string(device).device_type or "CPU"
+  size = cache.flush_bytes(kind) // 4
+  buffer = tf.Variable(tf.zeros([size]), trainable=False)
+
+  @tf.function
+  def sweep():
+    buffer.assign_add(tf.ones([size]))
+    return buffer[0]
+
+  return lambda: sweep().numpy()
+
+
+def _model_gradients(model, example) -> Dict[int, tf.Tensor]:
+  """id(variable) -> its gradient from one backward of the whole model.
+
+  The loss is the outputs' mean square: the profiler knows no targets,
+  and which gradients are zero is decided by the activations (a ReLU
+  that did not fire passes none back), not by the loss.
+  """
+  with tf.GradientTape() as tape:
+    outputs = model(example, training=True)
+    loss = tf.add_n([tf.reduce_mean(tf.square(tf.cast(o, tf.float32)))
+                     for o in tf.nest.flatten(outputs)])
+  variables = model.trainable_variables
+  grads = tape.gradient(loss, variables)
+  return {id(v): tf.zeros_like(v) if g is None else g
+          for v, g in zip(variables, grads)}
+
+
+def _time_updates(nodes, names, optimizer_factory, grads_by_variable,
+                  warmup: int, repeats: int, flush: Callable[[], None]
+                  ) -> List[UpdateTiming]:
+  """Each weighted layer's optimizer step on the model's gradients (the
   caller puts the weights back afterwards)."""
   updates = []
   for node in nodes:
     variables = list(getattr(node.operation, "trainable_variables", ()))
     if not variables:
       continue
-    grads = [generator.normal(v.shape, dtype=v.dtype) for v in variables]
+    grads = [grads_by_variable[id(v)] for v in variables]
     optimizer = optimizer_factory()
     # Built outside the traced function: it creates the slot variables.
     optimizer.build(variables)
     apply = tf.function(lambda: optimizer.apply(grads, variables))
     seconds = []
     for k in range(1 + warmup + repeats):
+      flush()
       begin = time.perf_counter()
       apply()
       # The update returns nothing to wait on; reading a weight does.
@@ -205,14 +248,17 @@ def _bind(node, values) -> Callable:
   return (lambda: forward(inputs)), (lambda: forward_backward(inputs))
 
 
-def _time_node(node, values, warmup: int, repeats: int):
+def _time_node(node, values, warmup: int, repeats: int,
+               flush: Callable[[], None]):
   forward, forward_backward = _bind(node, values)
   # Tracing is not a warm-up: the first calls build the graphs, untimed.
   forward().numpy()
   forward_backward().numpy()
   forward_s, total_s = [], []
   for k in range(warmup + repeats):
+    flush()
     fwd = _timed(forward)
+    flush()
     both = _timed(forward_backward)
     if k >= warmup:
       forward_s.append(fwd)

@@ -4,13 +4,20 @@ Every layer of the traced graph runs alone on inputs of the shapes it sees
 in the model (recorded by running the whole model once per batch size),
 `warmup` times untimed and `repeats` times timed; the median goes into the
 shared profile schema (`overlap_core.planning.profile`). Timing is
-`time.perf_counter` on the CPU and CUDA events on a GPU.
+`time.perf_counter` on the CPU and CUDA events on a GPU. Before every timed
+call a buffer larger than the caches is swept (`overlap_core.planning.
+cache`): in training a layer's weights come from memory, not from the
+cache its previous repeat left them in.
 
 Given the trainer's optimizer (`optimizer_factory`), every layer that owns
 parameters also has its update timed: a fresh optimizer over that layer's
-parameters alone, stepped on random gradients, once untimed (Adam builds
-its state on the first step), then `warmup` and `repeats` times. A pipeline
-stage updates once per step, so the update has no batch size.
+parameters alone, stepped once untimed (Adam builds its state on the
+first step), then `warmup` and `repeats` times. The gradients are the
+model's own, from one backward of the whole model (`_model_gradients`):
+an update's time depends on their values (one thread's Adam step over 64
+MiB took 1.8 times as long on all-zero gradients as on random ones), and
+behind ReLUs many are exactly zero. A pipeline stage updates once per
+step, so the update has no batch size.
 
   profile = profile_layers(model, make_input, batch_sizes=(4, 8, 16),
                            optimizer_factory=torch.optim.Adam,
@@ -27,6 +34,7 @@ import torch
 from torch import fx
 from torch import nn
 
+from overlap_core.planning import cache
 from overlap_core.planning.profile import (LayerTiming, Profile,
                                            UpdateTiming, utc_now_iso)
 from torch_parity.planning.graph import layer_names, op_type_of
@@ -65,13 +73,15 @@ def profile_layers(model: nn.Module,
   traced = fx.symbolic_trace(copy.deepcopy(model)).to(dev)
   names = layer_names(traced)
   modules = dict(traced.named_modules())
+  flush = _cache_flusher(dev)
   timings: List[LayerTiming] = []
   for batch in batch_sizes:
     values = _record_values(traced, make_input(batch).to(dev))
     for node in traced.graph.nodes:
       if node.op not in ("call_module", "call_function", "call_method"):
         continue
-      fwd, bwd = _time_node(traced, node, values, warmup, repeats, dev)
+      fwd, bwd = _time_node(traced, node, values, warmup, repeats, dev,
+                            flush)
       timings.append(LayerTiming(
           layer=names[node], op_type=op_type_of(node, modules),
           batch_size=int(batch), forward_s=statistics.median(fwd),
@@ -80,8 +90,9 @@ def profile_layers(model: nn.Module,
           backward_spread_s=max(bwd) - min(bwd)))
   updates = ()
   if optimizer_factory is not None:
+    _model_gradients(traced, make_input(min(batch_sizes)).to(dev))
     updates = tuple(_time_updates(traced, names, optimizer_factory, warmup,
-                                  repeats, dev))
+                                  repeats, dev, flush))
   return Profile(model=name or type(model).__name__,
                  framework=f"torch {torch.__version__}",
                  device=_describe(dev), warmup=warmup, repeats=repeats,
@@ -91,11 +102,32 @@ def profile_layers(model: nn.Module,
                  updates=updates)
 
 
+def _cache_flusher(dev: torch.device) -> Callable[[], None]:
+  """A call that sweeps a buffer larger than `dev`'s caches."""
+  buffer = torch.zeros(cache.flush_bytes(dev.type) // 4, device=dev)
+  return lambda: buffer.add_(1.0)
+
+
+def _model_gradients(traced: fx.GraphModule, example: torch.Tensor) -> None:
+  """Leaves one backward's gradients in every parameter's .grad.
+
+  The loss is the outputs' mean square: the profiler knows no targets,
+  and which gradients are zero is decided by the activations (a ReLU
+  that did not fire passes none back), not by the loss.
+  """
+  traced.zero_grad(set_to_none=True)
+  outputs = traced(example)
+  tensors = [t for t in (outputs if isinstance(outputs, (list, tuple))
+                         else [outputs]) if isinstance(t, torch.Tensor)]
+  sum(t.float().square().mean() for t in tensors).backward()
+
+
 def _time_updates(traced: fx.GraphModule, names, optimizer_factory,
-                  warmup: int, repeats: int,
-                  dev: torch.device) -> List[UpdateTiming]:
-  """Each parameter-owning layer's optimizer step, on a copy of its
-  parameters (the traced copy's own, so the caller's model is untouched)."""
+                  warmup: int, repeats: int, dev: torch.device,
+                  flush: Callable[[], None]) -> List[UpdateTiming]:
+  """Each parameter-owning layer's optimizer step on the gradients
+  `_model_gradients` left, over the traced copy's parameters (so the
+  caller's model is untouched); a parameter with no gradient gets zeros."""
   updates = []
   for node in traced.graph.nodes:
     if node.op != "call_module":
@@ -105,11 +137,13 @@ def _time_updates(traced: fx.GraphModule, names, optimizer_factory,
     if not params:
       continue
     for p in params:
-      p.grad = torch.randn_like(p)
+      if p.grad is None:
+        p.grad = torch.zeros_like(p)
     optimizer = optimizer_factory(params)
     seconds = []
     # One untimed step first: Adam and momentum allocate their state on it.
     for k in range(1 + warmup + repeats):
+      flush()
       _, took = _timed(optimizer.step, dev)
       if k > warmup:
         seconds.append(took)
@@ -168,9 +202,12 @@ def _bind(node: fx.Node, values, traced):
 
 
 def _time_node(traced, node, values, warmup: int, repeats: int,
-               dev: torch.device) -> Tuple[List[float], List[float]]:
+               dev: torch.device, flush: Callable[[], None]
+               ) -> Tuple[List[float], List[float]]:
   forward_s, backward_s = [], []
   for k in range(warmup + repeats):
+    # Weights cold, inputs warm: the previous layer has just written them.
+    flush()
     run, module = _bind(node, values, traced)
     if module is not None:
       module.zero_grad(set_to_none=True)
@@ -179,6 +216,7 @@ def _time_node(traced, node, values, warmup: int, repeats: int,
                if isinstance(t, torch.Tensor) and t.requires_grad]
     bwd = 0.0
     if tensors:
+      flush()
       grads = [torch.ones_like(t) for t in tensors]
       _, bwd = _timed(lambda: torch.autograd.backward(tensors, grads), dev)
     if k >= warmup:
