@@ -11,7 +11,8 @@ Three modes, one objective. A stage's predicted time per micro-batch is
                                  backward, 2 x bytes / bandwidth
 
 and per step it runs M micro-batches and then the optimizer's update of its
-parameters once (update_s, when the profile timed updates):
+parameters once (update_s, when the profile timed updates: its layers'
+shares, plus the fixed cost of one optimizer call when it has weights):
 
   step_s(M) = M x time_s + update_s
 
@@ -133,7 +134,7 @@ class _Costs:
   def __init__(self, graph: LayerGraph, times_s: Mapping[str, float],
                batch_size: int, bandwidth_bytes_per_s: Optional[float],
                replicas: int, update_s: Optional[Mapping[str, float]] = None,
-               num_microbatches: int = 1):
+               num_microbatches: int = 1, update_call_s: float = 0.0):
     missing = [n.name for n in graph.nodes if n.name not in times_s]
     if missing:
       raise ValueError(f"no predicted time for layers {missing[:5]}")
@@ -142,6 +143,7 @@ class _Costs:
     self.num_microbatches = num_microbatches
     update_s = update_s or {}
     self.update = _prefix([update_s.get(n.name, 0.0) for n in graph.nodes])
+    self.update_call_s = update_call_s
     self.scale = batch_size / graph.batch_size
     self.inv_bw = 0.0 if not bandwidth_bytes_per_s else (
         1.0 / bandwidth_bytes_per_s)
@@ -169,8 +171,10 @@ class _Costs:
         2 * self.crossing_bytes(end - 1) * self.inv_bw,
         param_bytes=int(params),
         activation_bytes=int((self.acts[end] - self.acts[start]) * self.scale),
-        # Every replica updates its own copy: not divided by r.
-        update_s=self.update[end] - self.update[start])
+        # Every replica updates its own copy: not divided by r. One
+        # optimizer call per stage, whatever its layer count.
+        update_s=self.update[end] - self.update[start] + (
+            self.update_call_s if params > 0 else 0.0))
 
 
 def _prefix(values):
@@ -186,10 +190,11 @@ def evaluate_cuts(graph: LayerGraph, times_s: Mapping[str, float],
                   replicas: int = 1, mode: str = "explicit",
                   reason: str = "",
                   update_s: Optional[Mapping[str, float]] = None,
-                  num_microbatches: int = 1) -> StagePlan:
+                  num_microbatches: int = 1,
+                  update_call_s: float = 0.0) -> StagePlan:
   """The plan of cutting after the node indices `cuts` (sorted cut points)."""
   costs = _Costs(graph, times_s, batch_size, bandwidth_bytes_per_s, replicas,
-                 update_s, num_microbatches)
+                 update_s, num_microbatches, update_call_s)
   bounds = [0] + [c + 1 for c in cuts] + [len(graph.nodes)]
   stages = tuple(costs.stage(k, a, b)
                  for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])))
@@ -266,7 +271,8 @@ def partition(graph: LayerGraph, times_s: Mapping[str, float], *,
               bandwidth_bytes_per_s: Optional[float] = None,
               replicas: int = 1,
               update_s: Optional[Mapping[str, float]] = None,
-              num_microbatches: int = 1) -> StagePlan:
+              num_microbatches: int = 1,
+              update_call_s: float = 0.0) -> StagePlan:
   """Splits `graph` into `num_stages` stages at its cut points.
 
   Args:
@@ -280,8 +286,10 @@ def partition(graph: LayerGraph, times_s: Mapping[str, float], *,
     bandwidth_bytes_per_s: link between stages (and within replicas);
       None: communication is free.
     replicas: data-parallel replicas of every stage.
-    update_s: the optimizer's update seconds per layer name, once per step
-      (None: not counted).
+    update_s: each layer's share of the optimizer's update, seconds per
+      step, by name (None: not counted).
+    update_call_s: the fixed cost of one optimizer step, paid once by
+      every stage that has weights.
     num_microbatches: M, the micro-batches of a step, which weighs the
       per-micro-batch times against the once-a-step update.
 
@@ -303,7 +311,7 @@ def partition(graph: LayerGraph, times_s: Mapping[str, float], *,
     raise ValueError(f"Invalid value for argument `num_microbatches`. "
                      f"Received: {num_microbatches}; allowed: an integer >= 1")
   costs = _Costs(graph, times_s, batch_size, bandwidth_bytes_per_s, replicas,
-                 update_s, num_microbatches)
+                 update_s, num_microbatches, update_call_s)
   if mode == "auto":
     cuts = _auto_cuts(graph, costs, num_stages)
     reason = (f"the busiest stage per step is the least of every split at "
@@ -317,4 +325,5 @@ def partition(graph: LayerGraph, times_s: Mapping[str, float], *,
   return evaluate_cuts(graph, times_s, cuts, batch_size=batch_size,
                        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
                        replicas=replicas, mode=mode, reason=reason,
-                       update_s=update_s, num_microbatches=num_microbatches)
+                       update_s=update_s, num_microbatches=num_microbatches,
+                       update_call_s=update_call_s)

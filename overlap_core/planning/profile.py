@@ -26,6 +26,8 @@ and its updates, still load):
       "forward_spread_s": 0.0001, # max - min of the repeats
       "backward_spread_s": 0.0002}],
    "optimizer": "adam",           # whose update `updates` timed; "" if none
+   "update_call_s": 0.0007,       # its step over one 1-element parameter:
+                                  # the fixed cost each update_s includes
    "updates": [                   # once per step, not per sample: no batch
      {"layer": "layer1.0.conv1",  # a LayerNode that owns parameters
       "param_bytes": 147456,      # the parameters the update touched
@@ -90,6 +92,7 @@ class Profile:
   optimizer: str = ""
   updates: Tuple[UpdateTiming, ...] = ()
   threads: int = 0
+  update_call_s: float = 0.0
 
   @property
   def batch_sizes(self) -> Tuple[int, ...]:
@@ -135,7 +138,8 @@ class Profile:
                      f"{t.forward_s * 1e3:>9.3f}/{t.backward_s * 1e3:<10.3f}")
       rows.append(f"{layer:<34} " + " ".join(cells))
     if self.updates:
-      rows.append(f"{self.optimizer} update per layer (once per step): "
+      rows.append(f"{self.optimizer} update per layer (once per step; a "
+                  f"call alone {self.update_call_s * 1e3:.3f} ms): "
                   + ", ".join(f"{u.layer} {u.update_s * 1e3:.3f} ms"
                               for u in self.updates))
     return "\n".join(rows)
@@ -161,6 +165,7 @@ class Profile:
                timings=tuple(LayerTiming(**t) for t in d["timings"]),
                optimizer=d.get("optimizer", ""),
                threads=int(d.get("threads", 0)),
+               update_call_s=float(d.get("update_call_s", 0.0)),
                updates=tuple(UpdateTiming(**u) for u in d.get("updates", ())))
 
   @classmethod

@@ -41,7 +41,8 @@ def make_plan(graph: LayerGraph, profile: Profile, *, num_stages: int,
   common = dict(num_stages=num_stages, batch_size=microbatch_size,
                 bandwidth_bytes_per_s=bandwidth_bytes_per_s,
                 replicas=replicas, num_microbatches=num_microbatches,
-                update_s=model.predict_updates(graph))
+                update_s=model.predict_updates(graph),
+                update_call_s=model.update_call_s)
   plan = partition(graph, times_s, mode=split, cut_layers=cut_layers,
                    **common)
   even = partition(graph, times_s, mode="even", **common)

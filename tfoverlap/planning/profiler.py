@@ -83,6 +83,7 @@ def profile_layers(model: keras.Model, *,
   saved = [v.numpy() for v in model.variables]
   timings: List[LayerTiming] = []
   updates: List[UpdateTiming] = []
+  call_s = 0.0
   generator = tf.random.Generator.from_seed(seed)
   try:
     with tf.device(device):
@@ -108,6 +109,7 @@ def profile_layers(model: keras.Model, *,
         grads = _model_gradients(model, generator.normal(smallest))
         updates = _time_updates(nodes, names, optimizer_factory, grads,
                                 warmup, repeats, flush)
+        call_s = _call_seconds(optimizer_factory, warmup, repeats, flush)
   finally:
     for variable, value in zip(model.variables, saved):
       variable.assign(value)
@@ -120,7 +122,8 @@ def profile_layers(model: keras.Model, *,
                  threads=(tf.config.threading.get_intra_op_parallelism_threads()
                           or os.cpu_count() or 0),
                  optimizer=optimizer_name if updates else "",
-                 updates=tuple(updates))
+                 updates=tuple(updates),
+                 update_call_s=call_s if updates else 0.0)
 
 
 def _cache_flusher(device: str) -> Callable[[], None]:
@@ -166,19 +169,8 @@ def _time_updates(nodes, names, optimizer_factory, grads_by_variable,
     if not variables:
       continue
     grads = [grads_by_variable[id(v)] for v in variables]
-    optimizer = optimizer_factory()
-    # Built outside the traced function: it creates the slot variables.
-    optimizer.build(variables)
-    apply = tf.function(lambda: optimizer.apply(grads, variables))
-    seconds = []
-    for k in range(1 + warmup + repeats):
-      flush()
-      begin = time.perf_counter()
-      apply()
-      # The update returns nothing to wait on; reading a weight does.
-      variables[0].numpy()
-      if k > warmup:
-        seconds.append(time.perf_counter() - begin)
+    seconds = _apply_seconds(optimizer_factory(), grads, variables, warmup,
+                             repeats, flush)
     updates.append(UpdateTiming(
         layer=names[id(node)],
         param_bytes=int(sum(v.numpy().nbytes for v in variables)),
@@ -246,6 +238,35 @@ def _bind(node, values) -> Callable:
 
   inputs = [flat[i] for i in positions]
   return (lambda: forward(inputs)), (lambda: forward_backward(inputs))
+
+
+def _call_seconds(optimizer_factory, warmup: int, repeats: int,
+                  flush: Callable[[], None]) -> float:
+  """The optimizer's step over one 1-element variable: what every call
+  costs whatever it updates."""
+  variable = keras.Variable(tf.zeros([1]))
+  return statistics.median(_apply_seconds(
+      optimizer_factory(), [tf.zeros([1])], [variable], warmup, repeats,
+      flush))
+
+
+def _apply_seconds(optimizer, grads, variables, warmup: int, repeats: int,
+                   flush: Callable[[], None]) -> List[float]:
+  """`repeats` timed applies, each after a cache sweep; one untimed apply
+  first (the trace), then `warmup`."""
+  # Built outside the traced function: it creates the slot variables.
+  optimizer.build(variables)
+  apply = tf.function(lambda: optimizer.apply(grads, variables))
+  seconds = []
+  for k in range(1 + warmup + repeats):
+    flush()
+    begin = time.perf_counter()
+    apply()
+    # The update returns nothing to wait on; reading a weight does.
+    variables[0].numpy()
+    if k > warmup:
+      seconds.append(time.perf_counter() - begin)
+  return seconds
 
 
 def _time_node(node, values, warmup: int, repeats: int,

@@ -88,18 +88,19 @@ def profile_layers(model: nn.Module,
           backward_s=statistics.median(bwd),
           forward_spread_s=max(fwd) - min(fwd),
           backward_spread_s=max(bwd) - min(bwd)))
-  updates = ()
+  updates, call_s = (), 0.0
   if optimizer_factory is not None:
     _model_gradients(traced, make_input(min(batch_sizes)).to(dev))
     updates = tuple(_time_updates(traced, names, optimizer_factory, warmup,
                                   repeats, dev, flush))
+    call_s = _call_seconds(optimizer_factory, warmup, repeats, dev, flush)
   return Profile(model=name or type(model).__name__,
                  framework=f"torch {torch.__version__}",
                  device=_describe(dev), warmup=warmup, repeats=repeats,
                  dtype="float32", date=utc_now_iso(), timings=tuple(timings),
                  threads=torch.get_num_threads(),
                  optimizer=optimizer_name if updates else "",
-                 updates=updates)
+                 updates=updates, update_call_s=call_s if updates else 0.0)
 
 
 def _cache_flusher(dev: torch.device) -> Callable[[], None]:
@@ -139,20 +140,37 @@ def _time_updates(traced: fx.GraphModule, names, optimizer_factory,
     for p in params:
       if p.grad is None:
         p.grad = torch.zeros_like(p)
-    optimizer = optimizer_factory(params)
-    seconds = []
-    # One untimed step first: Adam and momentum allocate their state on it.
-    for k in range(1 + warmup + repeats):
-      flush()
-      _, took = _timed(optimizer.step, dev)
-      if k > warmup:
-        seconds.append(took)
+    seconds = _step_seconds(optimizer_factory(params), warmup, repeats, dev,
+                            flush)
     updates.append(UpdateTiming(
         layer=names[node],
         param_bytes=int(sum(p.numel() * p.element_size() for p in params)),
         update_s=statistics.median(seconds),
         update_spread_s=max(seconds) - min(seconds)))
   return updates
+
+
+def _call_seconds(optimizer_factory, warmup: int, repeats: int,
+                  dev: torch.device, flush: Callable[[], None]) -> float:
+  """The optimizer's step over one 1-element parameter: what every call
+  costs whatever it updates."""
+  param = nn.Parameter(torch.zeros(1, device=dev))
+  param.grad = torch.zeros_like(param)
+  return statistics.median(_step_seconds(optimizer_factory([param]), warmup,
+                                         repeats, dev, flush))
+
+
+def _step_seconds(optimizer, warmup: int, repeats: int, dev: torch.device,
+                  flush: Callable[[], None]) -> List[float]:
+  """`repeats` timed steps, each after a cache sweep; one untimed step
+  first (Adam and momentum allocate their state on it), then `warmup`."""
+  seconds = []
+  for k in range(1 + warmup + repeats):
+    flush()
+    _, took = _timed(optimizer.step, dev)
+    if k > warmup:
+      seconds.append(took)
+  return seconds
 
 
 def _describe(dev: torch.device) -> str:
