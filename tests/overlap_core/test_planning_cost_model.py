@@ -6,8 +6,8 @@ import pytest
 
 from overlap_core.planning.cost_model import (CostModel, Sample,
                                               fit_cost_model, fit_updates)
-from overlap_core.planning.graph import LayerNode
-from overlap_core.planning.profile import UpdateTiming
+from overlap_core.planning.graph import MODEL_INPUT, LayerGraph, LayerNode
+from overlap_core.planning.profile import LayerTiming, Profile, UpdateTiming
 
 # A roofline-like truth: time follows FLOPs and bytes moved, plus a launch
 # cost; backward costs twice forward, as the study measured.
@@ -104,6 +104,19 @@ def test_update_fit_recovers_a_known_line_and_predicts_new_sizes():
                     updates_measured={("fc", 100_000_000): 0.5})
   assert timed.predict_update(node) == 0.5
   assert "optimizer update (adam, once per step)" in model.report()
+
+
+def test_timed_layers_keep_their_share_and_the_call_is_counted_apart():
+  graph = LayerGraph("g", 1, (1,), 0, (
+      LayerNode("fc", "linear", {}, (MODEL_INPUT,), (1,), 4096, 0),))
+  profile = Profile(
+      model="g", framework="x", device="cpu", warmup=0, repeats=1,
+      timings=(LayerTiming("fc", "linear", 1, 1e-3, 2e-3),),
+      optimizer="adam", update_call_s=7e-4,
+      updates=(UpdateTiming("fc", 4096, 1e-3),))
+  model = fit_cost_model([(graph, profile)])
+  assert model.update_call_s == 7e-4
+  assert model.predict_update(graph.nodes[0]) == pytest.approx(3e-4)
 
 
 def test_no_updates_profiled_predicts_none_and_says_so():

@@ -84,13 +84,14 @@ def test_profile_carries_its_optimizer_updates_and_reads_version_1():
   timings = (LayerTiming("stem", "conv2d", 4, 1e-3, 2e-3),)
   p = Profile(model="toy", framework="test", device="cpu", warmup=1,
               repeats=3, timings=timings, optimizer="adam", threads=1,
+              update_call_s=7e-4,
               updates=(UpdateTiming("stem", 4096, 5e-4, 1e-5),))
   assert Profile.from_json(p.to_json()) == p
   assert p.update_s("stem") == 5e-4 and p.update_s("head") is None
   assert "adam update per layer" in p.summary()
   assert "on cpu, 1 intra-op thread (" in p.summary()
   old = p.to_dict()
-  del old["optimizer"], old["updates"], old["threads"]
+  del old["optimizer"], old["updates"], old["threads"], old["update_call_s"]
   old["schema_version"] = 1
   read = Profile.from_dict(old)
   assert read.updates == () and read.optimizer == "" and read.threads == 0

@@ -86,6 +86,23 @@ def test_a_heavy_update_moves_the_cut_away_from_the_classifier():
     partition(g, times, num_stages=2, batch_size=1, num_microbatches=0)
 
 
+def test_a_stage_with_weights_pays_one_optimizer_call():
+  # l1 and l2 hold weights, l0 and l3 none: a call's fixed cost comes once
+  # per stage that has any, however many weighted layers it holds.
+  nodes = tuple(LayerNode(f"l{i}", "linear", {}, (f"l{i-1}" if i else
+                                                   MODEL_INPUT,), (1,),
+                          [0, 8, 8, 0][i], 0) for i in range(4))
+  g = LayerGraph("chain", 1, (1,), 0, nodes)
+  times = {n.name: 1.0 for n in nodes}
+  shares = {"l0": 0.0, "l1": 0.5, "l2": 0.25, "l3": 0.0}
+  together = evaluate_cuts(g, times, [0], batch_size=1, update_s=shares,
+                           update_call_s=0.125)
+  assert [s.update_s for s in together.stages] == [0.0, 0.875]
+  apart = evaluate_cuts(g, times, [1], batch_size=1, update_s=shares,
+                        update_call_s=0.125)
+  assert [s.update_s for s in apart.stages] == [0.625, 0.375]
+
+
 def test_transfer_is_charged_at_the_cut():
   nodes = tuple(LayerNode(f"l{i}", "linear", {}, (f"l{i-1}" if i else
                                                    MODEL_INPUT,), (1,), 0,

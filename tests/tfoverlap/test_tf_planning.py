@@ -104,6 +104,7 @@ def test_plan_command_end_to_end(tmp_path):
   assert profile["schema_version"] == 2
   assert profile["optimizer"] == "adam" and len(profile["updates"]) == 6
   assert all(u["update_s"] > 0 for u in profile["updates"])
+  assert 0 < profile["update_call_s"]
   assert "optimizer update (adam, once per step)" in result.stdout
   assert profile["framework"].startswith("tensorflow")
   assert os.path.exists(os.path.join(out, "graph.dot"))

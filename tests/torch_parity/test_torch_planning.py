@@ -97,6 +97,7 @@ def test_plan_command_end_to_end(tmp_path):
   # (small_cnn: 4 convolutions and 2 dense layers).
   assert profile["optimizer"] == "adam" and len(profile["updates"]) == 6
   assert all(u["update_s"] > 0 for u in profile["updates"])
+  assert 0 < profile["update_call_s"]
   assert "optimizer update (adam, once per step)" in result.stdout
   assert os.path.exists(os.path.join(out, "graph.dot"))
 
