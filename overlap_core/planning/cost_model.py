@@ -116,11 +116,11 @@ class FamilyFit:
 class UpdateFit:
   """The optimizer update of a layer's parameters, against their bytes.
 
-  update_s = intercept_s + seconds_per_byte x param_bytes, fitted for
-  relative error (weights 1 / time^2) over every layer the profile timed.
-  An Adam or momentum step reads and writes each parameter and its state a
-  fixed number of times, so time follows bytes; the intercept is the
-  per-tensor launch cost.
+  share_s = intercept_s + seconds_per_byte x param_bytes, fitted for
+  relative error (weights 1 / time^2) over the shares (`update_shares`)
+  of every layer the profile timed. An Adam or momentum step reads and
+  writes each parameter and its state a fixed number of times, so time
+  follows bytes; the intercept is what a layer adds beyond that.
 
   Attributes:
     optimizer: whose step was timed.
@@ -182,7 +182,7 @@ class CostModel:
   and its optimizer update when the profile timed updates."""
   families: Mapping[str, FamilyFit]
   update: Optional[UpdateFit] = None
-  # (layer name, parameter bytes) -> the update seconds a profile measured
+  # (layer name, parameter bytes) -> the layer's measured share of the update
   updates_measured: Mapping[Tuple[str, int], float] = dataclasses.field(
       default_factory=dict)
   update_call_s: float = 0.0  # one optimizer call's fixed cost
