@@ -2,9 +2,10 @@
 
   <group>.safetensors   one per group of arrays ("model", "optimizer", ...)
   state.json            step, epoch, data position and the like
-  MANIFEST.json         written last: format, version, step, each file's
-                        size and SHA-256, and `manifest_sha256`, the SHA-256
-                        of the manifest's own canonical JSON without that key
+  MANIFEST.json         written last: format, version, checksum algorithm,
+                        step, each file's size and checksum, and
+                        `manifest_<algorithm>`, the checksum of the
+                        manifest's own canonical JSON without that key
 
 A reader trusts nothing it has not checked: each file is read once, its
 size and checksum are compared with the manifest, and it is parsed from the
@@ -14,19 +15,21 @@ byte, a truncated file, malformed JSON, a bad safetensors header, a key
 missing or of the wrong type) is one CorruptCheckpointError, so the caller
 can fall back to an older checkpoint.
 
-Version 1 manifests, written before the manifest carried its own checksum,
-still load: their files are checksummed all the same, and a damaged v1
-manifest fails its structure checks or its files' checksums.
+Version 3 names its algorithm (CRC-32, see `checksum`). Versions 1 and 2
+used SHA-256 and still load. Version 1 manifests, written before the
+manifest carried its own checksum, have their files checksummed all the
+same, and a damaged v1 manifest fails its structure checks or its files'
+checksums.
 """
 
 import dataclasses
-import hashlib
 import json
 import os
 from typing import Dict, Mapping, Optional
 
 import numpy as np
 
+from overlap_core.checkpoint import checksum
 from overlap_core.checkpoint import durable
 from overlap_core.checkpoint import tensor_file
 
@@ -34,8 +37,9 @@ MANIFEST_NAME = "MANIFEST.json"
 STATE_NAME = "state.json"
 TENSOR_SUFFIX = ".safetensors"
 FORMAT_NAME = "tfoverlap-checkpoint"
-FORMAT_VERSION = 2
-_SELF_DIGEST_KEY = "manifest_sha256"
+FORMAT_VERSION = 3
+# Versions before 3 do not name their algorithm; they all used this one.
+_UNNAMED_CHECKSUM = "sha256"
 
 
 class CheckpointError(RuntimeError):
@@ -58,9 +62,13 @@ class LoadedCheckpoint:
   state: dict
 
 
-def _canonical_digest(body: Mapping) -> str:
-  return hashlib.sha256(json.dumps(
-      body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+def _self_digest_key(algorithm: str) -> str:
+  return "manifest_" + algorithm
+
+
+def _canonical_digest(body: Mapping, algorithm: str) -> str:
+  return checksum.of_bytes(json.dumps(
+      body, sort_keys=True, separators=(",", ":")).encode(), algorithm)
 
 
 def _write_bytes(path: str, data: bytes) -> tuple:
@@ -69,7 +77,7 @@ def _write_bytes(path: str, data: bytes) -> tuple:
     f.write(data)
     f.flush()
     os.fsync(f.fileno())
-  return hashlib.sha256(data).hexdigest(), len(data)
+  return checksum.of_bytes(data), len(data)
 
 
 def _json_bytes(payload) -> bytes:
@@ -95,13 +103,15 @@ def write_files(directory: str, step: int,
     durable.reach("write", path)
     digest, size = tensor_file.write_tensor_file(path, arrays,
                                                  metadata={"group": group})
-    files[name] = {"sha256": digest, "bytes": size}
+    files[name] = {checksum.WRITTEN: digest, "bytes": size}
   digest, size = _write_bytes(os.path.join(directory, STATE_NAME),
                               _json_bytes(dict(state)))
-  files[STATE_NAME] = {"sha256": digest, "bytes": size}
-  body = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "step": step,
+  files[STATE_NAME] = {checksum.WRITTEN: digest, "bytes": size}
+  body = {"format": FORMAT_NAME, "version": FORMAT_VERSION,
+          "checksum": checksum.WRITTEN, "step": step,
           "groups": sorted(groups), "files": files}
-  manifest = dict(body, **{_SELF_DIGEST_KEY: _canonical_digest(body)})
+  manifest = dict(body, **{_self_digest_key(checksum.WRITTEN):
+                           _canonical_digest(body, checksum.WRITTEN)})
   # Last: a directory with a manifest has all of its files.
   _write_bytes(os.path.join(directory, MANIFEST_NAME), _json_bytes(manifest))
   durable.fsync_dir(directory)
@@ -131,9 +141,14 @@ def _check_manifest(path: str, manifest) -> None:
   version = manifest.get("version")
   if not _is_int(version) or not 1 <= version <= FORMAT_VERSION:
     raise bad(f"version {version!r}; this reader knows 1..{FORMAT_VERSION}")
-  if _SELF_DIGEST_KEY in manifest or version >= 2:
-    body = {k: v for k, v in manifest.items() if k != _SELF_DIGEST_KEY}
-    if manifest.get(_SELF_DIGEST_KEY) != _canonical_digest(body):
+  algorithm = checksum_algorithm(manifest)
+  if algorithm not in checksum.KNOWN:
+    raise bad(f"checksum {algorithm!r}; this reader knows "
+              f"{', '.join(checksum.KNOWN)}")
+  self_key = _self_digest_key(algorithm)
+  if self_key in manifest or version >= 2:
+    body = {k: v for k, v in manifest.items() if k != self_key}
+    if manifest.get(self_key) != _canonical_digest(body, algorithm):
       raise bad("checksum mismatch")
   if not _is_int(manifest.get("step")) or manifest["step"] < 0:
     raise bad(f"step {manifest.get('step')!r} is not a step")
@@ -144,19 +159,28 @@ def _check_manifest(path: str, manifest) -> None:
   if not isinstance(files, dict) or STATE_NAME not in files:
     raise bad(f"files does not list {STATE_NAME}")
   for name, entry in files.items():
-    if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
+    if not (isinstance(entry, dict) and isinstance(entry.get(algorithm), str)
             and _is_int(entry.get("bytes"))):
-      raise bad(f"entry of {name!r} is not {{sha256, bytes}}")
+      raise bad(f"entry of {name!r} is not {{{algorithm}, bytes}}")
   for group in groups:
     if group + TENSOR_SUFFIX not in files:
       raise bad(f"group {group!r} has no file entry")
+
+
+def checksum_algorithm(manifest: Mapping) -> str:
+  """The algorithm a manifest's checksums were computed with."""
+  version = manifest.get("version")
+  if _is_int(version) and version >= 3:
+    return manifest.get("checksum")
+  return _UNNAMED_CHECKSUM
 
 
 def _is_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _verified_bytes(path: str, name: str, expected: dict) -> bytes:
+def _verified_bytes(path: str, name: str, expected: dict,
+                    algorithm: str) -> bytes:
   file_path = os.path.join(path, name)
   try:
     with open(file_path, "rb") as f:
@@ -167,7 +191,7 @@ def _verified_bytes(path: str, name: str, expected: dict) -> bytes:
     raise CorruptCheckpointError(
         f"{file_path}: {len(data)} bytes, the manifest says "
         f"{expected['bytes']} (truncated?)")
-  if hashlib.sha256(data).hexdigest() != expected["sha256"]:
+  if checksum.of_bytes(data, algorithm) != expected[algorithm]:
     raise CorruptCheckpointError(f"{file_path}: checksum mismatch")
   return data
 
@@ -194,10 +218,11 @@ def read_checkpoint(path: str, *,
   manifest = read_manifest(path)
   step = manifest["step"]
   _check_step(path, step, expected_step)
+  algorithm = checksum_algorithm(manifest)
   groups = {}
   for group in manifest["groups"]:
     name = group + TENSOR_SUFFIX
-    data = _verified_bytes(path, name, manifest["files"][name])
+    data = _verified_bytes(path, name, manifest["files"][name], algorithm)
     try:
       groups[group], _ = tensor_file.parse_tensor_bytes(
           data, source=os.path.join(path, name))
@@ -205,7 +230,8 @@ def read_checkpoint(path: str, *,
       raise CorruptCheckpointError(str(e)) from e
   try:
     state = json.loads(_verified_bytes(path, STATE_NAME,
-                                       manifest["files"][STATE_NAME]))
+                                       manifest["files"][STATE_NAME],
+                                       algorithm))
   except ValueError as e:
     raise CorruptCheckpointError(f"{path}: unreadable {STATE_NAME}: {e}") from e
   if not isinstance(state, dict):

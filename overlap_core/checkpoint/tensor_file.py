@@ -10,17 +10,19 @@ lines of `read_tensor_file` below. The layout is:
                    "__metadata__": {str: str}}, padded with spaces to 8 bytes
   rest      the arrays' bytes, C order, little-endian, back to back
 
-`write_tensor_file` hashes the bytes as it writes them, so a checkpoint's
-manifest gets its checksum without reading the file a second time.
+`write_tensor_file` checksums the bytes as it writes them, so a
+checkpoint's manifest gets its checksum without reading the file a second
+time.
 """
 
-import hashlib
 import json
 import os
 import struct
 from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
+
+from overlap_core.checkpoint import checksum
 
 _HEADER_ALIGNMENT = 8
 _METADATA_KEY = "__metadata__"
@@ -62,7 +64,7 @@ def write_tensor_file(path: str, arrays: Mapping[str, np.ndarray], *,
     fsync: flush the file to stable storage before returning.
 
   Returns:
-    (SHA-256 hex digest of the whole file, its size in bytes).
+    (the whole file's `checksum.WRITTEN` hex checksum, its size in bytes).
 
   Raises:
     TensorFileError: an array of a dtype the format has no name for.
@@ -88,7 +90,7 @@ def write_tensor_file(path: str, arrays: Mapping[str, np.ndarray], *,
   header_bytes = json.dumps(header, separators=(",", ":")).encode()
   header_bytes += b" " * (-len(header_bytes) % _HEADER_ALIGNMENT)
 
-  digest = hashlib.sha256()
+  digest = checksum.new()
   with open(path, "wb") as f:
 
     def emit(chunk) -> None:

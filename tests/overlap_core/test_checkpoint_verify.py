@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -40,12 +41,18 @@ def _read_json(path):
     return json.loads(f.read())
 
 
-def _sign(checkpoint: str, manifest: dict) -> None:
-  """Writes `manifest` with a correct manifest_sha256 of its canonical body."""
-  body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+# The checksums of each manifest version, computed here without the
+# library: crc32 (version 3) and sha256 (versions 1 and 2).
+CHECKSUMS = {"crc32": lambda data: f"{zlib.crc32(data):08x}",
+             "sha256": lambda data: hashlib.sha256(data).hexdigest()}
+
+
+def _sign(checkpoint: str, manifest: dict, algorithm: str = "crc32") -> None:
+  """Writes `manifest` with a correct manifest_<algorithm> of its body."""
+  key = "manifest_" + algorithm
+  body = {k: v for k, v in manifest.items() if not k.startswith("manifest_")}
   canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
-  manifest = dict(body,
-                  manifest_sha256=hashlib.sha256(canonical.encode()).hexdigest())
+  manifest = dict(body, **{key: CHECKSUMS[algorithm](canonical.encode())})
   with open(os.path.join(checkpoint, MANIFEST), "w", encoding="utf-8") as f:
     json.dump(manifest, f)
 
@@ -55,9 +62,21 @@ def _replace_signed(checkpoint: str, name: str, data: bytes) -> None:
   with open(os.path.join(checkpoint, name), "wb") as f:
     f.write(data)
   manifest = _read_json(os.path.join(checkpoint, MANIFEST))
-  manifest["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(),
+  manifest["files"][name] = {"crc32": CHECKSUMS["crc32"](data),
                              "bytes": len(data)}
   _sign(checkpoint, manifest)
+
+
+def _rewrite_as_sha256_version(checkpoint: str, version: int) -> None:
+  """Turns a new checkpoint's manifest into one that version wrote."""
+  manifest = _read_json(os.path.join(checkpoint, MANIFEST))
+  del manifest["checksum"]
+  manifest["version"] = version
+  for name, entry in manifest["files"].items():
+    with open(os.path.join(checkpoint, name), "rb") as f:
+      manifest["files"][name] = {"sha256": CHECKSUMS["sha256"](f.read()),
+                                 "bytes": entry["bytes"]}
+  _sign(checkpoint, manifest, "sha256")
 
 
 def _edit_header(checkpoint: str, edit) -> None:
@@ -106,7 +125,10 @@ DAMAGES = {
                                "files does not list"),
     "manifest_file_entry_wrong_type": (
         _manifest_edit(lambda m: m["files"].update(
-            {MODEL: {"sha256": 5, "bytes": "many"}})), "is not {sha256"),
+            {MODEL: {"crc32": 5, "bytes": "many"}})), "is not {crc32"),
+    "manifest_unknown_checksum": (
+        _manifest_edit(lambda m: m.update(checksum="md5")),
+        "checksum 'md5'; this reader knows crc32, sha256"),
     "manifest_group_without_file": (
         _manifest_edit(lambda m: m["files"].pop(MODEL)), "has no file entry"),
     "manifest_step_not_the_name": (
@@ -114,8 +136,8 @@ DAMAGES = {
         "manifest says step 21, the directory step 20"),
     "manifest_step_wrong_type": (_manifest_edit(lambda m: m.update(step="20")),
                                  "is not a step"),
-    "manifest_newer_version": (_manifest_edit(lambda m: m.update(version=3)),
-                               "version 3; this reader knows"),
+    "manifest_newer_version": (_manifest_edit(lambda m: m.update(version=4)),
+                               "version 4; this reader knows 1..3"),
     "state_step_differs": (
         lambda c: _replace_signed(c, STATE, b'{"step": 19, "epoch": 0}'),
         "state.json says step 19"),
@@ -162,13 +184,44 @@ def test_any_malformed_file_falls_back_to_the_previous_checkpoint(
     checkpoint_files.load_checkpoint(newest)
 
 
+def test_the_manifest_names_crc32_and_checksums_every_file_with_it(tmp_path):
+  newest = _write(tmp_path, 10)
+  manifest = _read_json(os.path.join(newest, MANIFEST))
+  assert manifest["version"] == 3 and manifest["checksum"] == "crc32"
+  for name, entry in manifest["files"].items():
+    with open(os.path.join(newest, name), "rb") as f:
+      assert entry["crc32"] == CHECKSUMS["crc32"](f.read())
+  body = {k: v for k, v in manifest.items() if k != "manifest_crc32"}
+  assert manifest["manifest_crc32"] == CHECKSUMS["crc32"](json.dumps(
+      body, sort_keys=True, separators=(",", ":")).encode())
+
+
+def test_a_sha256_version_2_checkpoint_still_loads_and_is_checked(tmp_path):
+  newest = _write(tmp_path, 10)
+  _rewrite_as_sha256_version(newest, 2)
+  loaded = checkpoint_files.load_latest(
+      str(tmp_path), warn=lambda m: pytest.fail(m))
+  assert loaded.step == 10
+  with open(os.path.join(newest, MODEL), "r+b") as f:
+    f.seek(-1, os.SEEK_END)
+    f.write(b"\x01")
+  with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
+    checkpoint_files.load_checkpoint(newest)
+  manifest = _read_json(os.path.join(newest, MANIFEST))
+  manifest["step"] = 11  # and the manifest_sha256 not updated
+  with open(os.path.join(newest, MANIFEST), "w", encoding="utf-8") as f:
+    json.dump(manifest, f)
+  with pytest.raises(CorruptCheckpointError, match="manifest: checksum"):
+    checkpoint_files.load_checkpoint(newest)
+
+
 def test_a_checkpoint_without_a_manifest_checksum_still_loads(tmp_path):
   # Version 1, written before the manifest carried its own checksum: its
   # files are checked all the same, so it is loaded, not refused.
   newest = _write(tmp_path, 10)
+  _rewrite_as_sha256_version(newest, 1)
   manifest = _read_json(os.path.join(newest, MANIFEST))
   del manifest["manifest_sha256"]
-  manifest["version"] = 1
   with open(os.path.join(newest, MANIFEST), "w", encoding="utf-8") as f:
     json.dump(manifest, f)
   loaded = checkpoint_files.load_latest(
