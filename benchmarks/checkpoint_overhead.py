@@ -3,6 +3,8 @@
   python -m benchmarks.checkpoint_overhead            # full run
   python -m benchmarks.checkpoint_overhead --quick    # smoke run
   python -m benchmarks.checkpoint_overhead --model=resnet50 --image_size=64
+  python -m benchmarks.checkpoint_overhead --modes=sync,async \
+      --cadences=10,auto --repeats=5          # fewer cells, more repeats
 
 Setup: ResNet-18 on 32x32 synthetic images resident on the device (no input
 pipeline, so nothing but checkpoints changes between cells), batch 32,
@@ -51,12 +53,30 @@ def parse_args():
   parser.add_argument("--batch_size", type=int, default=32)
   parser.add_argument("--train_steps", type=int, default=None,
                       help="Steps per run (default 150, 30 with --quick).")
-  return parser.parse_args()
+  parser.add_argument("--modes", default=",".join(MODES),
+                      help="Checkpoint modes to run, comma-separated.")
+  parser.add_argument("--cadences", default=",".join(CADENCES),
+                      help="--checkpoint_every values to run, "
+                      "comma-separated.")
+  args = parser.parse_args()
+  args.modes = _subset(parser, "--modes", args.modes, MODES)
+  args.cadences = _subset(parser, "--cadences", args.cadences, CADENCES)
+  return args
 
 
-def cells() -> list:
-  return [("none", None)] + [(mode, every) for mode in MODES
-                             for every in CADENCES]
+def _subset(parser, flag: str, value: str, allowed: tuple) -> tuple:
+  chosen = tuple(v for v in value.split(",") if v)
+  unknown = [v for v in chosen if v not in allowed]
+  if unknown or not chosen:
+    parser.error(f"{flag}={value}: allowed: a comma-separated subset of "
+                 f"{','.join(allowed)}")
+  return chosen
+
+
+def cells(modes: tuple = MODES, cadences: tuple = CADENCES) -> list:
+  """The baseline, then each mode at each cadence, in a fixed order."""
+  return [("none", None)] + [(mode, every) for mode in modes
+                             for every in cadences]
 
 
 def trainer_flags(args, mode: str, every, steps: int) -> list:
@@ -171,7 +191,8 @@ def main():
       return {"repeat": repeat, "mode": mode, "every": every,
               "result": result}
 
-    record = harness.run_interleaved(list(cells()), repeats, run_one)
+    record = harness.run_interleaved(cells(args.modes, args.cadences),
+                                     repeats, run_one)
   runs = record["runs"]
   rows = summarize(runs)
   payload = {"benchmark": NAME, "command": common.command_line(),
