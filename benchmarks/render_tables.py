@@ -261,7 +261,15 @@ def data_knobs_service() -> str:
 
 @table("checkpoint_overhead")
 def checkpoint_overhead() -> str:
-  data = load("checkpoint_overhead")
+  return _checkpoint_overhead_table(load("checkpoint_overhead"))
+
+
+@table("checkpoint_overhead_quiet")
+def checkpoint_overhead_quiet() -> str:
+  return _checkpoint_overhead_table(load("checkpoint_overhead_quiet"))
+
+
+def _checkpoint_overhead_table(data: dict) -> str:
   # Files written before the bound was recorded used the same constant.
   bound = data.get("max_overhead_frac",
                    checkpoint_overhead_benchmark.MAX_OVERHEAD_FRAC)
