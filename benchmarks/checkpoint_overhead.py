@@ -106,7 +106,7 @@ def run_cell(args, mode, every, steps, scratch) -> dict:
       key: stats.get(key) for key in (
           "num_saved", "num_persisted", "num_skipped_busy", "num_busy_waits",
           "busy_wait_s", "final_every_steps", "stall_s", "persist_s",
-          "decisions")}
+          "persist_cpu_s", "decisions")}
   shutil.rmtree(model_dir, ignore_errors=True)  # checkpoints are big
   return summary
 

@@ -2,17 +2,32 @@
 
 The adaptive policy follows CheckFreq (Mohan et al., FAST'21): measure what a
 checkpoint costs, then checkpoint as often as an overhead bound allows. A
-checkpoint costs the training loop two things:
+checkpoint costs the training loop three things:
 
   stall          the time the training thread is blocked (the snapshot, or
                  the whole save for a synchronous one);
+  after-snapshot what the first step after a snapshot takes beyond an
+                 ordinary step. On a CPU, TensorFlow's snapshot shares the
+                 variables' buffers and the next update copies them
+                 (copy-on-write): the stall leaves that copy out, this
+                 step holds it;
   interference   the time steps lose while a background persist competes
-                 with them for cores, memory bandwidth and links. If a persist
-                 of P seconds slows a step from t to t_busy, the steps it
-                 overlaps lose P * (1 - t / t_busy) in total.
+                 with them for cores, memory bandwidth and links. Measured
+                 two ways, and the larger is taken:
+                   by step times: if a persist of P seconds slows a step
+                   from t to t_busy, the steps it overlaps lose
+                   P * (1 - t / t_busy) in total;
+                   by CPU time: a persist that needs c CPU-seconds on a host
+                   whose cores training keeps busy a share u of the time
+                   takes about u * c from training.
+                 The first is a difference of two noisy medians, and it
+                 misses what the persist costs the steps after it (caches,
+                 memory); on a 2-core host it came out ten times under the
+                 loss measured against runs without checkpoints. The second
+                 rests on two clocks that noise barely moves.
 
-Checkpointing every k steps then costs (stall + interference) / (k * t) of
-the training time, so k = ceil((stall + interference) / (bound * t)). Also,
+Checkpointing every k steps then costs C / (k * t) of the training time,
+where C is the sum of the three, so k = ceil(C / (bound * t)). Also,
 k * t >= P, so that a persist ends before the next snapshot is due (else
 the busy policy, wait or skip, has to intervene). The policy probes first
 (one checkpoint after `probe_steps` steps), plans when the probe's persist
@@ -41,26 +56,62 @@ UNKNOWN = -1.0  # an estimate with no measurement yet (all-reduce safe)
 Agree = Callable[[Sequence[float]], Sequence[float]]
 
 
+def _known(value: float) -> bool:
+  return value > 0
+
+
 @dataclasses.dataclass(frozen=True)
 class CostEstimate:
-  """Medians of what the last steps and checkpoints cost, in seconds."""
+  """Medians of what the last steps and checkpoints cost, in seconds.
+
+  The last three may be UNKNOWN: estimates from before they were measured,
+  and callers that measure only the first four, still plan.
+  """
   step_s: float  # a step with no persist running
   busy_step_s: float  # a step while a persist runs
   stall_s: float  # training blocked, per checkpoint
-  persist_s: float  # one background persist
+  persist_s: float  # one background persist, wall time
+  after_snapshot_s: float = UNKNOWN  # the first step after a snapshot
+  persist_cpu_s: float = UNKNOWN  # CPU time of one persist's thread
+  cpu_share: float = UNKNOWN  # share of the host's cores training keeps busy
 
   def to_vector(self) -> List[float]:
-    return [self.step_s, self.busy_step_s, self.stall_s, self.persist_s]
+    return [self.step_s, self.busy_step_s, self.stall_s, self.persist_s,
+            self.after_snapshot_s, self.persist_cpu_s, self.cpu_share]
 
   @classmethod
   def from_vector(cls, vector: Sequence[float]) -> "CostEstimate":
     return cls(*[float(v) for v in vector])
 
   @property
-  def interference_s(self) -> float:
-    if self.busy_step_s <= 0 or self.step_s <= 0 or self.persist_s <= 0:
+  def after_snapshot_extra_s(self) -> float:
+    """What the first step after a snapshot takes beyond an ordinary one."""
+    if not (_known(self.after_snapshot_s) and _known(self.step_s)):
+      return 0.0
+    return max(0.0, self.after_snapshot_s - self.step_s)
+
+  @property
+  def interference_by_steps_s(self) -> float:
+    if not (_known(self.busy_step_s) and _known(self.step_s)
+            and _known(self.persist_s)):
       return 0.0
     return self.persist_s * max(0.0, 1.0 - self.step_s / self.busy_step_s)
+
+  @property
+  def interference_by_cpu_s(self) -> float:
+    if not (_known(self.persist_cpu_s) and _known(self.cpu_share)):
+      return 0.0
+    return self.persist_cpu_s * min(1.0, self.cpu_share)
+
+  @property
+  def interference_s(self) -> float:
+    return max(self.interference_by_steps_s, self.interference_by_cpu_s)
+
+  @property
+  def per_checkpoint_s(self) -> float:
+    """All a checkpoint costs the training loop (see the module doc)."""
+    return (max(self.stall_s, 0.0) + self.after_snapshot_extra_s
+            + self.interference_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +132,7 @@ def plan_interval(costs: CostEstimate, max_overhead_frac: float, *,
   Returns:
     (every_steps, predicted overhead fraction, the reason in words).
   """
-  per_checkpoint_s = costs.stall_s + costs.interference_s
+  per_checkpoint_s = costs.per_checkpoint_s
   by_overhead = math.ceil(per_checkpoint_s / (max_overhead_frac
                                               * costs.step_s))
   by_persist = math.ceil(max(costs.persist_s, 0.0) / costs.step_s)
@@ -99,8 +150,11 @@ def plan_interval(costs: CostEstimate, max_overhead_frac: float, *,
   else:
     binding = "every step fits the bound"
   reason = (f"every {every} steps: stall {costs.stall_s * 1e3:.1f} ms + "
-            f"interference {costs.interference_s * 1e3:.1f} ms per "
-            f"checkpoint, steps of {costs.step_s * 1e3:.1f} ms -> predicted "
+            f"after-snapshot step {costs.after_snapshot_extra_s * 1e3:.1f} "
+            f"ms + interference {costs.interference_s * 1e3:.1f} ms (by "
+            f"step times {costs.interference_by_steps_s * 1e3:.1f}, by CPU "
+            f"{costs.interference_by_cpu_s * 1e3:.1f}) per checkpoint, "
+            f"steps of {costs.step_s * 1e3:.1f} ms -> predicted "
             f"overhead {predicted:.2%} (bound {max_overhead_frac:.1%}); "
             f"set by {binding}")
   return every, predicted, reason
@@ -118,10 +172,11 @@ class CadencePolicy:
     policy = CadencePolicy(AUTO, max_overhead_frac=0.03, first_step=1)
     for step in ...:
       train_step()
-      policy.observe_step(step_s, persisting=persister.busy)
+      policy.observe_step(step_s, persisting=persister.busy,
+                          cpu_share=cpu_s / (step_s * num_cores))
       if policy.is_due(step, agree=all_reduce_max):
         ... snapshot; policy.observe_stall(stall_s)
-      ... when a persist ends: policy.observe_persist(persist_s)
+      ... when a persist ends: policy.observe_persist(persist_s, cpu_s=c)
 
   Args:
     every_steps: a fixed interval, or AUTO.
@@ -153,6 +208,10 @@ class CadencePolicy:
     self._busy_steps = collections.deque(maxlen=window)
     self._stalls = collections.deque(maxlen=max(5, window // 10))
     self._persists = collections.deque(maxlen=max(5, window // 10))
+    self._after_snapshots = collections.deque(maxlen=max(5, window // 10))
+    self._persist_cpus = collections.deque(maxlen=max(5, window // 10))
+    self._cpu_shares = collections.deque(maxlen=window)
+    self._snapshot_just_taken = False
     self.decisions: List[CadenceDecision] = []
     self.every_steps: Optional[int] = self.fixed_every_steps
     self._last_checkpoint_step: Optional[int] = None
@@ -168,21 +227,54 @@ class CadencePolicy:
   def is_auto(self) -> bool:
     return self.fixed_every_steps is None
 
-  def observe_step(self, step_s: float, *, persisting: bool) -> None:
-    """A training step's time, without any checkpoint stall in it."""
+  def observe_step(self, step_s: float, *, persisting: bool,
+                   num_steps: int = 1,
+                   cpu_share: Optional[float] = None) -> None:
+    """A training step's time, without any checkpoint stall in it.
+
+    Args:
+      step_s: the mean of `num_steps` steps that ran in one span (a loop
+        that runs several steps per call reports each call's span).
+      persisting: whether a persist ran during them.
+      num_steps: how many steps the span held.
+      cpu_share: the share of the host's CPU capacity the process used
+        during them; kept from spans with no persist running, where it is
+        the training's own.
+    """
+    if self._snapshot_just_taken:
+      self._snapshot_just_taken = False
+      # The span holds the step after the snapshot; its other steps are
+      # taken to be ordinary ones.
+      ordinary_s = _median(self._idle_steps)
+      if num_steps > 1 and ordinary_s > 0:
+        self._after_snapshots.append(step_s * num_steps
+                                     - ordinary_s * (num_steps - 1))
+      else:
+        self._after_snapshots.append(step_s)
     (self._busy_steps if persisting else self._idle_steps).append(step_s)
+    if cpu_share is not None and not persisting:
+      self._cpu_shares.append(cpu_share)
 
   def observe_stall(self, stall_s: float) -> None:
+    """A checkpoint's stall; the next step observed follows its snapshot."""
     self._stalls.append(stall_s)
+    self._snapshot_just_taken = True
 
-  def observe_persist(self, persist_s: float) -> None:
+  def observe_persist(self, persist_s: float, *,
+                      cpu_s: Optional[float] = None) -> None:
+    """A finished persist: its wall time, and its thread's CPU time."""
     self._persists.append(persist_s)
+    if cpu_s is not None:
+      self._persist_cpus.append(cpu_s)
 
   def local_estimate(self) -> CostEstimate:
     return CostEstimate(step_s=_median(self._idle_steps),
                         busy_step_s=_median(self._busy_steps),
                         stall_s=_median(self._stalls),
-                        persist_s=_median(self._persists))
+                        persist_s=_median(self._persists),
+                        after_snapshot_s=_median(self._after_snapshots),
+                        persist_cpu_s=_median(self._persist_cpus),
+                        cpu_share=_median(self._cpu_shares))
 
   def is_due(self, step: int, agree: Optional[Agree] = None) -> bool:
     """Whether to checkpoint after `step`; may replan (see the module doc).

@@ -120,6 +120,32 @@ def make_state_describer(data: DataConfig, *, seed: int,
   return describe
 
 
+@dataclasses.dataclass(frozen=True)
+class PersistCost:
+  """What one background persist took: wall time, and its thread's CPU."""
+  wall_s: float
+  cpu_s: float
+
+
+def _usable_cores() -> int:
+  try:
+    return len(os.sched_getaffinity(0))
+  except (AttributeError, OSError):
+    return os.cpu_count() or 1
+
+
+def _cpu_share(cpu_s: float, wall_s: float) -> Optional[float]:
+  """The share of the host's usable cores this process kept busy.
+
+  Threads of this process only: a PyTorch DataLoader's worker processes are
+  not in it, so with workers the share, and the CPU interference the
+  cadence charges a persist, come out low.
+  """
+  if wall_s <= 0:
+    return None
+  return min(1.0, cpu_s / (wall_s * _usable_cores()))
+
+
 def _summary(samples: List[float]) -> Dict[str, float]:
   if not samples:
     return {"count": 0}
@@ -204,10 +230,12 @@ class CheckpointEngine:
         first_step=first_step, log=log)
     self._persists = persist.PersistThread(timeout_s=persist_timeout_s)
     self._last_mark: Optional[float] = None
+    self._last_cpu_mark = 0.0
     self._last_marked_step = 0
     self._stall_in_step_s = 0.0
     self.stall_s: List[float] = []
     self.persist_s: List[float] = []
+    self.persist_cpu_s: List[float] = []
     self.num_saved = 0
     self.num_persisted = 0
     self.num_skipped_busy = 0
@@ -255,12 +283,16 @@ class CheckpointEngine:
     the previous call, less the checkpoint stall in it, per step since.
     """
     now = time.perf_counter()
+    cpu_now = time.process_time()
     if self._last_mark is not None:
       steps_since = max(1, step - self._last_marked_step)
+      wall_s = now - self._last_mark
       self.policy.observe_step(
-          (now - self._last_mark - self._stall_in_step_s) / steps_since,
-          persisting=self.busy)
+          (wall_s - self._stall_in_step_s) / steps_since,
+          persisting=self.busy, num_steps=steps_since,
+          cpu_share=_cpu_share(cpu_now - self._last_cpu_mark, wall_s))
     self._last_mark = now
+    self._last_cpu_mark = cpu_now
     self._last_marked_step = step
     self._stall_in_step_s = 0.0
     self._collect()
@@ -333,12 +365,14 @@ class CheckpointEngine:
           "(persist_timeout_s); the filesystem may be hung"))
     return False
 
-  def _persist(self, snapshot: Snapshot) -> float:
-    """Runs on the persist thread; returns how long it took."""
+  def _persist(self, snapshot: Snapshot) -> "PersistCost":
+    """Runs on the persist thread; returns what it cost."""
     start = time.perf_counter()
+    start_cpu = time.thread_time()
     write_snapshot(self.directory, snapshot, to_host=self._to_host,
                    keep=self.keep)
-    return time.perf_counter() - start
+    return PersistCost(wall_s=time.perf_counter() - start,
+                       cpu_s=time.thread_time() - start_cpu)
 
   def _collect(self) -> None:
     """Books a finished persist on the training thread (the policy's)."""
@@ -350,8 +384,9 @@ class CheckpointEngine:
       self._fail(CheckpointError(
           f"checkpoint of step {step} failed while persisting: {outcome}"))
       return
-    self.persist_s.append(outcome)
-    self.policy.observe_persist(outcome)
+    self.persist_s.append(outcome.wall_s)
+    self.persist_cpu_s.append(outcome.cpu_s)
+    self.policy.observe_persist(outcome.wall_s, cpu_s=outcome.cpu_s)
     self.num_persisted += 1
     self.last_persisted_step = step
 
@@ -441,6 +476,7 @@ class CheckpointEngine:
         "stall_s": _summary(self.stall_s),
         "final_save_s": self.final_save_s,
         "persist_s": _summary(self.persist_s),
+        "persist_cpu_s": _summary(self.persist_cpu_s),
         "persist_nice": self._persists.nice,
         "decisions": [d.to_dict() for d in self.policy.decisions],
         "restore": dict(self.restore_info),

@@ -14,18 +14,18 @@ persist has the cores to itself, priority or not.
 
 Usage:
   persists = PersistThread(timeout_s=600)
-  persists.start(step, lambda: write(...))
+  persists.start(step, lambda: write(...))  # returns what it cost
   ...
   if not persists.wait():          # False: past the deadline
     ...                            # report; the thread is left running
-  finished = persists.take_finished()  # (step, seconds or exception)
+  finished = persists.take_finished()  # (step, its result or exception)
 """
 
 import concurrent.futures
 import os
 import threading
 import time
-from typing import Callable, Optional, Tuple, Union
+from typing import Any, Callable, Optional, Tuple
 
 # How much the persist thread raises its nice value (0 = unchanged). Nice
 # 10 weighs about a tenth of a nice-0 thread on a busy core: training keeps
@@ -77,8 +77,8 @@ class PersistThread:
     """Whether a persist is running now."""
     return self._future is not None and not self._future.done()
 
-  def start(self, step: int, persist: Callable[[], float]) -> None:
-    """Runs `persist` (which returns its duration) on a new daemon thread."""
+  def start(self, step: int, persist: Callable[[], Any]) -> None:
+    """Runs `persist` (which returns what it cost) on a new daemon thread."""
     future = concurrent.futures.Future()
     future.set_running_or_notify_cancel()
 
@@ -111,8 +111,8 @@ class PersistThread:
       self.timed_out = True
     return bool(done)
 
-  def take_finished(self) -> Optional[Tuple[int, Union[float, BaseException]]]:
-    """(step, seconds it took or its exception) of a finished persist, once.
+  def take_finished(self) -> Optional[Tuple[int, Any]]:
+    """(step, what it returned or its exception) of a finished persist, once.
 
     None while one runs, or when there is nothing to collect.
     """

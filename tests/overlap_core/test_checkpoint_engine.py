@@ -6,6 +6,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -208,6 +209,62 @@ def test_plan_interval_known_answers():
   assert every == 40 and predicted == pytest.approx(0.05)
 
 
+def test_plan_interval_counts_the_persists_cpu_time():
+  # The step times show no slowdown, but the persist's thread used 400 ms
+  # of CPU while training kept 3/4 of the cores busy: 300 ms taken from
+  # training. (0.001 + 0.3) / (0.03 * 0.1) = 100.3 -> every 101 steps.
+  costs = cadence.CostEstimate(step_s=0.1, busy_step_s=0.1, stall_s=0.001,
+                               persist_s=0.5, persist_cpu_s=0.4,
+                               cpu_share=0.75)
+  assert costs.interference_by_steps_s == 0.0
+  assert costs.interference_s == pytest.approx(0.3)
+  every, predicted, reason = cadence.plan_interval(costs, 0.03)
+  assert every == 101 and predicted <= 0.03
+  assert "by CPU 300.0" in reason
+  # The larger of the two estimates is charged: here the step times'.
+  costs = cadence.CostEstimate(0.1, 0.2, 0.0, 1.0, persist_cpu_s=0.1,
+                               cpu_share=0.5)
+  assert costs.interference_s == pytest.approx(0.5)
+
+
+def test_plan_interval_counts_the_step_after_the_snapshot():
+  # The snapshot's copy lands in the next step (160 ms against 100):
+  # 60 ms per checkpoint, so at 3% every 0.06 / 0.003 = 20 steps.
+  costs = cadence.CostEstimate(0.1, 0.1, 0.0, 0.0, after_snapshot_s=0.16)
+  assert costs.after_snapshot_extra_s == pytest.approx(0.06)
+  every, _, reason = cadence.plan_interval(costs, 0.03)
+  assert every == 20 and "after-snapshot step 60.0 ms" in reason
+
+
+def _drive_with_a_dear_first_step(policy, steps, num_steps=1):
+  """Steps of 100 ms, except the one after each snapshot (160 ms); spans
+  of `num_steps` steps, as a loop with several steps per call reports."""
+  due, after_snapshot = [], False
+  for step in steps:
+    if step % num_steps:
+      continue
+    extra_s = 0.06 if after_snapshot else 0.0
+    policy.observe_step(0.1 + extra_s / num_steps, persisting=False,
+                        num_steps=num_steps)
+    after_snapshot = policy.is_due(step)
+    if after_snapshot:
+      due.append(step)
+      policy.observe_stall(0.0)
+      policy.observe_persist(0.0)
+  return due
+
+
+@pytest.mark.parametrize("num_steps", [1, 4])
+def test_auto_cadence_charges_the_step_after_each_snapshot(num_steps):
+  policy = cadence.CadencePolicy(cadence.AUTO, max_overhead_frac=0.03,
+                                 probe_steps=num_steps)
+  due = _drive_with_a_dear_first_step(policy, range(1, 401), num_steps)
+  estimate = policy.local_estimate()
+  assert estimate.after_snapshot_extra_s == pytest.approx(0.06)
+  assert policy.every_steps == 20
+  assert all(b - a == 20 for a, b in zip(due[1:], due[2:]))
+
+
 def _drive(policy, steps, step_s, stall_s, persist_s, agree=None):
   """Simulates training: returns the steps at which checkpoints happened."""
   due = []
@@ -323,6 +380,28 @@ def test_the_persist_thread_lowers_its_own_priority_only(tmp_path):
   engine.save(1)
   engine.close()
   assert engine.stats()["persist_nice"] == expected
+
+
+def test_engine_measures_the_persists_cpu_and_the_trainings_share(tmp_path):
+  engine = _engine(tmp_path, every_steps=2)
+  for step in range(1, 7):
+    sum(i * i for i in range(20_000))  # the step: work on this thread
+    if engine.is_due(step):
+      engine.save(step)
+      engine.wait_until_finished()
+  engine.close()
+  stats = engine.stats()
+  assert stats["persist_cpu_s"]["count"] == stats["persist_s"]["count"] == 3
+  # Writing files takes CPU, and one thread cannot use more CPU than the
+  # wall time it ran (1 ms: the two clocks are read a few instructions
+  # apart).
+  for cpu_s, wall_s in zip(engine.persist_cpu_s, engine.persist_s):
+    assert 0 < cpu_s <= wall_s + 1e-3
+  estimate = engine.policy.local_estimate()
+  assert estimate.persist_cpu_s == pytest.approx(
+      statistics.median(engine.persist_cpu_s))
+  # Steps that ran no persist measured the share of the cores in use.
+  assert 0 < estimate.cpu_share <= 1
 
 
 def test_resumed_engine_keeps_the_cadence_and_names_the_restore(tmp_path):
