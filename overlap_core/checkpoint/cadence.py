@@ -20,10 +20,9 @@ checkpoint costs the training loop three things:
                    by CPU time: a persist that needs c CPU-seconds on a host
                    whose cores training keeps busy a share u of the time
                    takes about u * c from training.
-                 The first is a difference of two noisy medians, and it
-                 misses what the persist costs the steps after it (caches,
-                 memory); on a 2-core host it came out ten times under the
-                 loss measured against runs without checkpoints. The second
+                 The first is a difference of two noisy medians; on a
+                 2-core host it came out 2 to 10 times under the loss
+                 measured against runs without checkpoints. The second
                  rests on two clocks that noise barely moves.
 
 Checkpointing every k steps then costs C / (k * t) of the training time,

@@ -178,7 +178,7 @@ def test_async_checkpoints_have_one_writer_one_cadence_one_resume_step(
 # Long enough that no healthy collective comes near it on a loaded 2-core
 # machine (the slowest is the first, while the other worker still traces its
 # step: seconds), short enough for a test.
-STUCK_TIMEOUT_S = 60
+STUCK_TIMEOUT_S = 30
 # Start-up of two TensorFlow workers on a loaded host, plus the timeout,
 # plus the launcher's grace for stopping the other worker; without the
 # timeout the job never ends and this bound fails the test.

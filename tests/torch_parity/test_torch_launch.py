@@ -251,7 +251,7 @@ def test_horovod_launch_needs_no_writable_home(tmp_path):
 # Long enough that no healthy collective comes near it on a loaded 2-core
 # machine (the slowest is the first, while the other rank still starts:
 # seconds), short enough for a test.
-STUCK_TIMEOUT_S = 60
+STUCK_TIMEOUT_S = 30
 # Start-up of two ranks on a loaded host, plus the timeout, plus the
 # launcher's grace for stopping the other rank; without the timeout the job
 # never ends and this bound fails the test.
