@@ -231,7 +231,8 @@ def main():
       return {"side": side, "pack_mb": pack_mb, "repeat": repeat,
               "result": result}
 
-    record = harness.run_interleaved(variants, repeats, run_one)
+    record = harness.run_interleaved(variants, repeats, run_one,
+                                     redo_busy=args.redo_busy)
   runs = record["runs"]
   summary = summarize(runs, sides, pack_mbs, args.reference_pack_mb)
   payload = {

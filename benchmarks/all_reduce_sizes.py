@@ -280,7 +280,8 @@ def main():
                  f" us at {sizes[-1]} B")
       return {"side": side, "repeat": repeat, "result": result}
 
-    record = harness.run_interleaved(sides, repeats, run_one)
+    record = harness.run_interleaved(sides, repeats, run_one,
+                                     redo_busy=args.redo_busy)
   summary = summarize(record["runs"], sides, sizes)
   path = common.result_path(NAME, args)
   payload = {"benchmark": NAME, "command": common.command_line(),

@@ -192,7 +192,8 @@ def main():
               "result": result}
 
     record = harness.run_interleaved(cells(args.modes, args.cadences),
-                                     repeats, run_one)
+                                     repeats, run_one,
+                                     redo_busy=args.redo_busy)
   runs = record["runs"]
   rows = summarize(runs)
   payload = {"benchmark": NAME, "command": common.command_line(),

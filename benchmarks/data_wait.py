@@ -258,7 +258,8 @@ def main():
       return {"k": k, "mode": mode, "repeat": repeat, "flags": flags,
               "result": result}
 
-    record = harness.run_interleaved(cells, repeats, run_one)
+    record = harness.run_interleaved(cells, repeats, run_one,
+                                     redo_busy=args.redo_busy)
   runs = record["runs"]
   summary = summarize(runs, calibration, delivered, cores)
   payload = {

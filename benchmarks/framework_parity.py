@@ -185,7 +185,8 @@ def main():
     # preset and framework of one repeat, not all repeats of one of them.
     cells = [(name, framework) for name in configs
              for framework in FRAMEWORKS]
-    record = harness.run_interleaved(cells, repeats, run_one)
+    record = harness.run_interleaved(cells, repeats, run_one,
+                                     redo_busy=args.redo_busy)
   runs = record["runs"]
   summaries = {
       name: summarize([r for r in runs if r["config"] == name])

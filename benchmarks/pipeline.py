@@ -256,7 +256,8 @@ def main():
                                  f"r{repeat}"))}
 
     record = harness.run_interleaved(variants(models, stages, factors),
-                                     repeats, run_side)
+                                     repeats, run_side,
+                                     redo_busy=args.redo_busy)
     results = summarize(record["runs"], models, stages, factors, plans,
                         microbatch)
   payload = {"benchmark": NAME, "machine": machine,

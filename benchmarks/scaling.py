@@ -160,7 +160,8 @@ def main():
       return {"model": model, "stack": stack, "num_workers": num_workers,
               "repeat": repeat, "job": started, "result": result}
 
-    record = harness.run_interleaved(cells, repeats, run_one)
+    record = harness.run_interleaved(cells, repeats, run_one,
+                                     redo_busy=args.redo_busy)
   summary = summarize(record["runs"], args.models, args.stacks)
   payload = {"benchmark": NAME, "command": common.command_line(),
              "quick": args.quick, "repeats": repeats, "machine": machine,

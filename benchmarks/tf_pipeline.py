@@ -150,7 +150,8 @@ def main():
 
     record = harness.run_interleaved(
         [(framework, m) for m in micro_batches for framework in frameworks],
-        repeats, run_side)
+        repeats, run_side,
+        redo_busy=args.redo_busy)
   summary = summarize(record["runs"], frameworks, micro_batches)
   print(_format(summary, frameworks))
   payload = {"benchmark": NAME, "command": common.command_line(),

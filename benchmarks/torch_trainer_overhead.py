@@ -197,7 +197,8 @@ def main():
     # Every preset's sides in one rotation, so that one repeat covers all
     # cells within minutes of each other.
     cells = [(name, side) for name in configs for side in SIDES]
-    record = harness.run_interleaved(cells, repeats, run_one)
+    record = harness.run_interleaved(cells, repeats, run_one,
+                                     redo_busy=args.redo_busy)
   runs = record["runs"]
   summaries = {
       name: summarize([r for r in runs if r["config"] == name])

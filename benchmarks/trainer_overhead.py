@@ -273,7 +273,8 @@ def main():
         return {"config": config_name, "side": side, "repeat": repeat,
                 "result": result}
 
-      record = harness.run_interleaved(config["sides"], repeats, run_one)
+      record = harness.run_interleaved(config["sides"], repeats, run_one,
+                                       redo_busy=args.redo_busy)
       runs.extend(record["runs"])
       hosts[config_name] = record["host"]
   summaries = {

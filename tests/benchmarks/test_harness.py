@@ -77,6 +77,78 @@ def test_a_quiet_host_is_not_busy_and_a_loaded_one_is():
   assert "load average 7.40" in loaded["warnings"][0]
 
 
+def test_cpu_the_hypervisor_took_makes_a_run_busy():
+  # 100 s on 2 cores with nothing else running here, but 25 s of steal:
+  # 12.5% of the capacity, above the 10% line.
+  before = dict(_snapshot(0.5, 0.0, 0.0, 0.0), host_steal_cpu_s=40.0)
+  after = dict(_snapshot(0.5, 100.0, 100.0, 100.0), host_steal_cpu_s=65.0)
+  load = harness.host_load(before, after, num_cores=2)
+  assert load["steal_s"] == pytest.approx(25.0)
+  assert load["steal_frac"] == pytest.approx(0.125)
+  assert load["busy"]
+  assert "hypervisor took 25.0 s of CPU (steal)" in load["warnings"][0]
+  # 15 s of steal is 7.5%: not busy. Snapshots without the counter (files
+  # from before it was read) judge nothing by it.
+  after["host_steal_cpu_s"] = 55.0
+  assert not harness.host_load(before, after, num_cores=2)["busy"]
+  assert harness.host_load(_snapshot(0.5, 0.0, 0.0, 0.0),
+                           _snapshot(0.5, 100.0, 100.0, 100.0),
+                           num_cores=2)["steal_s"] is None
+
+
+def _snapshots_with_steal(steal_per_span_s):
+  """Host snapshots 100 s apart on 2 cores, nothing else running, with the
+  given steal between each snapshot and the next."""
+  steal_s = [0.0]
+  for span_s in steal_per_span_s:
+    steal_s.append(steal_s[-1] + span_s)
+  taken = []
+
+  def snapshot():
+    at_s = 100.0 * len(taken)
+    taken.append(at_s)
+    return dict(_snapshot(0.5, at_s, at_s, at_s),
+                host_steal_cpu_s=steal_s[len(taken) - 1])
+  return snapshot
+
+
+def test_busy_repeats_run_again_within_the_redo_budget():
+  # Spans between snapshots: start -> repeat 0 -> its end -> the redo ->
+  # its end -> repeat 1 -> its end -> the end. Repeat 0 loses 40 s of its
+  # 200 core-seconds (20%) to steal, its redo 2 s; repeat 1 is quiet.
+  snapshot = _snapshots_with_steal([0, 40, 0, 2, 0, 0, 0])
+  calls, warned = [], []
+
+  def run_side(side, repeat):
+    calls.append((side, repeat))
+    return {"side": side, "repeat": repeat, "call": len(calls)}
+
+  record = harness.run_interleaved(["a", "b"], 2, run_side, redo_busy=2,
+                                   warn=warned.append, snapshot=snapshot)
+  assert calls == [("a", 0), ("b", 0), ("a", 0), ("b", 0), ("b", 1),
+                   ("a", 1)]
+  assert [r["call"] for r in record["runs"]] == [3, 4, 5, 6]
+  discarded = record["host"]["discarded_repeats"]
+  assert len(discarded) == 1 and discarded[0]["repeat"] == 0
+  assert [r["call"] for r in discarded[0]["runs"]] == [1, 2]
+  assert discarded[0]["host"]["steal_frac"] == pytest.approx(0.2)
+  assert record["host"]["busy_repeats"] == []
+  assert any("runs again (1 of 2" in line for line in warned)
+
+
+def test_without_a_redo_budget_a_busy_repeat_is_kept_and_marked():
+  snapshot = _snapshots_with_steal([0, 40, 0, 0, 0])
+  record = harness.run_interleaved(
+      ["a", "b"], 2, lambda side, repeat: {"side": side, "repeat": repeat},
+      warn=lambda _: 0, snapshot=snapshot)
+  assert record["host"]["discarded_repeats"] == []
+  assert len(record["runs"]) == 4
+  assert record["host"]["busy_repeats"] == [0] and record["host"]["busy"]
+  with pytest.raises(ValueError, match="redo_busy: got -1"):
+    harness.run_interleaved(["a"], 1, lambda side, repeat: {},
+                            redo_busy=-1)
+
+
 def test_foreign_cpu_is_unknown_without_proc_stat():
   load = harness.host_load(_snapshot(0.0, None, 0.0, 0.0),
                            _snapshot(0.0, None, 5.0, 10.0), num_cores=2)
