@@ -9,6 +9,7 @@ JSON, so the document and the files cannot judge a result differently.
 
 import json
 import os
+import statistics
 from typing import Callable, Dict, List, Optional, Sequence
 
 from benchmarks import checkpoint_overhead as checkpoint_overhead_benchmark
@@ -269,6 +270,21 @@ def checkpoint_overhead_quiet() -> str:
   return _checkpoint_overhead_table(load("checkpoint_overhead_quiet"))
 
 
+@table("checkpoint_overhead_auto_long")
+def checkpoint_overhead_auto_long() -> str:
+  return _checkpoint_overhead_table(load("checkpoint_overhead_auto_long"))
+
+
+def _persist_cpu_ms(data: dict, mode: str, every) -> Optional[float]:
+  """The median over repeats of a cell's median persist CPU time, if the
+  file has it (files before the persist thread read its clock do not)."""
+  per_run = [((r["result"]["checkpoint"].get("persist_cpu_s") or {})
+              .get("p50")) for r in data["runs"]
+             if r["mode"] == mode and r["every"] == every]
+  per_run = [v for v in per_run if v is not None]
+  return 1e3 * statistics.median(per_run) if per_run else None
+
+
 def _checkpoint_overhead_table(data: dict) -> str:
   # Files written before the bound was recorded used the same constant.
   bound = data.get("max_overhead_frac",
@@ -283,22 +299,27 @@ def _checkpoint_overhead_table(data: dict) -> str:
     verdict = DASH
     if c["every"] == "auto":
       verdict = judged([1 + x for x in per_repeat], 1 + bound)
+    is_async = c["mode"] == "async"
     rows.append([
         c["mode"], every, g(c["step_mean_ms"]),
         DASH if baseline else f"{100 * c['overhead_frac']:+.1f}%",
+        DASH if baseline else interval([1 + x for x in per_repeat]),
         DASH if baseline else ", ".join(f"{100 * x:+.1f}%"
                                         for x in per_repeat),
         DASH if baseline else g(c["stall_p50_ms"]),
         f3(c.get("stall_over_sync")) if not baseline else DASH,
         g(c["checkpoints"]),
-        g(c["skipped_or_waited"]) if c["mode"] == "async" else DASH,
-        g(c["persist_p50_ms"]) if c["mode"] == "async" else DASH, verdict])
+        g(c["skipped_or_waited"]) if is_async else DASH,
+        g(c["persist_p50_ms"]) if is_async else DASH,
+        g(_persist_cpu_ms(data, c["mode"], c["every"])) if is_async
+        else DASH, verdict])
   return (f"{data['repeats']} repeat(s) of {data['steps_per_run']} steps; "
           f"{data['model']} at {data['image_size']}×{data['image_size']}, "
           f"batch {data['batch_size']}.\n\n" + markdown(
-              ["mode", "every", "step ms", "overhead", "overhead per repeat",
+              ["mode", "every", "step ms", "overhead",
+               "step ratio [interval]", "overhead per repeat",
                "stall/ckpt ms", "stall / sync's", "checkpoints",
-               "busy waits", "persist ms",
+               "busy waits", "persist ms", "persist CPU ms",
                "bound (auto): met, missed, noisy"], rows))
 
 
@@ -358,15 +379,26 @@ def recorded_runs() -> str:
     foreign, busy = _busy(data, machine)
     rows.append([
         f"`{name}.json`", machine.get("date", DASH),
+        machine.get("cpu_model") or DASH,
         g(machine.get("cpu_count")), g(machine.get("ram_gib")),
         machine.get("tensorflow") or DASH, machine.get("torch") or DASH,
         machine.get("python") or DASH, g(data.get("repeats")),
         g(data.get("total_wall_s")),
         f"{load_at_start[0]:.2f}" if load_at_start else DASH,
         DASH if foreign is None else f"{100 * foreign:.1f}%",
-        DASH if busy is None else ("yes" if busy else "no")])
+        DASH if busy is None else ("yes" if busy else "no"),
+        _num_redone(data)])
   return markdown(
-      ["results file", "date", "cores", "RAM GiB", "TensorFlow", "PyTorch",
-       "Python", "repeats", "wall s", "load average at start",
+      ["results file", "date", "CPU", "cores", "RAM GiB", "TensorFlow",
+       "PyTorch", "Python", "repeats", "wall s", "load average at start",
        "other processes' largest CPU share in a run",
-       "busy (harness rules)"], rows)
+       "busy (harness rules)", "busy repeats run again"], rows)
+
+
+def _num_redone(data: dict) -> str:
+  """How many busy repeats the harness ran again; a dash for files from
+  before it could."""
+  hosts = ((data.get("harness") or {}).get("host") or {}).values()
+  counts = [len(h["discarded_repeats"]) for h in hosts
+            if isinstance(h, dict) and "discarded_repeats" in h]
+  return str(sum(counts)) if counts else DASH
