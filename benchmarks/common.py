@@ -218,7 +218,7 @@ def describe_machine() -> dict:
   }
 
 
-# Busy repeats run again, at most this many per benchmark: on the 2-core VM
+# Busy repeats run again, at most this many per group: on the 2-core VM
 # these results come from, about one run in six had the hypervisor take
 # more than 10% of the cores (checkpoint_overhead_quiet.json), so a few
 # redos replace the disturbed repeats of a 5-repeat run at a bounded cost.
@@ -233,8 +233,9 @@ def add_common_args(parser: argparse.ArgumentParser, *, repeats: int) -> None:
                       help=f"Interleaved repeats (default {repeats}, 1 with "
                       "--quick).")
   parser.add_argument("--redo_busy", type=int, default=REDO_BUSY_REPEATS,
-                      help="How many repeats, in all, to run again when the "
-                      "host was busy during them (see harness.py); 0 keeps "
+                      help="How many repeats of each interleaved group (a "
+                      "preset, a section) to run again when the host was "
+                      "busy during them (see harness.py); 0 keeps "
                       f"every repeat (default {REDO_BUSY_REPEATS}).")
   parser.add_argument("--output", default=None,
                       help="Result JSON path (default "

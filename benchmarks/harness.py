@@ -207,7 +207,7 @@ def host_load(before: dict, after: dict, *,
 
 def run_interleaved(sides: Sequence[Hashable], repeats: int,
                     run_side: Callable[[Hashable, int], dict], *,
-                    redo_busy: int = 0,
+                    redo_busy: int = 0, judge_start_load: bool = True,
                     warn: Callable[[str], None] = None,
                     snapshot: Callable[[], dict] = None) -> dict:
   """Runs every side once per repeat, the first side rotating; records load.
@@ -218,9 +218,14 @@ def run_interleaved(sides: Sequence[Hashable], repeats: int,
     run_side: run_side(side, repeat) measures one side once and returns
       its record (a dict), stored as it is.
     redo_busy: how many repeats, in all, may be run again because the host
-      was busy during them (0: none, every busy repeat is kept and marked).
+      was busy during them, in this group (0: none, every busy repeat is
+      kept and marked).
       All sides of a repeat are redone together, so the pairs stay paired;
       what was discarded stays in the record.
+    judge_start_load: apply the load-average rule before the first repeat.
+      Only before a benchmark's first group does the load average say what
+      others do: a later group (a second preset) starts under the load of
+      the one before, which decays over minutes; pass False there.
     warn: where busy-host warnings go (default: stderr).
     snapshot: reads the host's counters (default `host_snapshot`).
 
@@ -242,7 +247,7 @@ def run_interleaved(sides: Sequence[Hashable], repeats: int,
   warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
   snapshot = snapshot or host_snapshot
   first = snapshot()
-  start_load = host_load(first, first)
+  start_load = host_load(first, first, check_load=judge_start_load)
   for line in start_load["warnings"]:
     warn(f"WARNING: {line}; results will be marked busy")
   runs, orders, by_repeat, discarded = [], [], [], []
@@ -263,7 +268,7 @@ def run_interleaved(sides: Sequence[Hashable], repeats: int,
            f"{redo_busy} redo(s) of busy repeats used)")
     runs += repeat_runs
     by_repeat.append(load)
-  host = host_load(first, snapshot())
+  host = host_load(first, snapshot(), check_load=judge_start_load)
   host["busy"] = host["busy"] or any(r["busy"] for r in by_repeat)
   host["busy_repeats"] = [i for i, r in enumerate(by_repeat) if r["busy"]]
   host["host_by_repeat"] = by_repeat

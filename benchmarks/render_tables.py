@@ -99,7 +99,15 @@ def judged(values: Sequence[float], target: float,
 
 @table("trainer_overhead")
 def trainer_overhead() -> str:
-  data = load("trainer_overhead")
+  return _trainer_overhead_table(load("trainer_overhead"))
+
+
+@table("trainer_overhead_r5_steal")
+def trainer_overhead_r5_steal() -> str:
+  return _trainer_overhead_table(load("trainer_overhead_r5_steal"))
+
+
+def _trainer_overhead_table(data: dict) -> str:
   repeats = data["repeats"]
   rows = []
   for config, summary in data["summary"].items():

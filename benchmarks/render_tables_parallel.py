@@ -81,7 +81,9 @@ def framework_parity_other_runs() -> str:
 @table("torch_trainer_overhead")
 def torch_trainer_overhead() -> str:
   rows = []
-  for name, label in (("torch_trainer_overhead_r5", "5 repeats, quiet"),
+  for name, label in (("torch_trainer_overhead_r5_steal",
+                       "5 repeats, second VM"),
+                      ("torch_trainer_overhead_r5", "5 repeats, quiet"),
                       ("torch_trainer_overhead", "3 repeats, shared")):
     for preset, s in load(name)["summary"].items():
       p50, mean = s["time_ratio"]["p50"], s["time_ratio"]["mean"]

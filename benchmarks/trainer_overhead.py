@@ -274,7 +274,8 @@ def main():
                 "result": result}
 
       record = harness.run_interleaved(config["sides"], repeats, run_one,
-                                       redo_busy=args.redo_busy)
+                                       redo_busy=args.redo_busy,
+                                       judge_start_load=not hosts)
       runs.extend(record["runs"])
       hosts[config_name] = record["host"]
   summaries = {

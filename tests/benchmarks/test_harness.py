@@ -149,6 +149,22 @@ def test_without_a_redo_budget_a_busy_repeat_is_kept_and_marked():
                             redo_busy=-1)
 
 
+def test_a_later_group_does_not_judge_the_load_the_first_one_left():
+  # Load 7.4 on 2 cores at the start: busy for a benchmark's first group,
+  # not judged for a later one, which starts under the earlier one's load.
+  def run_group(judge_start_load):
+    quiet = _snapshots_with_steal([0, 0, 0])
+
+    def loaded():
+      return dict(quiet(), load_average=[7.4, 7.4, 7.4])
+    return harness.run_interleaved(["a"], 1, lambda side, repeat: {},
+                                   judge_start_load=judge_start_load,
+                                   warn=lambda _: 0, snapshot=loaded)
+
+  assert run_group(True)["host"]["busy"]
+  assert not run_group(False)["host"]["busy"]
+
+
 def test_foreign_cpu_is_unknown_without_proc_stat():
   load = harness.host_load(_snapshot(0.0, None, 0.0, 0.0),
                            _snapshot(0.0, None, 5.0, 10.0), num_cores=2)
