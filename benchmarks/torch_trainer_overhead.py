@@ -54,6 +54,10 @@ def parse_args():
   common.add_common_args(parser, repeats=DEFAULT_REPEATS)
   parser.add_argument("--configs", default=",".join(PRESETS),
                       help="Comma-separated presets: " + ", ".join(PRESETS))
+  parser.add_argument("--train_steps", type=int, default=None,
+                      help="Steps per run for every preset (default: the "
+                      "preset's own; its first tenth, at most 10, is "
+                      "warm-up).")
   parser.add_argument("--resummarize", metavar="RESULT_JSON",
                       help="Recompute the summary of an existing result file "
                       "from its runs, rewrite it and print the table; runs "
@@ -62,8 +66,12 @@ def parse_args():
 
 
 def build_configs(args, passthrough) -> dict:
-  return common.build_preset_configs(args.configs, passthrough,
-                                     quick=args.quick)
+  configs = common.build_preset_configs(args.configs, passthrough,
+                                        quick=args.quick)
+  if args.train_steps:
+    for config in configs.values():
+      config["train_steps"] = args.train_steps
+  return configs
 
 
 def run_side(side: str, flags: list, scratch: str) -> dict:
