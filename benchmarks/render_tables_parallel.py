@@ -81,7 +81,9 @@ def framework_parity_other_runs() -> str:
 @table("torch_trainer_overhead")
 def torch_trainer_overhead() -> str:
   rows = []
-  for name, label in (("torch_trainer_overhead_r5_steal",
+  for name, label in (("torch_trainer_overhead_resnet18_long",
+                       "5 repeats, 200 steps, second VM"),
+                      ("torch_trainer_overhead_r5_steal",
                        "5 repeats, second VM"),
                       ("torch_trainer_overhead_r5", "5 repeats, quiet"),
                       ("torch_trainer_overhead", "3 repeats, shared")):
