@@ -134,7 +134,8 @@ def _usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-def _cpu_share(cpu_s: float, wall_s: float) -> Optional[float]:
+def _cpu_share(cpu_s: float, wall_s: float,
+               num_cores: int) -> Optional[float]:
   """The share of the host's usable cores this process kept busy.
 
   Threads of this process only: a PyTorch DataLoader's worker processes are
@@ -143,7 +144,7 @@ def _cpu_share(cpu_s: float, wall_s: float) -> Optional[float]:
   """
   if wall_s <= 0:
     return None
-  return min(1.0, cpu_s / (wall_s * _usable_cores()))
+  return min(1.0, cpu_s / (wall_s * num_cores))
 
 
 def _summary(samples: List[float]) -> Dict[str, float]:
@@ -231,6 +232,7 @@ class CheckpointEngine:
     self._persists = persist.PersistThread(timeout_s=persist_timeout_s)
     self._last_mark: Optional[float] = None
     self._last_cpu_mark = 0.0
+    self._num_cores = _usable_cores()  # read once: a syscall, not per step
     self._last_marked_step = 0
     self._stall_in_step_s = 0.0
     self.stall_s: List[float] = []
@@ -290,7 +292,8 @@ class CheckpointEngine:
       self.policy.observe_step(
           (wall_s - self._stall_in_step_s) / steps_since,
           persisting=self.busy, num_steps=steps_since,
-          cpu_share=_cpu_share(cpu_now - self._last_cpu_mark, wall_s))
+          cpu_share=_cpu_share(cpu_now - self._last_cpu_mark, wall_s,
+                               self._num_cores))
     self._last_mark = now
     self._last_cpu_mark = cpu_now
     self._last_marked_step = step
