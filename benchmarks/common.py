@@ -20,6 +20,8 @@ import time
 from importlib import metadata
 from typing import Dict, List, Optional, Sequence
 
+from benchmarks import harness
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_DIR = os.path.join(REPO_ROOT, "benchmarks", "results")
 
@@ -48,16 +50,11 @@ def children_cpu_s() -> float:
 
 
 def host_cpu_s() -> Dict[str, float]:
-  """Seconds of CPU the whole host spent busy, and lost to the hypervisor."""
-  try:
-    with open("/proc/stat", encoding="utf-8") as f:
-      fields = [int(v) for v in f.readline().split()[1:]]
-  except (OSError, ValueError):
-    return {"busy": float("nan"), "steal": float("nan")}
-  ticks = os.sysconf("SC_CLK_TCK")
-  user, nice, system, _, _, irq, softirq, steal = (fields + [0] * 8)[:8]
-  return {"busy": (user + nice + system + irq + softirq) / ticks,
-          "steal": steal / ticks}
+  """Seconds of CPU the whole host spent busy, and lost to the hypervisor
+  (NaN where /proc/stat cannot be read); the harness reads them."""
+  busy_s, steal_s = harness.host_cpu_s()
+  return {"busy": float("nan") if busy_s is None else busy_s,
+          "steal": float("nan") if steal_s is None else steal_s}
 
 
 def run_process(args: Sequence[str], timeout_s: float = PROCESS_TIMEOUT_S

@@ -115,7 +115,7 @@ def _self_tree_cpu_s() -> float:
   return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _host_cpu_s() -> Tuple[Optional[float], Optional[float]]:
+def host_cpu_s() -> Tuple[Optional[float], Optional[float]]:
   """Seconds since boot the host's CPUs spent busy, and lost to steal,
   from /proc/stat; (None, None) where it cannot be read."""
   try:
@@ -134,7 +134,7 @@ def host_snapshot() -> dict:
     load = list(os.getloadavg())
   except OSError:
     load = None
-  busy_s, steal_s = _host_cpu_s()
+  busy_s, steal_s = host_cpu_s()
   return {"load_average": load, "host_busy_cpu_s": busy_s,
           "host_steal_cpu_s": steal_s, "self_tree_cpu_s": _self_tree_cpu_s(),
           "monotonic_s": time.monotonic()}
@@ -217,11 +217,10 @@ def run_interleaved(sides: Sequence[Hashable], repeats: int,
     repeats: how many times every side runs; >= 1.
     run_side: run_side(side, repeat) measures one side once and returns
       its record (a dict), stored as it is.
-    redo_busy: how many repeats, in all, may be run again because the host
-      was busy during them, in this group (0: none, every busy repeat is
-      kept and marked).
-      All sides of a repeat are redone together, so the pairs stay paired;
-      what was discarded stays in the record.
+    redo_busy: how many repeats of this group may be run again because
+      the host was busy during them (0: none; every busy repeat is kept and
+      marked). All sides of a repeat are redone together, so the pairs stay
+      paired; what was discarded stays in the record.
     judge_start_load: apply the load-average rule before the first repeat.
       Only before a benchmark's first group does the load average say what
       others do: a later group (a second preset) starts under the load of
