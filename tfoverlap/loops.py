@@ -4,7 +4,7 @@
 the replicated step (forward, backward, all-reduce, update), the checkpoint.
 `run_multi_step_loop` is the custom loop at --steps_per_execution=K: one
 traced call runs K steps, reading the iterator itself, and is timed as one
-span. `run_fit_loop` drives Keras `model.fit`, whose compiled step pulls
+span, with its steps' data waits timed inside the graph. `run_fit_loop` drives Keras `model.fit`, whose compiled step pulls
 its own input, so there the data wait is inside the compute span.
 """
 
@@ -71,9 +71,12 @@ def run_multi_step_loop(ctx: LoopContext, *, train_steps, iterator,
   for first, size in execution_sizes(ctx.first_step, ctx.last_step,
                                      steps_per_execution):
     start_s = time.perf_counter()
+    losses, waits = train_steps(iterator, tf.constant(size))
     # Reading the losses waits for the call's last step to finish.
-    losses = train_steps(iterator, tf.constant(size)).numpy()
-    after_execution(ctx, first, losses, start_s, time.perf_counter())
+    losses = losses.numpy()
+    after_execution(ctx, first, losses, start_s, time.perf_counter(),
+                    data_wait_s=(None if waits is None
+                                 else float(waits.numpy().sum())))
     loss = float(losses[-1])
   return loss
 

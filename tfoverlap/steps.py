@@ -104,16 +104,35 @@ def make_train_step(strategy, model, optimizer, *, task: str,
   return train_step
 
 
+def _next_timed(iterator, step):
+  """The next batch, and the seconds from when loop iteration `step` may
+  begin (its index is ready) to when the batch is in hand."""
+  with tf.control_dependencies([step]):
+    asked = tf.timestamp()
+  batch = next(iterator)
+  with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+    return batch, tf.timestamp() - asked
+
+
 def make_multi_step_train_step(strategy, model, optimizer, *, task: str,
-                               global_batch_size: int):
+                               global_batch_size: int, time_waits: bool):
   """A tf.function running several optimizer steps per call, as Keras'
   `steps_per_execution` does: the iterator is read inside the traced loop,
   so the steps of one call cost one Python round trip.
 
+  Each step's wait for its batch is timed inside the graph, as the custom
+  loop times it outside: from the moment the step may begin to the moment
+  its batch is in hand. A loop iteration begins only once every stateful op
+  of the one before (the variable updates included) has run, because the
+  loop's carried values wait on them (tf.function's automatic control
+  dependencies); `tf.timestamp`s are ordered among themselves in program
+  order. Op determinism (--deterministic) refuses to run `tf.timestamp`,
+  so there `time_waits` must be False and nothing is timed.
+
   Returns:
-    train_steps(iterator, num_steps) -> the global mean loss of each step
-    (a vector). `num_steps` is a scalar tensor, so a shorter last call
-    reuses the same trace.
+    train_steps(iterator, num_steps) -> (the global mean loss of each step,
+    each step's data wait in seconds or None), two vectors. `num_steps` is
+    a scalar tensor, so a shorter last call reuses the same trace.
   """
   replica_step = _make_replica_step(model, optimizer, task=task,
                                     global_batch_size=global_batch_size)
@@ -121,11 +140,17 @@ def make_multi_step_train_step(strategy, model, optimizer, *, task: str,
   @tf.function
   def train_steps(iterator, num_steps):
     losses = tf.TensorArray(tf.float32, size=num_steps)
+    waits = tf.TensorArray(tf.float64, size=num_steps)
     for i in tf.range(num_steps):
-      per_replica_loss = strategy.run(replica_step, args=next(iterator))
+      if time_waits:
+        batch, wait = _next_timed(iterator, i)
+        waits = waits.write(i, wait)
+      else:
+        batch = next(iterator)
+      per_replica_loss = strategy.run(replica_step, args=batch)
       losses = losses.write(i, strategy.reduce(
           tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None))
-    return losses.stack()
+    return losses.stack(), waits.stack() if time_waits else None
 
   return train_steps
 

@@ -207,7 +207,8 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
     return loops.run_multi_step_loop(
         ctx, train_steps=steps.make_multi_step_train_step(
             strategy, model, optimizer, task=spec.task,
-            global_batch_size=config.data.batch_size),
+            global_batch_size=config.data.batch_size,
+            time_waits=not config.run.deterministic),
         iterator=iter(train_input), steps_per_execution=k)
   if built.burst:
     train_step = steps.make_burst_train_step(
@@ -361,14 +362,17 @@ def train(config: TrainConfig) -> dict:
     notes.append(f"{config.run.steps_per_execution} steps per traced call, "
                  "the input read inside it: each call is timed as one span "
                  "and each step recorded as the span divided by the steps; "
-                 "data wait is part of compute")
+                 + ("data wait is timed in the graph and divided likewise"
+                    if not config.run.deterministic else
+                    "data wait is part of compute (op determinism refuses "
+                    "tf.timestamp)"))
   if restored_step:
     notes.append(f"resumed from the checkpoint of step {restored_step}")
     if config.data.data_service:
       notes.append("the tf.data service hands batches to consumers in "
                    "arrival order: the resumed data order is not exact")
-  input_inside = (config.run.loop == "fit"
-                  or config.run.steps_per_execution > 1)
+  input_inside = config.run.loop == "fit" or (
+      config.run.steps_per_execution > 1 and config.run.deterministic)
   phases_measured = ([ledger_lib.COMPUTE, ledger_lib.CHECKPOINT_STALL]
                      if input_inside else list(ledger_lib.PHASES))
   if built.pipeline:

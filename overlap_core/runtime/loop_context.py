@@ -79,24 +79,40 @@ def after_step(ctx: LoopContext, step: int, loss: float, *,
 
 def after_execution(ctx: LoopContext, first_step: int,
                     losses: Sequence[float], start_s: float,
-                    end_s: float) -> None:
+                    end_s: float, data_wait_s: Optional[float] = None) -> None:
   """Closes the steps of one call that ran len(losses) steps.
 
-  The call is timed as one span, its input waits inside; each of its steps
-  is recorded as an equal share of it, in order (the last one also holds
-  what happens after the call: the checkpoint stall, the bookkeeping of
-  all its steps). Checkpointing is asked only
-  after the last step: only then do the variables hold the state of the
-  step a checkpoint would be named after. The cadence therefore sees only
-  the calls' last steps, which the adaptive policy allows (it checkpoints
-  at the first step at or past the one it planned) and a fixed cadence
-  meets when it is a multiple of the steps per call (checked with the
-  flags).
+  The call is timed as one span; each of its steps is recorded as an equal
+  share of it, in order (the last one also holds what happens after the
+  call: the checkpoint stall, the bookkeeping of all its steps). Within a
+  share, the call's measured data wait divided by its steps comes first as
+  `data_wait`, the rest is `compute`; without a measured wait (`model.fit`)
+  the share is all `compute`, its input wait inside.
+
+  Checkpointing is asked only after the last step: only then do the
+  variables hold the state of the step a checkpoint would be named after.
+  The cadence therefore sees only the calls' last steps, which the adaptive
+  policy allows (it checkpoints at the first step at or past the one it
+  planned) and a fixed cadence meets when it is a multiple of the steps per
+  call (checked with the flags).
+
+  Args:
+    data_wait_s: the call's steps' waits for their batches, summed, or None
+      when the call does not measure them.
   """
   per_step_s = (end_s - start_s) / len(losses)
+  # The wait is timed on the graph's clock and the span on ours: a share
+  # never holds more wait than it lasts.
+  wait_s = (None if data_wait_s is None
+            else min(max(data_wait_s, 0.0) / len(losses), per_step_s))
   for i, loss in enumerate(losses):
-    share_end_s = start_s + (i + 1) * per_step_s
-    ctx.ledger.add(ledger_lib.COMPUTE, start_s + i * per_step_s, share_end_s)
+    share_start_s = start_s + i * per_step_s
+    share_end_s = share_start_s + per_step_s
+    if wait_s is not None:
+      ctx.ledger.add(ledger_lib.DATA_WAIT, share_start_s,
+                     share_start_s + wait_s)
+      share_start_s += wait_s
+    ctx.ledger.add(ledger_lib.COMPUTE, share_start_s, share_end_s)
     last = i == len(losses) - 1
     after_step(ctx, first_step + i, float(loss), may_checkpoint=last,
                end_s=None if last else share_end_s)

@@ -114,7 +114,8 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
 
   `steps_per_execution` is the steps each traced call ran: above 1, the
   ledger timed spans of that many steps, and every per-step figure in
-  `phases` is a span divided by it, its input waits inside compute.
+  `phases` is a span divided by it (the input waits, timed inside the call,
+  too).
 
   `background` is the background job's throughput and the foreground's
   slowdown (`BackgroundRunner.stats()`), or None without one.

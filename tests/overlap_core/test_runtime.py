@@ -274,6 +274,34 @@ def test_a_multi_step_call_is_shared_out_and_checkpoints_at_its_end():
       pytest.approx(0.1)
 
 
+def test_a_multi_step_call_puts_its_measured_wait_first_in_each_share():
+  """A call of 4 steps over 0.4 s that waited 0.08 s for its batches in
+  all: every step gets 0.02 s of data wait, then 0.08 s of compute. A wait
+  longer than the call (two clocks) is capped at each share's length."""
+  clock = FakeClock()
+  ledger = ledger_lib.StepLedger(clock=clock)
+  ctx = LoopContext(
+      ledger=ledger,
+      progress=ProgressPrinter(total_steps=8, every_steps=4, enabled=False),
+      checkpointer=None, write_scalars=lambda step, loss: None,
+      first_step=1, last_step=8, global_batch_size=8)
+  for first, wait_s in ((1, 0.08), (5, 0.5)):
+    start = clock()
+    clock.advance(0.4)
+    after_execution(ctx, first, [0.0] * 4, start, clock(),
+                    data_wait_s=wait_s)
+  steps = ledger.steps
+  assert [s.phases_s[ledger_lib.DATA_WAIT] for s in steps] == pytest.approx(
+      [0.02] * 4 + [0.1] * 4)
+  assert [s.phases_s.get(ledger_lib.COMPUTE, 0.0) for s in steps] == \
+      pytest.approx([0.08] * 4 + [0.0] * 4)
+  assert [s.duration_s for s in steps] == pytest.approx([0.1] * 8)
+  waits = [span for span in ledger.spans if span.name == ledger_lib.DATA_WAIT]
+  # Each wait opens its step's share.
+  assert [w.start_s for w in waits[:4]] == pytest.approx(
+      [100.0, 100.1, 100.2, 100.3])
+
+
 def test_scalar_windows_cover_the_steps_since_the_last_report():
   clock = FakeClock()
   ledger = ledger_lib.StepLedger(clock=clock)

@@ -9,10 +9,15 @@ exactly the steps a run of one step per call does.
 import glob
 import os
 import re
+import time
 
+import keras
 import pytest
+import tensorflow as tf
 
 from overlap_core.runtime import run_record
+from overlap_core.runtime.zoo import CLASSIFICATION
+from tfoverlap import steps
 from tfoverlap.loops import execution_sizes
 
 from tests.helpers import run_module
@@ -52,12 +57,27 @@ def test_k_steps_per_call_train_the_weights_of_one_step_per_call(
   assert four["steps"] == one["steps"] == 12
   assert four["steps_per_execution"] == 4
   assert one["steps_per_execution"] == 1
-  # The input is read inside the call, so no data wait is measured apart,
-  # and the record says how the per-step figures were made.
+  # The input is read inside the call, and under --deterministic no clock
+  # may be read in the graph, so no data wait is measured apart; the record
+  # says how the per-step figures were made.
   assert "data_wait" not in four["phases_measured"]
   assert four["phases"]["compute"]["mean"] > 0
   if loop == "ctl":
-    assert any("steps per traced call" in n for n in four["notes"])
+    assert any("steps per traced call" in n and "op determinism" in n
+               for n in four["notes"])
+
+
+def test_the_custom_loop_times_each_calls_data_wait_in_the_graph(tmp_path):
+  record = run_module(
+      "tfoverlap.train", f"--model_dir={tmp_path}", "--model=mlp",
+      "--dataset=digits", "--batch_size=32", "--train_steps=8",
+      "--steps_per_execution=4", "--tensorboard=false", "--trace=false",
+      "--evaluate=false", timeout=600)
+  assert record.returncode == 0, record.stderr[-4000:]
+  record = run_record.load_run_record(str(tmp_path))
+  assert "data_wait" in record["phases_measured"]
+  assert record["phases"]["data_wait"]["mean"] >= 0
+  assert any("timed in the graph" in n for n in record["notes"])
 
 
 def test_a_resume_between_calls_realigns_and_ends_like_an_uninterrupted_run(
@@ -91,3 +111,66 @@ def test_fit_refuses_a_resume_that_leaves_a_partial_execution(tmp_path):
   assert result.returncode == 2, result.stderr[-3000:]
   last = result.stderr.strip().splitlines()[-1]
   assert "--steps_per_execution=4" in last and "6 steps remain" in last
+
+
+PAUSE_S = 0.2  # a sleep lasts at least this long, on any host
+
+
+def _pause(tensor):
+  """`tensor`, after at least PAUSE_S of waiting in the graph."""
+  def sleep():
+    time.sleep(PAUSE_S)
+    return 0.0
+  pause = tf.py_function(sleep, [], tf.float32)
+  pause.set_shape([])
+  return tensor + tf.stop_gradient(pause)
+
+
+class _PausingDense(keras.layers.Dense):
+  """A Dense layer whose forward pass takes at least PAUSE_S."""
+
+  def call(self, inputs):
+    return _pause(super().call(inputs))
+
+
+def _time_waits(model, dataset, num_steps=3):
+  """Runs one call of `num_steps` steps; each step's measured data wait."""
+  train_steps = steps.make_multi_step_train_step(
+      tf.distribute.get_strategy(), model, keras.optimizers.SGD(0.1),
+      task=CLASSIFICATION, global_batch_size=4, time_waits=True)
+  _, waits = train_steps(iter(dataset), tf.constant(num_steps))
+  return waits.numpy()
+
+
+def _batches(produce=lambda batch: batch):
+  inputs, labels = tf.ones((4, 3)), tf.zeros((4,), tf.int32)
+  options = tf.data.Options()
+  # No element may be made ahead of its request: each one's cost then
+  # falls on the step that asks for it.
+  options.autotune.enabled = False
+  options.experimental_optimization.inject_prefetch = False
+  return (tf.data.Dataset.range(100).map(lambda _: produce((inputs, labels)))
+          .with_options(options))
+
+
+def test_the_wait_timed_in_the_graph_holds_a_slow_input():
+  """Each batch takes at least PAUSE_S to make and none is made ahead: a
+  wait that starts where the step may begin and ends where its batch is in
+  hand holds at least that."""
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  waits = _time_waits(model, _batches(
+      lambda batch: (_pause(batch[0]), batch[1])))
+  assert len(waits) == 3
+  assert min(waits) >= PAUSE_S, waits
+
+
+def test_the_wait_timed_in_the_graph_leaves_the_compute_out():
+  """Each step's forward pass takes at least PAUSE_S and its batch is in
+  memory: a wait that also held the step before it (a timestamp taken
+  before the previous update ended) would hold at least PAUSE_S. An
+  in-memory batch is handed over in microseconds, so PAUSE_S is three
+  orders of magnitude of margin."""
+  model = keras.Sequential([keras.Input((3,)), _PausingDense(2)])
+  waits = _time_waits(model, _batches())
+  assert len(waits) == 3
+  assert 0 <= min(waits) and max(waits) < PAUSE_S, waits
