@@ -160,6 +160,8 @@ def summarize_record(record: dict) -> dict:
       "compute": phase("compute"),
       "checkpoint_stall": phase("checkpoint_stall"),
       "other": phase("other"),
+      # The process tree's CPU work per step and the bound it sets.
+      "cpu": record.get("cpu"),
       "final": record.get("final", {}),
   }
 

@@ -1,0 +1,154 @@
+"""The default job's data wait at one and at K steps per traced call.
+
+  python -m benchmarks.steps_per_execution            # 5 repeats
+  python -m benchmarks.steps_per_execution --quick    # a smoke run
+
+The job is `python -m tfoverlap.train` as a new user first runs it (its
+default flags: small_cnn on digits, MirroredStrategy over two CPU devices,
+prefetch autotuned), with evaluation off, so that only training is timed. It
+runs at --steps_per_execution=1 and =K, and again under --strategy=default,
+which reads the input through a plain iterator instead of a distributed one:
+
+  mirrored/1   the default job
+  mirrored/K   the default job, K steps per traced call
+  default/1, default/K   the same without the distributed input
+
+At 1 the custom loop times `next(iterator)` in Python; at K the wait is
+timed inside the graph (`tfoverlap.steps.make_multi_step_train_step`), so
+the two are the same span: from the moment a step may begin to the moment
+its batch is in hand. Per cell: the data-wait share of the step, judged
+against the 2% goal; the step; the process's CPU work per step and the
+bound it sets on 2 cores (`run.json` cpu: work / cores), which says whether
+the input and compute together fill the machine; and, per strategy, the
+step at K over the step at 1 within each repeat.
+"""
+
+import argparse
+import os
+import tempfile
+import time
+
+from benchmarks import common
+from benchmarks import harness
+
+NAME = "steps_per_execution"
+DEFAULT_REPEATS = 5
+STEPS_PER_EXECUTION = 8
+STRATEGIES = ("mirrored", "default")
+TARGET_MAX_DATA_WAIT_FRAC = 0.02
+
+
+def parse_args():
+  parser = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  common.add_common_args(parser, repeats=DEFAULT_REPEATS)
+  parser.add_argument("--steps_per_execution", type=int,
+                      default=STEPS_PER_EXECUTION,
+                      help="K, the steps per call compared against 1.")
+  parser.add_argument("--train_steps", type=int, default=None,
+                      help="Steps per run; default: the job's own.")
+  args = parser.parse_args()
+  if args.steps_per_execution < 2:
+    parser.error(f"--steps_per_execution={args.steps_per_execution}: "
+                 "allowed: >= 2 (it is compared against 1)")
+  return args
+
+
+def job_flags(strategy: str, k: int, train_steps) -> list:
+  flags = [f"--steps_per_execution={k}", "--evaluate=false"]
+  if strategy != "mirrored":  # mirrored is the job's default
+    flags.append(f"--strategy={strategy}")
+  if train_steps:
+    flags.append(f"--train_steps={train_steps}")
+  return flags
+
+
+def summarize(runs: list, k: int) -> dict:
+  def per_repeat(cell, get):
+    return harness.values_by_side(runs, get, side_field="cell")[cell]
+
+  cells = {}
+  for strategy in STRATEGIES:
+    steps_ms = {}
+    for calls in (1, k):
+      cell = (strategy, calls)
+      wait = per_repeat(cell, lambda r: r["result"]["data_wait"]["fraction"])
+      steps_ms[calls] = per_repeat(cell, lambda r: r["result"]["step"]["mean_ms"])
+      cells[f"{strategy}/{calls}"] = {
+          "strategy": strategy, "steps_per_execution": calls,
+          "data_wait_fraction": harness.judge(
+              harness.median_interval(wait), TARGET_MAX_DATA_WAIT_FRAC),
+          "data_wait_fraction_all": wait,
+          "data_wait_mean_ms_all": per_repeat(
+              cell, lambda r: r["result"]["data_wait"]["mean_ms"]),
+          "compute_mean_ms_all": per_repeat(
+              cell, lambda r: r["result"]["compute"]["mean_ms"]),
+          "step_mean_ms_all": steps_ms[calls],
+          "samples_per_second_all": per_repeat(
+              cell, lambda r: r["result"]["samples_per_second"]),
+          "cpu_work_ms_all": per_repeat(
+              cell, lambda r: 1e3 * r["result"]["cpu"]["work_s_per_step"]),
+          "work_bound_ms_all": per_repeat(
+              cell, lambda r: 1e3 * r["result"]["cpu"]["work_bound_s"]),
+      }
+    cells[f"{strategy}/{k} over {strategy}/1"] = {
+        "step_ratio": harness.summarize_ratios(steps_ms[k], steps_ms[1])}
+  return cells
+
+
+def format_summary(summary: dict) -> str:
+  rows = []
+  for name, cell in summary.items():
+    if "step_ratio" in cell:
+      rows.append([name, "-", "-", "-", "-",
+                   harness.format_interval(cell["step_ratio"])])
+      continue
+    wait = cell["data_wait_fraction"]
+    rows.append([name, harness.format_interval(wait), wait["verdict"],
+                 common.median(cell["step_mean_ms_all"]),
+                 common.median(cell["work_bound_ms_all"]), "-"])
+  return common.format_table(
+      ["cell", "data wait share", "<= 2%", "step ms", "work / cores ms",
+       "step ratio"], rows)
+
+
+def main():
+  args = parse_args()
+  repeats = common.resolve_repeats(args, DEFAULT_REPEATS)
+  k = args.steps_per_execution
+  train_steps = args.train_steps or (40 if args.quick else None)
+  machine = common.describe_machine()
+  start = time.perf_counter()
+  cells = [(strategy, calls) for strategy in STRATEGIES for calls in (1, k)]
+  with tempfile.TemporaryDirectory(prefix="tfo-spe-") as scratch:
+
+    def run_one(cell, repeat):
+      strategy, calls = cell
+      flags = job_flags(strategy, calls, train_steps)
+      result = common.run_trainer(
+          flags, os.path.join(scratch, f"{strategy}-{calls}-{repeat}"))
+      common.log(f"repeat {repeat + 1}/{repeats} {strategy} K={calls}: "
+                 f"data wait {100 * result['data_wait']['fraction']:.1f}%, "
+                 f"step {result['step']['mean_ms']:.2f} ms")
+      return {"cell": [strategy, calls], "repeat": repeat, "flags": flags,
+              "result": result}
+
+    record = harness.run_interleaved(cells, repeats, run_one,
+                                     redo_busy=args.redo_busy)
+  summary = summarize(record["runs"], k)
+  payload = {"benchmark": NAME, "command": common.command_line(),
+             "quick": args.quick, "repeats": repeats, "machine": machine,
+             "steps_per_execution": k,
+             "target_max_data_wait_fraction": TARGET_MAX_DATA_WAIT_FRAC,
+             "summary": summary, "runs": record["runs"],
+             "total_wall_s": time.perf_counter() - start,
+             **harness.payload_fields({"all": record["host"]})}
+  path = common.result_path(NAME, args)
+  common.write_results(path, payload)
+  print(format_summary(summary))
+  print(f"\n{len(record['runs'])} runs in {payload['total_wall_s']:.0f} s; "
+        f"results: {os.path.relpath(path, common.REPO_ROOT)}")
+
+
+if __name__ == "__main__":
+  main()
