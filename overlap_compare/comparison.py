@@ -71,7 +71,7 @@ GroupKey = Tuple[str, Cell]  # (framework, workload)
 
 def summarize_cell(outcomes: Sequence[RunOutcome]) -> CellResult:
   """Folds one cell's repeats into a CellResult."""
-  ok = [o.record for o in outcomes if o.status == OK]
+  ok = [o for o in outcomes if o.status == OK]
   errors = tuple(dict.fromkeys(o.error for o in outcomes if o.status != OK))
   if ok:
     status = OK
@@ -79,8 +79,10 @@ def summarize_cell(outcomes: Sequence[RunOutcome]) -> CellResult:
     status = UNSUPPORTED
   else:
     status = FAILED
-  return CellResult(status=status,
-                    stats=overlap_metrics.summarize_records(ok) if ok else None,
+  stats = (overlap_metrics.summarize_records([o.record for o in ok],
+                                             [o.repeat for o in ok])
+           if ok else None)
+  return CellResult(status=status, stats=stats,
                     num_runs=len(outcomes), errors=errors)
 
 

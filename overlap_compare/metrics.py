@@ -39,10 +39,13 @@ Definitions (the report prints them too):
   limit: no overlap could go faster on these cores. A cell well above its
   bound lost time to interference (waits, contention), not to a lack of
   cores. Spin-waiting threads count as work, so the work bound errs high.
-- Slow-down: adding an optimization x to a cell P made it slower, i.e.
-  step(P + x) > step(P) * (1 + tolerance), tolerance being the larger of
-  the noise floor and each cell's spread across repeats ((max - min) of
-  its step times over its median repeat's). When P has an optimization of its own, the
+- Slow-down: adding an optimization x to a cell P made it slower. With
+  enough repeats for an interval (`paired_step_ratio`): the interval of
+  step(P + x) / step(P), paired by repeat, lies wholly above 1 and its
+  median above 1 + the noise floor. With fewer: step(P + x) > step(P) *
+  (1 + tolerance), tolerance being the larger of the noise floor and each
+  cell's spread across repeats ((max - min) of its step times over its
+  median repeat's). When P has an optimization of its own, the
   slow-down is interference: the combination is slower than one of its
   parts. The phases named are those whose per-step time grew by at least a
   fifth of the step's growth.
@@ -51,7 +54,7 @@ Definitions (the report prints them too):
 import dataclasses
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from overlap_core.runtime import pipeline_stats
+from overlap_core.runtime import intervals, pipeline_stats
 from overlap_core.runtime.ledger import CHECKPOINT_STALL, COMPUTE, DATA_WAIT, OTHER
 from overlap_compare.matrix import Cell
 
@@ -64,6 +67,8 @@ MIN_OVERLAPPABLE_FRAC = 0.02
 # of the step's growth.
 GROWN_PHASE_SHARE = 0.2
 DEFAULT_NOISE_FLOOR = 0.05
+# Where a paired step ratio's interval lies against 1.
+FASTER, SLOWER, EVEN = "faster", "slower", "even"
 _ROUNDING = 1e-9
 
 
@@ -84,6 +89,9 @@ class CellStats:
     work_s: CPU seconds per step of all its workers' process trees, or
       None where run.json has no `cpu` section.
     cores: the cores those processes could use, or None.
+    step_s_by_repeat: ((repeat, mean step time), ...) of every repeat that
+      produced a run.json, for ratios paired by repeat; () when the
+      repeats are not known.
   """
   num_runs: int
   samples_per_second: float
@@ -94,6 +102,7 @@ class CellStats:
   checkpoint_interval_s: Optional[float] = None
   work_s: Optional[float] = None
   cores: Optional[int] = None
+  step_s_by_repeat: Tuple[Tuple[int, float], ...] = ()
 
   @property
   def phase_fractions(self) -> Dict[str, float]:
@@ -176,6 +185,8 @@ class Slowdown:
     grown_phases: (phase, growth in seconds per step), largest first.
     slower_than_all_parts: the cell is slower than every cell that drops
       one of its optimizations (for a pair A + B: slower than A and B).
+    step_ratio: step(cell) / step(reference) paired by repeat
+      (`paired_step_ratio`), or None.
   """
   cell: Cell
   added_axis: int
@@ -184,6 +195,7 @@ class Slowdown:
   tolerance_frac: float
   grown_phases: Tuple[Tuple[str, float], ...]
   slower_than_all_parts: bool
+  step_ratio: Optional[dict] = None
 
   @property
   def is_interference(self) -> bool:
@@ -266,12 +278,20 @@ def _step_phases_s(phases: Mapping[str, dict]) -> Dict[str, float]:
   return means
 
 
-def summarize_records(records: Sequence[dict]) -> CellStats:
+def summarize_records(records: Sequence[dict],
+                      repeats: Optional[Sequence[int]] = None) -> CellStats:
   """One cell's stats from the run.json dicts of its successful repeats.
 
+  Args:
+    records: the run.json dicts.
+    repeats: each record's repeat number, for ratios paired by repeat.
+
   Raises:
-    ValueError: when `records` is empty.
+    ValueError: when `records` is empty, or `repeats` does not match it.
   """
+  if repeats is not None and len(repeats) != len(records):
+    raise ValueError(f"got {len(records)} records and {len(repeats)} "
+                     "repeat numbers")
   median = median_record(records)
   step_s = median["phases"]["step"]["mean"]
   steps = [r["phases"]["step"]["mean"] for r in records]
@@ -290,7 +310,41 @@ def summarize_records(records: Sequence[dict]) -> CellStats:
       step_spread=spread,
       runs_samples_per_second=tuple(r["samples_per_second"] for r in records),
       checkpoint_interval_s=checkpoint_interval_s(median),
-      work_s=work_s, cores=cpu.get("cores"))
+      work_s=work_s, cores=cpu.get("cores"),
+      step_s_by_repeat=() if repeats is None else tuple(
+          (int(n), s) for n, s in zip(repeats, steps)))
+
+
+def paired_step_ratio(cell: CellStats, reference: CellStats
+                      ) -> Optional[dict]:
+  """step(cell) / step(reference) within each repeat both ran: the median
+  with its order-statistics interval (`intervals.summarize_ratios`), or
+  None when they share no repeat.
+
+  Within a repeat the two cells ran minutes apart under the same load (the
+  schedule runs every cell once per repeat), so a pair cancels what a slow
+  stretch of a shared host does to both.
+  """
+  mine = dict(cell.step_s_by_repeat)
+  theirs = dict(reference.step_s_by_repeat)
+  common = sorted(set(mine) & set(theirs))
+  if not common or any(theirs[r] <= 0 for r in common):
+    return None
+  return intervals.summarize_ratios([mine[r] for r in common],
+                                    [theirs[r] for r in common])
+
+
+def ratio_verdict(ratio: Optional[dict]) -> Optional[str]:
+  """FASTER, SLOWER or EVEN for a paired step ratio whose interval lies
+  below 1, above 1, or across it; None without an interval (too few
+  repeats), where the caller falls back on the noise tolerance."""
+  if ratio is None or ratio.get("low") is None:
+    return None
+  if ratio["high"] < 1:
+    return FASTER
+  if ratio["low"] > 1:
+    return SLOWER
+  return EVEN
 
 
 def components_from(baseline: CellStats) -> OverlapComponents:
@@ -376,12 +430,20 @@ def find_slowdowns(stats: Mapping[Cell, CellStats],
       ref, now = stats[reference], stats[cell]
       tolerance = _tolerance(noise_floor, now, ref)
       slowdown = now.step_s / ref.step_s - 1 if ref.step_s > 0 else 0.0
-      if slowdown <= tolerance:
+      paired = paired_step_ratio(now, ref)
+      if ratio_verdict(paired) is None:
+        if slowdown <= tolerance:
+          continue
+      # With an interval, the pairs decide: slower beyond doubt, and by
+      # more than the noise floor.
+      elif (ratio_verdict(paired) != SLOWER
+            or paired["median"] <= 1 + noise_floor):
         continue
       slower_than_all = (len(parts) == len(cell.optimizations) and all(
           now.step_s > stats[p].step_s for p in parts.values()))
       found.append(Slowdown(cell, axis, reference, slowdown, tolerance,
-                            grown_phases(now, ref), slower_than_all))
+                            grown_phases(now, ref), slower_than_all,
+                            paired))
   return found
 
 

@@ -19,6 +19,7 @@ from overlap_compare import comparison as comparison_lib
 from overlap_compare import metrics as overlap_metrics
 from overlap_compare.comparison import Comparison, GroupKey
 from overlap_compare.matrix import Cell
+from overlap_core.runtime import intervals
 
 REPORT_NAME = "report.md"
 RESULTS_NAME = "results.csv"
@@ -58,10 +59,20 @@ DEFINITIONS = """\
   otherwise); a cell above it **lost to interference**. Threads that spin
   while waiting count as work, so W errs high. Blank where the runs
   recorded no CPU times.
-- **Slow-down.** Adding setting x to cell P made it slower when
-  step(P + x) > step(P) x (1 + tolerance). The tolerance is the larger of the
-  noise floor and both cells' spread across repeats ((max - min) of their
-  step times, over the median repeat's). When P already had an optimization, it is
+- **Where combining stops paying.** The best combination's step over the
+  best single optimization's, taken within each repeat (every repeat runs
+  every cell once, so a pair shares the host's load), gives per-repeat
+  ratios; their median's order-statistics interval (90% asked; 5 repeats
+  reach 94%) decides: wholly below 1, combining **paid off**; wholly above
+  1, it **lost**; across 1, **even**. With too few repeats for an interval
+  (fewer than 5), the throughput ratio is held against the slow-down
+  tolerance below instead, and the evidence column says "noise".
+- **Slow-down.** Adding setting x to cell P made it slower when, with an
+  interval, the interval of step(P + x) / step(P) paired by repeat lies
+  wholly above 1 and its median above 1 + the noise floor; with fewer
+  repeats, when step(P + x) > step(P) x (1 + tolerance). The tolerance is
+  the larger of the noise floor and both cells' spread across repeats
+  ((max - min) of their step times, over the median repeat's). When P already had an optimization, it is
   **interference**: the combination lost to one of its parts. "All parts"
   marks a combination slower than every cell that drops one of its
   settings. Phases named grew by at least a fifth of the step's growth.
@@ -140,7 +151,8 @@ def format_report(comparison: Comparison, output_dir: str) -> str:
               "against the best combination (×base: speed-up over the "
               "baseline).\n\n" +
               _table(["group", "best single", "best combination",
-                      "combination / single", "noise", "verdict"], rows) +
+                      "combination / single", "evidence", "verdict"],
+                     rows) +
               "\n")
   for key in comparison.groups():
     out.write(f"\n**{comparison.group_label(key)}**\n\n")
@@ -289,7 +301,10 @@ def _slowdowns_text(comparison: Comparison, key: GroupKey) -> str:
         comparison.axis_label(s.added_axis, s.cell.choices[s.added_axis]),
         comparison.matrix.label(s.reference),
         f"{_ms(stats[s.reference].step_s)} -> {_ms(stats[s.cell].step_s)}",
-        f"{_pct(s.slowdown_frac)} (tol. {100 * s.tolerance_frac:.0f}%)",
+        f"{_pct(s.slowdown_frac)} " + (
+            f"(per repeat {intervals.format_interval(s.step_ratio, 2)})"
+            if overlap_metrics.ratio_verdict(s.step_ratio) else
+            f"(tol. {100 * s.tolerance_frac:.0f}%)"),
         compare_findings.phases_text(s.grown_phases) or "none alone"])
   return ("\nSlow-downs: adding a setting made the step slower.\n\n" +
           _table(["kind", "added", "to", "step ms", "slow-down",

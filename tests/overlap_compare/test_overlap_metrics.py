@@ -9,6 +9,7 @@ import csv
 
 import pytest
 
+from overlap_compare import findings as compare_findings
 from overlap_compare import plots as compare_plots
 from overlap_compare import report as compare_report
 from overlap_compare import comparison
@@ -268,6 +269,86 @@ def test_noise_across_repeats_raises_the_bar():
   assert [(s.cell, s.added_axis) for s in analysis.slowdowns] == [(BOTH, 1)]
   quiet = overlap_metrics.analyze_group(stats_of(records), noise_floor=0.10)
   assert quiet.slowdowns == []
+
+
+def _repeated(compute_ms_per_repeat, **phases):
+  return [make_record(compute_ms=c, **phases) for c in compute_ms_per_repeat]
+
+
+def test_ratios_paired_by_repeat_see_through_a_noisy_host():
+  """Five repeats in which the host slowed every cell alike (repeat 3 is
+  twice as slow): the cells' spreads are over 100%, which hides any
+  difference from the tolerance rule, but within each repeat the
+  combination is 10% slower than its part, so every paired ratio is 1.1
+  and the interval [1.1, 1.1] lies above 1."""
+  slow = [1.0, 1.0, 2.0, 1.2, 1.0]
+  single = _repeated([20 * f for f in slow], data_ms=0)
+  both = _repeated([22 * f for f in slow], data_ms=0)
+  stats = {cell: overlap_metrics.summarize_records(r, list(range(1, 6)))
+           for cell, r in ((PREFETCH, single), (BOTH, both))}
+  assert stats[PREFETCH].step_spread >= 1
+  ratio = overlap_metrics.paired_step_ratio(stats[BOTH], stats[PREFETCH])
+  assert ratio["per_repeat"] == pytest.approx([1.1] * 5)
+  assert (ratio["low"], ratio["high"]) == pytest.approx((1.1, 1.1))
+  assert overlap_metrics.ratio_verdict(ratio) == overlap_metrics.SLOWER
+  (slowdown,) = overlap_metrics.find_slowdowns(stats, noise_floor=0.05)
+  assert (slowdown.cell, slowdown.reference) == (BOTH, PREFETCH)
+  assert slowdown.step_ratio["median"] == pytest.approx(1.1)
+  # Without repeat numbers the same records fall back on the spread.
+  unpaired = {cell: overlap_metrics.summarize_records(r)
+              for cell, r in ((PREFETCH, single), (BOTH, both))}
+  assert overlap_metrics.paired_step_ratio(unpaired[BOTH],
+                                           unpaired[PREFETCH]) is None
+  assert overlap_metrics.find_slowdowns(unpaired, noise_floor=0.05) == []
+
+
+def test_paired_ratios_across_one_or_too_few_decide_nothing():
+  # Faster in two repeats, slower in three: the interval holds 1.
+  single = _repeated([20, 20, 20, 20, 20], data_ms=0)
+  mixed = _repeated([18, 19, 23, 24, 25], data_ms=0)
+  repeats = list(range(1, 6))
+  stats = {PREFETCH: overlap_metrics.summarize_records(single, repeats),
+           BOTH: overlap_metrics.summarize_records(mixed, repeats)}
+  ratio = overlap_metrics.paired_step_ratio(stats[BOTH], stats[PREFETCH])
+  assert overlap_metrics.ratio_verdict(ratio) == overlap_metrics.EVEN
+  assert overlap_metrics.find_slowdowns(stats, noise_floor=0.05) == []
+  # Four repeats give no 90% interval: no verdict from the pairs.
+  four = {cell: overlap_metrics.summarize_records(r[:4], repeats[:4])
+          for cell, r in ((PREFETCH, single), (BOTH, mixed))}
+  assert overlap_metrics.ratio_verdict(overlap_metrics.paired_step_ratio(
+      four[BOTH], four[PREFETCH])) is None
+  # Only the repeats both cells ran are paired.
+  partial = overlap_metrics.summarize_records(mixed[:3], [1, 2, 5])
+  assert overlap_metrics.paired_step_ratio(
+      partial, stats[PREFETCH])["per_repeat"] == pytest.approx(
+          [18 / 20, 19 / 20, 23 / 20])
+  with pytest.raises(ValueError, match="repeat numbers"):
+    overlap_metrics.summarize_records(mixed, [1, 2])
+
+
+def test_the_report_judges_combining_by_the_paired_interval(tmp_path):
+  """Five repeats on a host whose load doubles one repeat: the best
+  combination is 20% faster than the best single in every repeat, so it
+  paid off, and the evidence is the interval, not a tolerance."""
+  slow = [1.0, 2.0, 1.0, 1.0, 1.5]
+  records = {
+      BASELINE: _repeated([40 * f for f in slow], data_ms=0),
+      PREFETCH: _repeated([30 * f for f in slow], data_ms=0),
+      ASYNC: _repeated([35 * f for f in slow], data_ms=0,
+                       checkpoint_mode="async"),
+      BOTH: _repeated([24 * f for f in slow], data_ms=0,
+                      checkpoint_mode="async"),
+  }
+  result = _comparison(records, tmp_path)
+  key = ("tensorflow", Cell(()))
+  verdict, evidence = compare_findings.judge_combination(
+      result, key, BOTH, PREFETCH)
+  assert verdict == compare_findings.PAID_OFF
+  assert evidence == "step ratio per repeat 0.80 [0.80, 0.80] (94%)"
+  (row,) = compare_findings.combining_rows(result)
+  assert row[-2:] == [evidence, compare_findings.PAID_OFF]
+  report = compare_report.format_report(result, str(tmp_path))
+  assert "combining paid off: +25% over the best single (step ratio" in report
 
 
 def test_failed_baseline_leaves_speedups_undefined():
