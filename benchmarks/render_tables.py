@@ -166,6 +166,35 @@ def data_wait() -> str:
        "target: prefetch on, k ≤ 1, ≤ 2%"], rows)
 
 
+# ---- 2b. steps_per_execution ---------------------------------------------
+
+
+@table("steps_per_execution")
+def steps_per_execution() -> str:
+  data = load("steps_per_execution")
+  target = data["target_max_data_wait_fraction"]
+  rows = []
+  for cell in data["summary"].values():
+    if "step_ratio" in cell:
+      continue
+    ratio = data["summary"].get(
+        f"{cell['strategy']}/{data['steps_per_execution']} over "
+        f"{cell['strategy']}/1") if cell["steps_per_execution"] > 1 else None
+    rows.append([
+        f"`{cell['strategy']}`", str(cell["steps_per_execution"]),
+        spread(cell["data_wait_fraction_all"], pct),
+        judged(cell["data_wait_fraction_all"], target),
+        spread(cell["data_wait_mean_ms_all"]),
+        spread(cell["compute_mean_ms_all"]),
+        spread(cell["step_mean_ms_all"]),
+        spread(cell["work_bound_ms_all"]),
+        spread(ratio["step_ratio"]["per_repeat"], f3) if ratio else DASH])
+  return markdown(
+      ["strategy", "steps per call", "data wait % of step",
+       f"≤ {100 * target:g}%", "data wait ms", "compute ms", "step ms",
+       "CPU work / cores ms", "step at K / step at 1, per repeat"], rows)
+
+
 # ---- 3. data_knobs -------------------------------------------------------
 
 
