@@ -4,8 +4,9 @@
 the replicated step (forward, backward, all-reduce, update), the checkpoint.
 `run_multi_step_loop` is the custom loop at --steps_per_execution=K: one
 traced call runs K steps, reading the iterator itself, and is timed as one
-span, with its steps' data waits timed inside the graph. `run_fit_loop` drives Keras `model.fit`, whose compiled step pulls
-its own input, so there the data wait is inside the compute span.
+span, with its steps' data waits timed inside the graph. `run_fit_loop`
+drives Keras `model.fit`, whose compiled step pulls its own input, so there
+the data wait is inside the compute span.
 """
 
 import time

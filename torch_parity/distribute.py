@@ -220,6 +220,11 @@ class Strategy:
     collective that every process must call at the same point."""
     return list(values)
 
+  def sum_over_processes(self, values):
+    """The element-wise sum of a list of floats over every process; a
+    collective, like `max_over_processes`."""
+    return list(values)
+
   def mean_over_replicas(self, tensor: torch.Tensor) -> torch.Tensor:
     if not self.is_distributed:
       return tensor
@@ -294,10 +299,16 @@ class DDPStrategy(Strategy):
     return tensor
 
   def max_over_processes(self, values):
+    return self._reduce_floats(values, dist.ReduceOp.MAX)
+
+  def sum_over_processes(self, values):
+    return self._reduce_floats(values, dist.ReduceOp.SUM)
+
+  def _reduce_floats(self, values, op):
     # NCCL reduces device tensors only; gloo reduces host ones.
     device = self.device if self.backend == "nccl" else torch.device("cpu")
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    dist.all_reduce(tensor, op=op)
     return tensor.tolist()
 
   def describe_backend(self) -> str:
@@ -348,9 +359,16 @@ class HorovodStrategy(Strategy):
     return hvd.allreduce(tensor, op=hvd.Sum)
 
   def max_over_processes(self, values):
+    return self._reduce_floats(values, "Max")
+
+  def sum_over_processes(self, values):
+    return self._reduce_floats(values, "Sum")
+
+  @staticmethod
+  def _reduce_floats(values, op_name: str):
     import horovod.torch as hvd  # pylint: disable=g-import-not-at-top
     return hvd.allreduce(torch.tensor(values, dtype=torch.float64),
-                         op=hvd.Max).tolist()
+                         op=getattr(hvd, op_name)).tolist()
 
   def describe_backend(self) -> str:
     import horovod.torch as hvd  # pylint: disable=g-import-not-at-top

@@ -389,6 +389,7 @@ def train(config: TrainConfig):
     final = {"train_loss": train_loss}
     if config.run.evaluate and info.num_eval_examples:
       final.update(_evaluate(config, spec, strategy, model))
+    cpu_of_processes = _mirrored_cpu_work(strategy, config, ledger)
     if not strategy.writes_outputs:
       return None
     notes = [strategy.describe_backend() if not parallel.burst else
@@ -411,6 +412,21 @@ def train(config: TrainConfig):
                        if offloader else None),
         pipeline=pipeline_section,
         background_stats=(ctx.background.stats() if ctx.background
-                          else None))
+                          else None),
+        cpu_of_processes=cpu_of_processes)
   finally:
     strategy.close()
+
+
+def _mirrored_cpu_work(strategy, config: TrainConfig,
+                       ledger: ledger_lib.StepLedger):
+  """(work seconds per step, processes) summed over a mirrored job's
+  replica processes, or None for any other job. Each replica is a process
+  of its own and none is another's child, so rank 0's process tree holds
+  its own work only, while the one worker's steps take all of theirs. A
+  collective: every replica calls it."""
+  if config.distribute.strategy != "mirrored" or strategy.world_size < 2:
+    return None
+  (work_s,) = strategy.sum_over_processes(
+      [ledger.summary()["cpu"]["work_s_per_step"]])
+  return work_s, strategy.world_size

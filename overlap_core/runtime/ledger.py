@@ -219,7 +219,7 @@ class StepLedger:
       seconds per step of this process's threads, and of the training
       thread, while it lasted), and `step` has them for the whole step,
       `cpu_mean` there including child processes. And `cpu`: see
-      `_cpu_summary`.
+      `cpu_summary`.
     """
     if warmup_steps is None:
       warmup_steps = default_warmup_steps(len(self._steps))
@@ -254,7 +254,7 @@ class StepLedger:
         "measured_steps": len(measured),
         "samples_per_second": samples / step_total if step_total else 0.0,
         "phases": phases,
-        "cpu": _cpu_summary(phases[STEP]),
+        "cpu": cpu_summary(phases[STEP]["cpu_mean"], phases[STEP]["mean"]),
     }
 
 
@@ -266,21 +266,23 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-def _cpu_summary(step: dict) -> dict:
+def cpu_summary(work_s_per_step: float, step_s: float,
+                processes: int = 1) -> dict:
   """What the steps' work asked of the host.
 
-  `work_s_per_step`: CPU seconds of the process tree per step.
-  `cores`: the cores this process may use. `busy_cores`: work per second
-  of step, the cores kept busy on average. `work_bound_s`: work / cores,
-  the shortest step this work allows on these cores if nothing else runs
-  and every core is shared perfectly: a step near it has filled the
-  machine.
+  `work_s_per_step`: CPU seconds per step of the process tree, or of the
+  `processes` processes that together run one worker's steps (PyTorch's
+  mirrored replicas, none the others' child). `cores`: the cores this
+  process may use. `busy_cores`: work per second of step, the cores kept
+  busy on average. `work_bound_s`: work / cores, the shortest step this
+  work allows on these cores if nothing else runs and every core is
+  shared perfectly: a step near it has filled the machine.
   """
   cores = usable_cores()
-  work = step["cpu_mean"]
-  return {"work_s_per_step": work, "cores": cores,
-          "busy_cores": work / step["mean"] if step["mean"] else 0.0,
-          "work_bound_s": work / cores}
+  return {"work_s_per_step": work_s_per_step, "cores": cores,
+          "processes": processes,
+          "busy_cores": work_s_per_step / step_s if step_s else 0.0,
+          "work_bound_s": work_s_per_step / cores}
 
 
 def summarize_window(records: List[StepRecord]) -> Dict[str, float]:

@@ -24,7 +24,8 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
                          wall_s: float,
                          offload_stats: Optional[dict] = None,
                          pipeline: Optional[dict] = None,
-                         background_stats: Optional[dict] = None) -> dict:
+                         background_stats: Optional[dict] = None,
+                         cpu_of_processes: Optional[tuple] = None) -> dict:
   """Writes the trace (if asked for) and run.json of this worker.
 
   Args:
@@ -43,6 +44,9 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
     offload_stats: the offload copies (`Offloader.summary()`), or None.
     pipeline: the run.json `pipeline` section, or None when not pipelined.
     background_stats: `BackgroundRunner.stats()`, or None.
+    cpu_of_processes: (work seconds per step, processes) when this
+      worker's steps run in processes outside this one's tree (PyTorch's
+      mirrored replicas): the summed work replaces the ledger's own.
 
   Returns:
     The record written to `<out_dir>/run.json`.
@@ -56,6 +60,11 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
   if config.run.tensorboard:
     outputs["tensorboard"] = os.path.join(out_dir, "tensorboard")
   outputs["run_record"] = os.path.join(out_dir, run_record.RUN_RECORD_NAME)
+  summary = ledger.summary()
+  if cpu_of_processes is not None:
+    work_s, processes = cpu_of_processes
+    summary["cpu"] = ledger_lib.cpu_summary(
+        work_s, summary["phases"][ledger_lib.STEP]["mean"], processes)
   record = run_record.build_run_record(
       framework=framework,
       config=config.to_dict(),
@@ -63,7 +72,7 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
       model_name=config.model.name,
       num_params=num_params,
       strategy=strategy,
-      ledger_summary=ledger.summary(),
+      ledger_summary=summary,
       num_steps=len(ledger.steps),
       wall_s=wall_s,
       final=final,

@@ -248,6 +248,12 @@ def test_mirrored_is_ddp_over_local_processes_matching_one_device(tmp_path):
   assert not (model_dir / "worker-1").exists()  # replicas of one worker
   assert result.stdout.count("Per-step breakdown") == 1
   assert any("gloo" in note for note in mirrored["notes"])
+  # The CPU work is both replica processes' (neither is the other's
+  # child, so rank 0's process tree alone would hold half of it).
+  assert (mirrored["cpu"]["processes"], single["cpu"]["processes"]) == (2, 1)
+  cpu = mirrored["cpu"]
+  assert cpu["work_bound_s"] == pytest.approx(
+      cpu["work_s_per_step"] / cpu["cores"])
   # Two half batches, gradients averaged by DDP: the same training as one
   # process on the whole batch.
   for key in ("train_loss", "eval_loss"):
