@@ -17,6 +17,8 @@ from overlap_core.runtime import intervals
 
 # How the best combination fared against the best single optimization.
 PAID_OFF, LOST, EVEN = "paid off", "lost", "even"
+# Opens the evidence of a verdict decided by ratios paired by repeat.
+PAIRED_EVIDENCE = "step ratio per repeat"
 
 
 def _pct(value: float) -> str:
@@ -117,7 +119,7 @@ def judge_combination(comparison: Comparison, key: GroupKey, cell: Cell,
   if side is not None:
     verdict = {overlap_metrics.FASTER: PAID_OFF,
                overlap_metrics.SLOWER: LOST}.get(side, EVEN)
-    return verdict, ("step ratio per repeat "
+    return verdict, (f"{PAIRED_EVIDENCE} "
                      + intervals.format_interval(paired, 2))
   ratio = comparison.analyses[key].speedup_vs_best_single[cell]
   tol = _tolerance(comparison, stats[cell], stats[single])
@@ -191,8 +193,12 @@ def overall_findings(comparison: Comparison) -> List[str]:
              for c, s in comparison.stats(k).items()]
   spread, group, cell = max(spreads)
   if spread > comparison.noise_floor:
+    paired = all(r[-2].startswith(PAIRED_EVIDENCE) for r in rows)
     lines.append(
         f"The largest run-to-run spread was {100 * spread:.0f}% ({group}, "
-        f"{cell}); differences smaller than a cell's spread are not "
-        "counted as findings.")
+        f"{cell}); " + (
+            "the verdicts compare cells within each repeat, where a slow "
+            "stretch of the host slows both alike." if paired else
+            "differences smaller than a cell's spread are not counted as "
+            "findings."))
   return lines

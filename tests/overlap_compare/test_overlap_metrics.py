@@ -349,6 +349,8 @@ def test_the_report_judges_combining_by_the_paired_interval(tmp_path):
   assert row[-2:] == [evidence, compare_findings.PAID_OFF]
   report = compare_report.format_report(result, str(tmp_path))
   assert "combining paid off: +25% over the best single (step ratio" in report
+  # The cells' spreads (100%) no longer decide: the pairs do, and say so.
+  assert "the verdicts compare cells within each repeat" in report
 
 
 def test_failed_baseline_leaves_speedups_undefined():
