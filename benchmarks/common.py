@@ -265,6 +265,17 @@ def write_results(path: str, payload: dict) -> None:
     f.write("\n")
 
 
+def write_and_show(name: str, args, payload: dict, table: str,
+                   num_runs: int) -> None:
+  """Writes the results file of benchmark `name`, then prints its table and
+  where the file is."""
+  path = result_path(name, args)
+  write_results(path, payload)
+  print(table)
+  print(f"\n{num_runs} runs in {payload['total_wall_s']:.0f} s; "
+        f"results: {os.path.relpath(path, REPO_ROOT)}")
+
+
 def command_line() -> str:
   """How this benchmark was started, as one would retype it."""
   module = sys.modules["__main__"].__spec__

@@ -143,11 +143,8 @@ def main():
              "summary": summary, "runs": record["runs"],
              "total_wall_s": time.perf_counter() - start,
              **harness.payload_fields({"all": record["host"]})}
-  path = common.result_path(NAME, args)
-  common.write_results(path, payload)
-  print(format_summary(summary))
-  print(f"\n{len(record['runs'])} runs in {payload['total_wall_s']:.0f} s; "
-        f"results: {os.path.relpath(path, common.REPO_ROOT)}")
+  common.write_and_show(NAME, args, payload, format_summary(summary),
+                        len(record["runs"]))
 
 
 if __name__ == "__main__":
