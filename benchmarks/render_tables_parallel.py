@@ -1,13 +1,15 @@
-"""BENCHMARKS.md tables of sections 6-11: frameworks, all-reduce, offload,
-scaling.
+"""BENCHMARKS.md tables of sections 5-11: the compare showcase, frameworks,
+all-reduce, offload, scaling.
 
 Registered into `render_tables.TABLES` on import, like the tables there.
 """
 
+import os
 from typing import List, Sequence
 
 from benchmarks import harness
-from benchmarks.render_tables import DASH, f3, g, interval, judged, load
+from benchmarks.render_tables import DASH, MissingResults, f3, g, interval
+from benchmarks.render_tables import judged, load
 from benchmarks.render_tables import markdown, pct, spread, table
 
 # The runs of each framework_parity file and how the document names them:
@@ -27,6 +29,44 @@ def _range(stats: dict) -> str:
   values = stats["per_repeat"]
   return (f"{f3(harness.median_interval(values)['median'])} "
           f"[{f3(min(values))}, {f3(max(values))}]")
+
+
+# ---- 5. compare showcase ---------------------------------------------------
+
+REPORTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           "reports")
+# The line of report.md that introduces `findings.combining_rows`' table.
+COMBINING_INTRO = "Where combining stops paying"
+
+
+def report_table(report: str) -> str:
+  """The combining table of benchmarks/reports/<report>/report.md, as the
+  comparison wrote it: its verdicts are `overlap_compare.findings`' own."""
+  path = os.path.join(REPORTS_DIR, report, "report.md")
+  if not os.path.exists(path):
+    raise MissingResults(f"{path} is missing: run the comparison that "
+                         "writes it, or remove its block")
+  with open(path, encoding="utf-8") as f:
+    lines = f.read().splitlines()
+  start = next(i for i, line in enumerate(lines)
+               if line.startswith(COMBINING_INTRO))
+  rows = []
+  for line in lines[start + 1:]:
+    if line.startswith("|"):
+      rows.append(line)
+    elif rows:
+      break
+  return "\n".join(rows)
+
+
+@table("showcase_small_cnn")
+def showcase_small_cnn() -> str:
+  return report_table("showcase")
+
+
+@table("showcase_resnet18")
+def showcase_resnet18() -> str:
+  return report_table("showcase_resnet18")
 
 
 # ---- 6. framework_parity -----------------------------------------------
