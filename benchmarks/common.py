@@ -265,14 +265,25 @@ def write_results(path: str, payload: dict) -> None:
     f.write("\n")
 
 
-def write_and_show(name: str, args, payload: dict, table: str,
-                   num_runs: int) -> None:
-  """Writes the results file of benchmark `name`, then prints its table and
-  where the file is."""
+def write_interleaved_results(name: str, args, *, record: dict,
+                              repeats: int, machine: dict, start_s: float,
+                              summary, table: str, **fields) -> None:
+  """Writes the results file of a benchmark run as one interleaved group
+  (`harness.run_interleaved`'s `record`), then prints its table and where
+  the file is.
+
+  Args:
+    fields: what this benchmark records besides the common fields.
+  """
+  payload = {"benchmark": name, "command": command_line(),
+             "quick": args.quick, "repeats": repeats, "machine": machine,
+             "summary": summary, "runs": record["runs"],
+             "total_wall_s": time.perf_counter() - start_s, **fields,
+             **harness.payload_fields({"all": record["host"]})}
   path = result_path(name, args)
   write_results(path, payload)
   print(table)
-  print(f"\n{num_runs} runs in {payload['total_wall_s']:.0f} s; "
+  print(f"\n{len(record['runs'])} runs in {payload['total_wall_s']:.0f} s; "
         f"results: {os.path.relpath(path, REPO_ROOT)}")
 
 

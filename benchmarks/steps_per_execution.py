@@ -136,15 +136,11 @@ def main():
     record = harness.run_interleaved(cells, repeats, run_one,
                                      redo_busy=args.redo_busy)
   summary = summarize(record["runs"], k)
-  payload = {"benchmark": NAME, "command": common.command_line(),
-             "quick": args.quick, "repeats": repeats, "machine": machine,
-             "steps_per_execution": k,
-             "target_max_data_wait_fraction": TARGET_MAX_DATA_WAIT_FRAC,
-             "summary": summary, "runs": record["runs"],
-             "total_wall_s": time.perf_counter() - start,
-             **harness.payload_fields({"all": record["host"]})}
-  common.write_and_show(NAME, args, payload, format_summary(summary),
-                        len(record["runs"]))
+  common.write_interleaved_results(
+      NAME, args, record=record, repeats=repeats, machine=machine,
+      start_s=start, summary=summary, table=format_summary(summary),
+      steps_per_execution=k,
+      target_max_data_wait_fraction=TARGET_MAX_DATA_WAIT_FRAC)
 
 
 if __name__ == "__main__":
