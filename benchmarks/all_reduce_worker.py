@@ -74,11 +74,12 @@ def _elements(size_bytes: int) -> int:
 def sweep_torch(args, sizes: List[int]) -> Dict[int, float]:
   import torch  # pylint: disable=g-import-not-at-top
   import torch.distributed as dist  # pylint: disable=g-import-not-at-top
+  from torch_parity import rendezvous  # pylint: disable=g-import-not-at-top
   nccl = args.backend == "torch_nccl"
   device = torch.device(f"cuda:{args.rank}" if nccl else "cpu")
   if nccl:
     torch.cuda.set_device(device)
-  dist.init_process_group(
+  rendezvous.init_process_group(
       "nccl" if nccl else "gloo",
       init_method=f"tcp://127.0.0.1:{args.master_port}", rank=args.rank,
       world_size=args.world_size)

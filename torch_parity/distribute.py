@@ -436,8 +436,8 @@ def _build_ddp(cfg: DistributeConfig) -> Strategy:
                                    timeout=timeout)
   else:
     # A world of one needs no rendezvous: an in-process store will do.
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0,
-                            world_size=1, timeout=timeout)
+    rendezvous.init_process_group(backend, store=dist.HashStore(), rank=0,
+                                  world_size=1, timeout=timeout)
   return DDPStrategy(cfg, backend=backend, dims=_dims(cfg, world_size),
                      device=device, rank=rank, local_rank=local_rank)
 

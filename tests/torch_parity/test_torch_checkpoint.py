@@ -25,6 +25,7 @@ from torch import nn
 from overlap_core.checkpoint import files as checkpoint_files
 from overlap_core.runtime import run_record
 from overlap_core.runtime.config import CheckpointConfig
+from torch_parity import rendezvous
 from torch_parity.checkpoint import (CheckpointError, CheckpointMismatchError,
                                      Checkpointer, snapshot)
 
@@ -165,8 +166,8 @@ def test_a_ddp_model_checkpoints_as_the_plain_module(tmp_path):
   expected = _net(0)
   _train(expected, torch.optim.SGD(expected.parameters(), lr=0.1),
          steps=range(1, 3))
-  dist.init_process_group("gloo", store=dist.HashStore(), rank=0,
-                          world_size=1)
+  rendezvous.init_process_group("gloo", store=dist.HashStore(), rank=0,
+                                world_size=1)
   try:
     model = _net(0)
     wrapped = nn.parallel.DistributedDataParallel(model)

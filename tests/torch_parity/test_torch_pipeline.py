@@ -20,7 +20,7 @@ from torch.nn import functional as F
 
 from overlap_core.runtime import processes
 from overlap_core.runtime.config import ConfigError, PipelineConfig
-from torch_parity import pipeline
+from torch_parity import pipeline, rendezvous
 from torch_parity.models import build_model
 
 from tests.helpers import REPO_ROOT, run_module, subprocess_env
@@ -79,8 +79,9 @@ def _worker(rank: int, name: str, schedule: str, port: int, out_dir: str):
   import torch.distributed as dist  # pylint: disable=g-import-not-at-top
   from overlap_core.planning.dims import ParallelDims  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(1)
-  dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                          rank=rank, world_size=2)
+  rendezvous.init_process_group("gloo",
+                                init_method=f"tcp://127.0.0.1:{port}",
+                                rank=rank, world_size=2)
   model = _model(name)
   names = {id(p): n for n, p in model.named_parameters()}
   cfg = _config(schedule)
