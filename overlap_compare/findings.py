@@ -32,10 +32,15 @@ def phases_text(grown) -> str:
 
 def bound_text(bound) -> str:
   """Where a cell stands against its resource bound, in one sentence."""
-  return (f"it {bound.verdict}: its step is {bound.efficiency:.0%} as short "
+  text = (f"it {bound.verdict}: its step is {bound.efficiency:.0%} as short "
           f"as the bound allows ({1e3 * bound.bound_s:.1f} ms: the work "
           f"over the cores {1e3 * bound.work_bound_s:.1f} ms, the "
           f"critical-path ideal {1e3 * bound.ideal_s:.1f} ms)")
+  ratio = bound.step_over_bound
+  if ratio is not None and ratio.get("low") is not None:
+    text += (f"; step over bound per repeat "
+             f"{intervals.format_interval(ratio, digits=2)}")
+  return text
 
 
 def _tolerance(comparison: Comparison, *stats) -> float:

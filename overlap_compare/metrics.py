@@ -39,6 +39,14 @@ Definitions (the report prints them too):
   limit: no overlap could go faster on these cores. A cell well above its
   bound lost time to interference (waits, contention), not to a lack of
   cores. Spin-waiting threads count as work, so the work bound errs high.
+  "Within the noise" has a margin of its own, AT_BOUND_MARGIN (10%): no
+  step keeps every core busy throughout. With enough repeats for an
+  interval, each repeat's step is held against its own bound (its own W,
+  the baseline's ideal): the interval of S / bound wholly within 1 + the
+  margin is at the bound, wholly beyond it is interference, and across it
+  the cell cannot be placed. With fewer, S <= bound * (1 + tolerance) is
+  at the bound (tolerance as for slow-downs below, with the margin in
+  place of the noise floor).
 - Slow-down: adding an optimization x to a cell P made it slower. With
   enough repeats for an interval (`paired_step_ratio`): the interval of
   step(P + x) / step(P), paired by repeat, lies wholly above 1 and its
@@ -67,8 +75,18 @@ MIN_OVERLAPPABLE_FRAC = 0.02
 # of the step's growth.
 GROWN_PHASE_SHARE = 0.2
 DEFAULT_NOISE_FLOOR = 0.05
+# How far above its resource bound a step may be and still count as at the
+# machine's limit. The bound has every core busy through the whole step,
+# which no step does: its threads wait on one another at hand-offs (a batch
+# handed to the step, the step's dispatch between ops, the update before
+# the next step), and those waits are part of the work's shape, not
+# interference. A step whose cores were busy at least 1 / 1.10 = 91% of it
+# counts as full; one further off lost time that overlap could have won.
+AT_BOUND_MARGIN = 0.10
 # Where a paired step ratio's interval lies against 1.
 FASTER, SLOWER, EVEN = "faster", "slower", "even"
+# A resource-bound verdict whose interval spans both answers.
+UNPLACED = "could not be placed (noise)"
 _ROUNDING = 1e-9
 
 
@@ -92,6 +110,8 @@ class CellStats:
     step_s_by_repeat: ((repeat, mean step time), ...) of every repeat that
       produced a run.json, for ratios paired by repeat; () when the
       repeats are not known.
+    work_s_by_repeat: ((repeat, work_s), ...) alike, for the repeats that
+      recorded CPU times.
   """
   num_runs: int
   samples_per_second: float
@@ -103,6 +123,7 @@ class CellStats:
   work_s: Optional[float] = None
   cores: Optional[int] = None
   step_s_by_repeat: Tuple[Tuple[int, float], ...] = ()
+  work_s_by_repeat: Tuple[Tuple[int, float], ...] = ()
 
   @property
   def phase_fractions(self) -> Dict[str, float]:
@@ -151,13 +172,17 @@ class ResourceBound:
     work_bound_s: the cell's work per step over the cores.
     bound_s: the larger of the two.
     efficiency: bound_s / the cell's step.
-    at_bound: the step is within the noise of the bound.
+    at_bound: the step is within the noise of the bound; None when the
+      interval of step / bound spans both answers.
+    step_over_bound: step / bound within each repeat, summarized
+      (`intervals.summarize_ratios`), or None without CPU times per repeat.
   """
   ideal_s: float
   work_bound_s: float
   bound_s: float
   efficiency: float
-  at_bound: bool
+  at_bound: Optional[bool]
+  step_over_bound: Optional[dict] = None
 
   @property
   def machine_limited(self) -> bool:
@@ -166,6 +191,8 @@ class ResourceBound:
 
   @property
   def verdict(self) -> str:
+    if self.at_bound is None:
+      return UNPLACED
     if not self.at_bound:
       return "lost to interference"
     return ("hit the machine's limit" if self.machine_limited
@@ -296,12 +323,7 @@ def summarize_records(records: Sequence[dict],
   step_s = median["phases"]["step"]["mean"]
   steps = [r["phases"]["step"]["mean"] for r in records]
   spread = (max(steps) - min(steps)) / step_s if step_s > 0 else 0.0
-  cpu = median.get("cpu") or {}
-  # Each worker records its own process tree; on one host they share the
-  # cores, and the workers of a data-parallel job do alike work.
-  workers = (median.get("worker") or {}).get("num_workers", 1)
-  work_s = (cpu["work_s_per_step"] * workers
-            if cpu.get("work_s_per_step") is not None else None)
+  works = [_work_s(r) for r in records]
   return CellStats(
       num_runs=len(records),
       samples_per_second=median["samples_per_second"],
@@ -310,9 +332,22 @@ def summarize_records(records: Sequence[dict],
       step_spread=spread,
       runs_samples_per_second=tuple(r["samples_per_second"] for r in records),
       checkpoint_interval_s=checkpoint_interval_s(median),
-      work_s=work_s, cores=cpu.get("cores"),
+      work_s=_work_s(median), cores=(median.get("cpu") or {}).get("cores"),
       step_s_by_repeat=() if repeats is None else tuple(
-          (int(n), s) for n, s in zip(repeats, steps)))
+          (int(n), s) for n, s in zip(repeats, steps)),
+      work_s_by_repeat=() if repeats is None else tuple(
+          (int(n), w) for n, w in zip(repeats, works) if w is not None))
+
+
+def _work_s(record: dict) -> Optional[float]:
+  """CPU seconds per step of all a run's workers, or None without `cpu`."""
+  cpu = record.get("cpu") or {}
+  if cpu.get("work_s_per_step") is None:
+    return None
+  # Each worker records its own process tree; on one host they share the
+  # cores, and the workers of a data-parallel job do alike work.
+  workers = (record.get("worker") or {}).get("num_workers", 1)
+  return cpu["work_s_per_step"] * workers
 
 
 def paired_step_ratio(cell: CellStats, reference: CellStats
@@ -378,9 +413,12 @@ def overlap_efficiency(step_s: float, components: OverlapComponents
 
 
 def resource_bound(cell: CellStats, components: OverlapComponents, *,
-                   noise_floor: float = DEFAULT_NOISE_FLOOR
+                   margin: float = AT_BOUND_MARGIN
                    ) -> Optional[ResourceBound]:
   """The cell against max(ideal, work / cores); see the module doc.
+
+  Args:
+    margin: how far above the bound still counts as at it.
 
   Returns:
     None without CPU times or a step.
@@ -389,10 +427,30 @@ def resource_bound(cell: CellStats, components: OverlapComponents, *,
     return None
   work_bound = cell.work_s / cell.cores
   bound = max(components.ideal_s, work_bound)
-  tolerance = _tolerance(noise_floor, cell)
+  ratio = _step_over_bound(cell, components.ideal_s)
+  if ratio is not None and ratio.get("low") is not None:
+    limit = 1 + margin
+    at_bound = (True if ratio["high"] <= limit else
+                False if ratio["low"] > limit else None)
+  else:
+    at_bound = cell.step_s <= bound * (1 + _tolerance(margin, cell))
   return ResourceBound(ideal_s=components.ideal_s, work_bound_s=work_bound,
                        bound_s=bound, efficiency=bound / cell.step_s,
-                       at_bound=cell.step_s <= bound * (1 + tolerance))
+                       at_bound=at_bound, step_over_bound=ratio)
+
+
+def _step_over_bound(cell: CellStats, ideal_s: float) -> Optional[dict]:
+  """step / max(ideal, work / cores) within each repeat that recorded its
+  work, summarized; None when none did. A repeat's step and work come
+  from one run, so a slow stretch of the host moves both."""
+  works = dict(cell.work_s_by_repeat)
+  repeats = [r for r, _ in cell.step_s_by_repeat if r in works]
+  if not repeats:
+    return None
+  steps = dict(cell.step_s_by_repeat)
+  return intervals.summarize_ratios(
+      [steps[r] for r in repeats],
+      [max(ideal_s, works[r] / cell.cores) for r in repeats])
 
 
 def grown_phases(cell: CellStats, reference: CellStats
@@ -406,8 +464,8 @@ def grown_phases(cell: CellStats, reference: CellStats
   return tuple(sorted(named, key=lambda pg: -pg[1]))
 
 
-def _tolerance(noise_floor: float, *cells: CellStats) -> float:
-  return max([noise_floor] + [c.step_spread for c in cells])
+def _tolerance(floor: float, *cells: CellStats) -> float:
+  return max([floor] + [c.step_spread for c in cells])
 
 
 def find_slowdowns(stats: Mapping[Cell, CellStats],
@@ -489,8 +547,7 @@ def analyze_group(stats: Mapping[Cell, CellStats],
       speedup_vs_best_single={c: ratio(c, best_single) for c in stats},
       efficiency={c: (overlap_efficiency(stats[c].step_s, components)
                       if components else None) for c in stats},
-      resource_bound={c: (resource_bound(stats[c], components,
-                                         noise_floor=noise_floor)
+      resource_bound={c: (resource_bound(stats[c], components)
                           if components else None) for c in stats},
       best_single=best_single,
       slowdowns=find_slowdowns(stats, noise_floor),

@@ -56,8 +56,14 @@ DEFINITIONS = """\
   that work allows. bound = max(ideal, W / cores); the resource efficiency
   is bound / S. A cell within the noise of its bound **hit the machine's
   limit** when W / cores set it (it reached the **critical-path ideal**
-  otherwise); a cell above it **lost to interference**. Threads that spin
-  while waiting count as work, so W errs high. Blank where the runs
+  otherwise); a cell above it **lost to interference**. "Within" allows
+  10%: no step keeps every core busy throughout, its threads wait on one
+  another at hand-offs. With 5 repeats or more, each repeat's step is
+  held against its own bound (its own W): the interval of S / bound
+  wholly within 1.10 is at the bound, wholly beyond it interference, and
+  across it the cell **could not be placed**. With fewer, S within the
+  larger of 10% and the cell's spread of the bound is at it. Threads that
+  spin while waiting count as work, so W errs high. Blank where the runs
   recorded no CPU times.
 - **Where combining stops paying.** The best combination's step over the
   best single optimization's, taken within each repeat (every repeat runs
@@ -379,8 +385,9 @@ def format_results_csv(comparison: Comparison) -> str:
              ["step_spread", "speedup_vs_baseline", "speedup_vs_best_single",
               "overlap_efficiency", "overlap_efficiency_raw",
               "checkpoint_interval_s", "work_cpu_ms", "cores",
-              "resource_bound_ms", "resource_efficiency", "resource_verdict",
-              "error"])
+              "resource_bound_ms", "resource_efficiency",
+              "step_over_bound_low", "step_over_bound_high",
+              "resource_verdict", "error"])
   rows = []
   for key in comparison.groups():
     analysis = comparison.analyses[key]
@@ -405,10 +412,12 @@ def format_results_csv(comparison: Comparison) -> str:
                 _num(eff.raw if eff else None),
                 _num(s.checkpoint_interval_s)]
         bound = analysis.resource_bound[cell]
+        ratio = (bound.step_over_bound if bound else None) or {}
         row += [_num(1e3 * s.work_s if s.work_s is not None else None),
                 _num(s.cores),
                 _num(1e3 * bound.bound_s if bound else None),
                 _num(bound.efficiency if bound else None),
+                _num(ratio.get("low")), _num(ratio.get("high")),
                 bound.verdict if bound else ""]
       row.append(" / ".join(result.errors))
       rows.append(row)

@@ -192,6 +192,48 @@ def test_resource_bound_tells_a_full_machine_from_interference():
       overlap_metrics.summarize_records([old]), components) is None
 
 
+def _repeats_of(compute_ms_and_work_ms):
+  """CellStats of one cell whose repeat r ran (compute_ms, work_ms)[r]."""
+  records = [make_record(data_ms=0, compute_ms=c, work_ms=w)
+             for c, w in compute_ms_and_work_ms]
+  return overlap_metrics.summarize_records(
+      records, repeats=list(range(len(records))))
+
+
+def test_resource_bound_with_repeats_holds_each_step_to_its_own_work():
+  # Ideal 10 ms (compute alone); 2 cores. Five repeats give the median's
+  # order-statistics interval [min, max] at 94% (>= the 90% asked).
+  components = overlap_metrics.OverlapComponents(0.0, 0.010, 0.0, 0.0)
+  margin = overlap_metrics.AT_BOUND_MARGIN
+  # A host that slows a repeat's step and its work alike (steps from 40 to
+  # 80 ms): each step over its own repeat's bound is 1.0, at the bound
+  # however far the host moved both.
+  slowed = _repeats_of([(40, 80), (50, 100), (60, 120), (70, 140),
+                        (80, 160)])
+  bound = overlap_metrics.resource_bound(slowed, components)
+  assert bound.step_over_bound["per_repeat"] == pytest.approx([1.0] * 5)
+  assert bound.verdict == "hit the machine's limit"
+  # 8% above the bound in every repeat: cores busy 93% of the step, which
+  # is within the margin no real step gets below.
+  near = _repeats_of([(21.6, 40)] * 5)
+  assert overlap_metrics.resource_bound(near, components).at_bound is True
+  # Every repeat 1.5 times its bound: beyond the margin throughout.
+  lost = _repeats_of([(30, 40)] * 3 + [(31, 40), (29, 40)])
+  bound = overlap_metrics.resource_bound(lost, components)
+  assert bound.step_over_bound["low"] > 1 + margin
+  assert bound.verdict == "lost to interference"
+  # Four repeats at the bound, one at twice it: the interval [min, max]
+  # spans 1 + the margin, so neither answer is claimed.
+  mixed = _repeats_of([(20, 40)] * 4 + [(40, 40)])
+  bound = overlap_metrics.resource_bound(mixed, components)
+  assert bound.at_bound is None
+  assert bound.verdict == overlap_metrics.UNPLACED
+  # Fewer repeats than an interval needs: the spread tolerance decides,
+  # as without repeats.
+  few = _repeats_of([(20, 40), (20, 40), (40, 40)])
+  assert overlap_metrics.resource_bound(few, components).at_bound is True
+
+
 def test_efficiency_is_clipped_and_says_why():
   comp = overlap_metrics.OverlapComponents(0.010, 0.020, 0.010, 0.0)
   slower = overlap_metrics.overlap_efficiency(0.050, comp)
