@@ -172,8 +172,8 @@ class ResourceBound:
     work_bound_s: the cell's work per step over the cores.
     bound_s: the larger of the two.
     efficiency: bound_s / the cell's step.
-    at_bound: the step is within the noise of the bound; None when the
-      interval of step / bound spans both answers.
+    at_bound: the step is within AT_BOUND_MARGIN of the bound; None when
+      the interval of step / bound spans both answers.
     step_over_bound: step / bound within each repeat, summarized
       (`intervals.summarize_ratios`), or None without CPU times per repeat.
   """

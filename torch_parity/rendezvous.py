@@ -61,7 +61,7 @@ def init_process_group(backend: str, **kwargs) -> None:
   the interpreter finalizes; one still freeing a finished collective's
   tensors there takes the GIL from a dying interpreter, and the process
   aborts after its work is done ("terminate called without an active
-  exception", about one run in thirty of a two-rank job on two cores).
+  exception": 4 of about 100 two-rank runs on two cores).
   Imported first, the defaults are None, destroy_process_group frees the
   group, and its destructor joins those threads.
   """
