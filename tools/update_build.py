@@ -51,7 +51,8 @@ NOT_BUILT = {
 }
 # What the benchmark tests read, as a glob, so that a new results file or
 # script needs no BUILD change.
-BENCHMARK_FILES_GLOB = ("benchmarks/**/*.py", "benchmarks/results/*.json")
+BENCHMARK_FILES_GLOB = ("benchmarks/**/*.py", "benchmarks/results/*.json",
+                        "benchmarks/reports/*/report.md")
 # Top-level files the tests read: packaging metadata, pytest's settings,
 # and BENCHMARKS.md, which the renderer test compares with the results.
 TOP_LEVEL_FILES = ("BENCHMARKS.md", "MANIFEST.in", "README.md", "pyproject.toml",
