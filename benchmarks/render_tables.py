@@ -177,11 +177,14 @@ def steps_per_execution() -> str:
   for cell in data["summary"].values():
     if "step_ratio" in cell:
       continue
+    job_input = cell["input"] == "job"
     ratio = data["summary"].get(
         f"{cell['strategy']}/{data['steps_per_execution']} over "
-        f"{cell['strategy']}/1") if cell["steps_per_execution"] > 1 else None
+        f"{cell['strategy']}/1") if (
+            cell["steps_per_execution"] > 1 and job_input) else None
     rows.append([
         f"`{cell['strategy']}`", str(cell["steps_per_execution"]),
+        "the job's" if job_input else f"`--{cell['input']}`",
         spread(cell["data_wait_fraction_all"], pct),
         judged(cell["data_wait_fraction_all"], target),
         spread(cell["data_wait_mean_ms_all"]),
@@ -190,7 +193,7 @@ def steps_per_execution() -> str:
         spread(cell["work_bound_ms_all"]),
         spread(ratio["step_ratio"]["per_repeat"], f3) if ratio else DASH])
   return markdown(
-      ["strategy", "steps per call", "data wait % of step",
+      ["strategy", "steps per call", "input", "data wait % of step",
        f"≤ {100 * target:g}%", "data wait ms", "compute ms", "step ms",
        "CPU work / cores ms", "step at K / step at 1, per repeat"], rows)
 

@@ -12,6 +12,13 @@ which reads the input through a plain iterator instead of a distributed one:
   mirrored/1   the default job
   mirrored/K   the default job, K steps per traced call
   default/1, default/K   the same without the distributed input
+  mirrored/K cached, default/K cached   at K, with --cache
+
+The cached cells tell the two possible sources of the wait apart. With
+--cache the decoded samples are kept after the first epoch (digits has 1797
+of them), so a batch costs the input pipeline only shuffling and copying:
+a wait that stays when that work is gone is the iterator's hand-over, not
+the input's work queuing for a core.
 
 At 1 the custom loop times `next(iterator)` in Python; at K the wait is
 timed inside the graph (`tfoverlap.steps.make_multi_step_train_step`), so
@@ -35,6 +42,8 @@ NAME = "steps_per_execution"
 DEFAULT_REPEATS = 5
 STEPS_PER_EXECUTION = 8
 STRATEGIES = ("mirrored", "default")
+# The input: the job's own pipeline, or the same with decoded samples cached.
+JOB_INPUT, CACHED_INPUT = "job", "cached"
 TARGET_MAX_DATA_WAIT_FRAC = 0.02
 
 
@@ -54,13 +63,27 @@ def parse_args():
   return args
 
 
-def job_flags(strategy: str, k: int, train_steps) -> list:
+def job_flags(strategy: str, k: int, data_input: str, train_steps) -> list:
   flags = [f"--steps_per_execution={k}", "--evaluate=false"]
   if strategy != "mirrored":  # mirrored is the job's default
     flags.append(f"--strategy={strategy}")
+  if data_input == CACHED_INPUT:
+    flags.append("--cache")
   if train_steps:
     flags.append(f"--train_steps={train_steps}")
   return flags
+
+
+def benchmark_cells(k: int) -> list:
+  """(strategy, steps per call, input) of every cell, in run order."""
+  return ([(strategy, calls, JOB_INPUT)
+           for strategy in STRATEGIES for calls in (1, k)]
+          + [(strategy, k, CACHED_INPUT) for strategy in STRATEGIES])
+
+
+def cell_name(strategy: str, calls: int, data_input: str) -> str:
+  name = f"{strategy}/{calls}"
+  return name if data_input == JOB_INPUT else f"{name} {data_input}"
 
 
 def summarize(runs: list, k: int) -> dict:
@@ -68,31 +91,34 @@ def summarize(runs: list, k: int) -> dict:
     return harness.values_by_side(runs, get, side_field="cell")[cell]
 
   cells = {}
+  steps_ms = {}
+  for cell in benchmark_cells(k):
+    strategy, calls, data_input = cell
+    wait = per_repeat(cell, lambda r: r["result"]["data_wait"]["fraction"])
+    steps_ms[cell] = per_repeat(cell, lambda r: r["result"]["step"]["mean_ms"])
+    cells[cell_name(*cell)] = {
+        "strategy": strategy, "steps_per_execution": calls,
+        "input": data_input,
+        "data_wait_fraction": harness.judge(
+            harness.median_interval(wait), TARGET_MAX_DATA_WAIT_FRAC),
+        "data_wait_fraction_all": wait,
+        "data_wait_mean_ms_all": per_repeat(
+            cell, lambda r: r["result"]["data_wait"]["mean_ms"]),
+        "compute_mean_ms_all": per_repeat(
+            cell, lambda r: r["result"]["compute"]["mean_ms"]),
+        "step_mean_ms_all": steps_ms[cell],
+        "samples_per_second_all": per_repeat(
+            cell, lambda r: r["result"]["samples_per_second"]),
+        "cpu_work_ms_all": per_repeat(
+            cell, lambda r: 1e3 * r["result"]["cpu"]["work_s_per_step"]),
+        "work_bound_ms_all": per_repeat(
+            cell, lambda r: 1e3 * r["result"]["cpu"]["work_bound_s"]),
+    }
   for strategy in STRATEGIES:
-    steps_ms = {}
-    for calls in (1, k):
-      cell = (strategy, calls)
-      wait = per_repeat(cell, lambda r: r["result"]["data_wait"]["fraction"])
-      steps_ms[calls] = per_repeat(cell, lambda r: r["result"]["step"]["mean_ms"])
-      cells[f"{strategy}/{calls}"] = {
-          "strategy": strategy, "steps_per_execution": calls,
-          "data_wait_fraction": harness.judge(
-              harness.median_interval(wait), TARGET_MAX_DATA_WAIT_FRAC),
-          "data_wait_fraction_all": wait,
-          "data_wait_mean_ms_all": per_repeat(
-              cell, lambda r: r["result"]["data_wait"]["mean_ms"]),
-          "compute_mean_ms_all": per_repeat(
-              cell, lambda r: r["result"]["compute"]["mean_ms"]),
-          "step_mean_ms_all": steps_ms[calls],
-          "samples_per_second_all": per_repeat(
-              cell, lambda r: r["result"]["samples_per_second"]),
-          "cpu_work_ms_all": per_repeat(
-              cell, lambda r: 1e3 * r["result"]["cpu"]["work_s_per_step"]),
-          "work_bound_ms_all": per_repeat(
-              cell, lambda r: 1e3 * r["result"]["cpu"]["work_bound_s"]),
-      }
     cells[f"{strategy}/{k} over {strategy}/1"] = {
-        "step_ratio": harness.summarize_ratios(steps_ms[k], steps_ms[1])}
+        "step_ratio": harness.summarize_ratios(
+            steps_ms[(strategy, k, JOB_INPUT)],
+            steps_ms[(strategy, 1, JOB_INPUT)])}
   return cells
 
 
@@ -119,18 +145,19 @@ def main():
   train_steps = args.train_steps or (40 if args.quick else None)
   machine = common.describe_machine()
   start = time.perf_counter()
-  cells = [(strategy, calls) for strategy in STRATEGIES for calls in (1, k)]
+  cells = benchmark_cells(k)
   with tempfile.TemporaryDirectory(prefix="tfo-spe-") as scratch:
 
     def run_one(cell, repeat):
-      strategy, calls = cell
-      flags = job_flags(strategy, calls, train_steps)
+      strategy, calls, data_input = cell
+      flags = job_flags(strategy, calls, data_input, train_steps)
       result = common.run_trainer(
-          flags, os.path.join(scratch, f"{strategy}-{calls}-{repeat}"))
-      common.log(f"repeat {repeat + 1}/{repeats} {strategy} K={calls}: "
+          flags, os.path.join(scratch,
+                              f"{strategy}-{calls}-{data_input}-{repeat}"))
+      common.log(f"repeat {repeat + 1}/{repeats} {cell_name(*cell)}: "
                  f"data wait {100 * result['data_wait']['fraction']:.1f}%, "
                  f"step {result['step']['mean_ms']:.2f} ms")
-      return {"cell": [strategy, calls], "repeat": repeat, "flags": flags,
+      return {"cell": list(cell), "repeat": repeat, "flags": flags,
               "result": result}
 
     record = harness.run_interleaved(cells, repeats, run_one,
