@@ -12,7 +12,7 @@ which reads the input through a plain iterator instead of a distributed one:
   mirrored/1   the default job
   mirrored/K   the default job, K steps per traced call
   default/1, default/K   the same without the distributed input
-  mirrored/K cached, default/K cached   at K, with --cache
+  mirrored/K cache, default/K cache   at K, with --cache
 
 The cached cells tell the two possible sources of the wait apart. With
 --cache the decoded samples are kept after the first epoch (digits has 1797
@@ -42,8 +42,8 @@ NAME = "steps_per_execution"
 DEFAULT_REPEATS = 5
 STEPS_PER_EXECUTION = 8
 STRATEGIES = ("mirrored", "default")
-# The input: the job's own pipeline, or the same with decoded samples cached.
-JOB_INPUT, CACHED_INPUT = "job", "cached"
+# The input: the job's own pipeline, or the same with --cache (named by its flag).
+JOB_INPUT, CACHED_INPUT = "job", "cache"
 TARGET_MAX_DATA_WAIT_FRAC = 0.02
 
 
