@@ -42,7 +42,7 @@ NAME = "steps_per_execution"
 DEFAULT_REPEATS = 5
 STEPS_PER_EXECUTION = 8
 STRATEGIES = ("mirrored", "default")
-# The input: the job's own pipeline, or the same with --cache (named by its flag).
+# The input: the job's own pipeline, or it with --cache (named by the flag).
 JOB_INPUT, CACHED_INPUT = "job", "cache"
 TARGET_MAX_DATA_WAIT_FRAC = 0.02
 
