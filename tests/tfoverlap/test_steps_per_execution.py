@@ -175,3 +175,48 @@ def test_the_wait_timed_in_the_graph_leaves_the_compute_out():
   waits = _time_waits(model, _batches())
   assert len(waits) == 3
   assert 0 <= min(waits) and max(waits) < PAUSE_S, waits
+
+
+def _loop_body(train_steps, dataset):
+  """The FunctionDef of the while loop that `train_steps` traces."""
+  concrete = train_steps.get_concrete_function(
+      iter(dataset), tf.TensorSpec([], tf.int32))
+  [loop] = [op for op in concrete.graph.get_operations()
+            if op.type in ("While", "StatelessWhile")]
+  # pylint: disable-next=protected-access
+  return concrete.graph._get_function(loop.get_attr("body").name).definition
+
+
+def _ancestors(function_def, node_name: str) -> set:
+  """Every node `node_name` waits on in `function_def`, through data and
+  control inputs alike."""
+  inputs = {node.name: [i.lstrip("^").split(":")[0] for i in node.input]
+            for node in function_def.node_def}
+  found, pending = set(), [node_name]
+  while pending:
+    for name in inputs.get(pending.pop(), ()):
+      if name not in found:
+        found.add(name)
+        pending.append(name)
+  return found
+
+
+@pytest.mark.parametrize("time_waits", [True, False])
+def test_a_timed_step_reads_no_weight_before_its_batch(time_waits):
+  """Reading the weights needs no batch, so in an untimed loop the reads
+  are free to run first (and do not wait on the get-next). In a timed one
+  they must wait for it: a read run first, while the get-next waited for a
+  thread, would be counted as data wait."""
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  train_steps = steps.make_multi_step_train_step(
+      tf.distribute.get_strategy(), model, keras.optimizers.SGD(0.1),
+      task=CLASSIFICATION, global_batch_size=4, time_waits=time_waits)
+  body = _loop_body(train_steps, _batches())
+  [get_next] = [node.name for node in body.node_def
+                if node.op == "IteratorGetNext"]
+  reads = [node.name for node in body.node_def
+           if node.op == "ReadVariableOp"]
+  after_batch = [read for read in reads
+                 if get_next in _ancestors(body, read)]
+  assert reads  # the kernel and bias, and the optimizer's own variables
+  assert (after_batch == reads) == time_waits, (reads, after_batch)
