@@ -67,30 +67,19 @@ def example_batch(model, task: str, batch_size: int):
 
 
 def _make_replica_step(model, optimizer, *, task: str,
-                       global_batch_size: int, after_batch: bool = False):
-  """One replica's optimizer step: (inputs, targets) -> its loss share.
-
-  With `after_batch`, no op of the step starts before its batch is in
-  hand. Without it, the ops that need no batch (reading the weights, the
-  optimizer's bookkeeping) are ready as soon as the step may begin, and the
-  executor may give them the threads while the batch's get-next waits for
-  one: a wait timed in the graph would then count that work as waiting.
-  """
+                       global_batch_size: int):
+  """One replica's optimizer step: (inputs, targets) -> its loss share."""
   scales_loss = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
   def replica_step(inputs, targets):
-    # An empty list adds no dependency; None would clear the enclosing ones.
-    batch = (tf.nest.flatten((inputs, targets), expand_composites=True)
-             if after_batch else [])
-    with tf.control_dependencies(batch):
-      with tf.GradientTape() as tape:
-        outputs = model(inputs, training=True)
-        loss = tf.nn.compute_average_loss(
-            per_example_loss(task, targets, outputs),
-            global_batch_size=global_batch_size)
-        scaled = optimizer.scale_loss(loss) if scales_loss else loss
-      grads = tape.gradient(scaled, model.trainable_variables)
-      optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    with tf.GradientTape() as tape:
+      outputs = model(inputs, training=True)
+      loss = tf.nn.compute_average_loss(
+          per_example_loss(task, targets, outputs),
+          global_batch_size=global_batch_size)
+      scaled = optimizer.scale_loss(loss) if scales_loss else loss
+    grads = tape.gradient(scaled, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
     return loss
 
   return replica_step
@@ -137,11 +126,8 @@ def make_multi_step_train_step(strategy, model, optimizer, *, task: str,
   of the one before (the variable updates included) has run, because the
   loop's carried values wait on them (tf.function's automatic control
   dependencies); `tf.timestamp`s are ordered among themselves in program
-  order. When waits are timed, every op of a step waits for its batch
-  (`_make_replica_step(after_batch=True)`), so that the span holds no work
-  of the step that merely ran first. Op determinism (--deterministic)
-  refuses to run `tf.timestamp`, so there `time_waits` must be False and
-  nothing is timed.
+  order. Op determinism (--deterministic) refuses to run `tf.timestamp`,
+  so there `time_waits` must be False and nothing is timed.
 
   Returns:
     train_steps(iterator, num_steps) -> (the global mean loss of each step,
@@ -149,8 +135,7 @@ def make_multi_step_train_step(strategy, model, optimizer, *, task: str,
     a scalar tensor, so a shorter last call reuses the same trace.
   """
   replica_step = _make_replica_step(model, optimizer, task=task,
-                                    global_batch_size=global_batch_size,
-                                    after_batch=time_waits)
+                                    global_batch_size=global_batch_size)
 
   @tf.function
   def train_steps(iterator, num_steps):
