@@ -14,11 +14,11 @@ which reads the input through a plain iterator instead of a distributed one:
   default/1, default/K   the same without the distributed input
   mirrored/K cache, default/K cache   at K, with --cache
 
-The cached cells tell the two possible sources of the wait apart. With
---cache the decoded samples are kept after the first epoch (digits has 1797
-of them), so a batch costs the input pipeline only shuffling and copying:
-a wait that stays when that work is gone is the iterator's hand-over, not
-the input's work queuing for a core.
+The cached cells test whether the wait is the input's work. With --cache
+the decoded samples are kept after the first epoch (digits has 1797 of
+them), so a batch costs the input pipeline only shuffling and copying: a
+wait that stays when that work is gone is not the input's work queuing for
+a core.
 
 At 1 the custom loop times `next(iterator)` in Python; at K the wait is
 timed inside the graph (`tfoverlap.steps.make_multi_step_train_step`), so
