@@ -8,7 +8,9 @@ Four questions, one result file (benchmarks/results/pipeline.json):
   1. cost model, per layer: fitted on one profile (`python -m
      torch_parity.plan`), its prediction of every layer's forward +
      backward at the micro-batch against a second, independent profile:
-     the median absolute relative error.
+     the median absolute relative error, of the fits alone and of what
+     the planner sums (the first profile's timings, the fits only where
+     it has none: the two profiles' repeatability).
   2. cost model, per stage: each stage's predicted time per step (the
      plan's: M micro-batches and the optimizer's update) against the
      stage_compute a real pipelined run measured (run.json's pipeline
@@ -107,11 +109,19 @@ def plan_model(model: str, image_size: int, *, stages: int, batch: int,
           "profile_path": os.path.join(out_dir, "profile.json")}
 
 
-def layer_errors(fit_on: dict, measured: Profile, microbatch: int) -> list:
+def layer_errors(fit_on: dict, measured: Profile, microbatch: int, *,
+                 planned: bool) -> list:
   """|predicted - measured| / measured per layer, at the micro-batch: the
-  model fitted on one profile, checked against another measurement."""
+  model fitted on one profile, checked against another measurement.
+
+  planned=False checks the fits alone (`CostModel.fitted`); True checks
+  what the planner sums (`CostModel.predict`: the first profile's own
+  timing where it has one), which is the profiles' repeatability.
+  """
   model = fit_cost_model([(fit_on["graph"], fit_on["profile"])])
-  predicted = model.predict_graph(fit_on["graph"], microbatch)
+  predict = model.predict if planned else model.fitted
+  predicted = {n.name: sum(predict(n, microbatch))
+               for n in fit_on["graph"].nodes}
   errors = []
   for name, pred_s in predicted.items():
     timing = measured.timing(name, microbatch)
@@ -177,8 +187,10 @@ def summarize(runs: list, models: dict, stages: int, factors,
   for model in models:
     fit, other = plans[model]
     row = {"image_size": models[model],
-           "layer_error_median": common.median(
-               layer_errors(fit, other["profile"], microbatch))}
+           "layer_error_median": common.median(layer_errors(
+               fit, other["profile"], microbatch, planned=False)),
+           "layer_error_planned_median": common.median(layer_errors(
+               fit, other["profile"], microbatch, planned=True))}
     throughput = {}
     for split in ("auto", "even"):
       done = by_side[(model, split, stages)]
@@ -285,12 +297,14 @@ def _tables(results: dict) -> str:
       rows.append([model, split, ",".join(side["cuts"]), stage_text,
                    harness.format_interval(side["slowest_over_mean"]),
                    side["samples_per_second"], side["stage_error_median"],
-                   row["layer_error_median"]])
+                   row["layer_error_median"],
+                   row["layer_error_planned_median"]])
     rows.append([model, "auto/even", "", "", "", harness.format_interval(
-        row["auto_over_even_throughput"]), "", ""])
+        row["auto_over_even_throughput"]), "", "", ""])
   table = common.format_table(
       ["model", "split", "cuts", "stage ms pred/meas", "slowest/mean",
-       "samples/s", "stage err", "layer err"], rows)
+       "samples/s", "stage err", "layer err fit", "layer err planned"],
+      rows)
   bubble = common.format_table(
       ["model", "S", "M", "theory", "measured"],
       [[b["model"], b["stages"], b["micro_batches"], b["theory"],

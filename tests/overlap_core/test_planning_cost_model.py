@@ -125,3 +125,29 @@ def test_no_updates_profiled_predicts_none_and_says_so():
   assert model.update is None and model.predict_update(node) == 0.0
   assert "optimizer update: not profiled" in model.report()
   assert fit_updates("adam", []) is None
+
+
+def test_profiled_layers_keep_their_times_and_the_fit_predicts_the_rest():
+  samples = synthetic_samples(random.Random(5), 0.0)
+  config = conv_config(512, 512, 4, 3)
+  node = LayerNode("big", "conv2d", config, (MODEL_INPUT,), (1,), 0, 0)
+  graph = LayerGraph("g", 1, (1,), 0, (node,))
+  # Timed at batch 2 at ten times what the family's formula says: a layer
+  # the fit would get wrong, as the fit got VGG-16's widest layers.
+  truth_s = 10 * true_forward_s(config, 2)
+  profile = Profile(model="g", framework="x", device="cpu", warmup=0,
+                    repeats=1, timings=(
+                        LayerTiming("big", "conv2d", 2, truth_s,
+                                    2 * truth_s),))
+  model = fit_cost_model([(graph, profile)], samples=samples)
+  assert model.predict(node, batch_size=2) == (truth_s, 2 * truth_s)
+  # The fit itself is the family's: one outlier among 73 samples barely
+  # moves it, so it stays far from the timing it was not asked to repeat.
+  assert model.fitted(node, batch_size=2)[0] < 0.5 * truth_s
+  # A batch the profile did not time falls to the fit.
+  assert model.predict(node, batch_size=4) == model.fitted(node, 4)
+  # Same name, other shape (another model's "big"): not the timed layer.
+  other = LayerNode("big", "conv2d", conv_config(64, 64, 4, 3),
+                    (MODEL_INPUT,), (1,), 0, 0)
+  assert model.predict(other, 2) == model.fitted(other, 2)
+  assert "1 (layer, batch) pairs the profile timed" in model.report()

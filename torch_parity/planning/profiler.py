@@ -1,13 +1,13 @@
 """Per-layer forward and backward times of a PyTorch model, as a Profile.
 
-Every layer of the traced graph runs alone on inputs of the shapes it sees
-in the model (recorded by running the whole model once per batch size),
-`warmup` times untimed and `repeats` times timed; the median goes into the
-shared profile schema (`overlap_core.planning.profile`). Timing is
-`time.perf_counter` on the CPU and CUDA events on a GPU. Before every timed
-call a buffer larger than the caches is swept (`overlap_core.planning.
-cache`): in training a layer's weights come from memory, not from the
-cache its previous repeat left them in.
+Every layer is timed inside whole training passes of the traced model
+(`_TimedPass`), as PipeDream's profiler does: per batch size, `warmup`
+passes untimed and `repeats` timed, each pass a forward and a backward,
+starting with caches swept (`overlap_core.planning.cache`: the step before
+ended with an optimizer streaming every weight) and fresh gradients. The
+medians go into the shared profile schema (`overlap_core.planning.
+profile`). Timing is `time.perf_counter` on the CPU and CUDA events on a
+GPU.
 
 Given the trainer's optimizer (`optimizer_factory`), every layer that owns
 parameters also has its update timed: a fresh optimizer over that layer's
@@ -76,12 +76,10 @@ def profile_layers(model: nn.Module,
   flush = _cache_flusher(dev)
   timings: List[LayerTiming] = []
   for batch in batch_sizes:
-    values = _record_values(traced, make_input(batch).to(dev))
-    for node in traced.graph.nodes:
-      if node.op not in ("call_module", "call_function", "call_method"):
-        continue
-      fwd, bwd = _time_node(traced, node, values, warmup, repeats, dev,
-                            flush)
+    forward_s, backward_s = _time_in_context(
+        traced, make_input(batch).to(dev), warmup, repeats, dev, flush)
+    for node, fwd in forward_s.items():
+      bwd = backward_s[node]
       timings.append(LayerTiming(
           layer=names[node], op_type=op_type_of(node, modules),
           batch_size=int(batch), forward_s=statistics.median(fwd),
@@ -179,67 +177,117 @@ def _describe(dev: torch.device) -> str:
   return str(dev)
 
 
-def _record_values(traced: fx.GraphModule, example) -> Dict[fx.Node, object]:
-  """Every node's output on `example`: the inputs each layer is timed on."""
-  values = {}
-
-  class Recorder(fx.Interpreter):
-
-    def run_node(self, n):
-      out = super().run_node(n)
-      values[n] = out.detach() if isinstance(out, torch.Tensor) else out
-      return out
-
-  with torch.no_grad():
-    Recorder(traced).run(example)
-  return values
+_LAYER_OPS = ("call_module", "call_function", "call_method")
 
 
-def _bind(node: fx.Node, values, traced):
-  """A zero-argument forward of `node` on fresh inputs, and those inputs."""
-  fresh = {}
+class _Clock:
+  """Timestamps of a pass: perf_counter on the CPU (layers run in order on
+  the calling thread); CUDA events on a GPU, read after the pass, since
+  kernels run behind the Python that launches them."""
 
-  def materialize(arg):
-    value = values[arg]
-    if isinstance(value, torch.Tensor) and value.is_floating_point():
-      leaf = value.clone().requires_grad_(True)
-      # A non-leaf copy, so in-place layers (ReLU(inplace=True)) may write it.
-      fresh[arg] = (leaf, leaf.clone())
-      return fresh[arg][1]
-    return value
+  def __init__(self, dev: torch.device):
+    self._cuda = dev.type == "cuda"
+    self._dev = dev
 
-  args = fx.node.map_arg(node.args, materialize)
-  kwargs = fx.node.map_arg(node.kwargs, materialize)
-  if node.op == "call_module":
-    target = traced.get_submodule(node.target)
-    return (lambda: target(*args, **kwargs)), target
-  if node.op == "call_method":
-    self_arg, rest = args[0], args[1:]
-    return (lambda: getattr(self_arg, node.target)(*rest, **kwargs)), None
-  return (lambda: node.target(*args, **kwargs)), None
+  def mark(self):
+    if not self._cuda:
+      return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+  def seconds(self, begin, end) -> float:
+    """Seconds between two marks of a pass that `settle` has finished."""
+    if not self._cuda:
+      return end - begin
+    return begin.elapsed_time(end) / 1e3
+
+  def settle(self) -> None:
+    if self._cuda:
+      torch.cuda.synchronize(self._dev)
 
 
-def _time_node(traced, node, values, warmup: int, repeats: int,
-               dev: torch.device, flush: Callable[[], None]
-               ) -> Tuple[List[float], List[float]]:
-  forward_s, backward_s = [], []
+class _TimedPass(fx.Interpreter):
+  """One training pass of the traced model, every layer timed where it runs.
+
+  Forward: a mark before and after each layer's node. Backward: a pre-hook
+  on the autograd node that made each layer's output marks when backward
+  reaches it; a layer's backward lasts from its mark to the next mark (any
+  layer's) or the end of backward. The engine runs a CPU graph's nodes one
+  at a time on the calling thread, and a layer's weight-gradient
+  accumulation (AccumulateGrad, which the engine runs first among the
+  ready nodes) falls inside its own interval.
+  """
+
+  def __init__(self, traced: fx.GraphModule, clock: _Clock):
+    super().__init__(traced)
+    self._clock = clock
+    self.forward_marks: Dict[fx.Node, Tuple[object, object]] = {}
+    self.backward_marks: List[Tuple[object, fx.Node]] = []
+    self._hooked = set()
+
+  def run_node(self, n):
+    if n.op not in _LAYER_OPS:
+      return super().run_node(n)
+    begin = self._clock.mark()
+    out = super().run_node(n)
+    self.forward_marks[n] = (begin, self._clock.mark())
+    for t in out if isinstance(out, (list, tuple)) else [out]:
+      grad_fn = getattr(t, "grad_fn", None)
+      # A view or getitem hands on its producer's autograd node: the
+      # producer owns that interval.
+      if grad_fn is not None and id(grad_fn) not in self._hooked:
+        self._hooked.add(id(grad_fn))
+        grad_fn.register_prehook(self._marker(n))
+    return out
+
+  def _marker(self, node: fx.Node):
+    def mark(grad_outputs):
+      self.backward_marks.append((self._clock.mark(), node))
+      return grad_outputs
+    return mark
+
+
+def _time_in_context(traced: fx.GraphModule, example: torch.Tensor,
+                     warmup: int, repeats: int, dev: torch.device,
+                     flush: Callable[[], None]
+                     ) -> Tuple[Dict[fx.Node, List[float]],
+                                Dict[fx.Node, List[float]]]:
+  """Every layer's forward and backward seconds, one entry per repeat.
+
+  Each repeat is a whole training pass (forward, then backward of the
+  outputs' mean square, as `_model_gradients`), from cold caches and
+  with fresh gradients, as a step starts after the optimizer has
+  streamed every weight. Timed in the pass, a layer pays what it pays in
+  training, and no more: timed alone, every layer paid a backward call
+  of its own (0.1 ms on this project's CPU host, more than a small
+  layer's work) and a cold cache for data a stage keeps warm, and a
+  ResNet-50 stage's sum of such timings came out a third to a half above
+  what the stage took.
+  """
+  clock = _Clock(dev)
+  layers = [n for n in traced.graph.nodes if n.op in _LAYER_OPS]
+  forward_s = {n: [] for n in layers}
+  backward_s = {n: [] for n in layers}
   for k in range(warmup + repeats):
-    # Weights cold, inputs warm: the previous layer has just written them.
+    traced.zero_grad(set_to_none=True)
     flush()
-    run, module = _bind(node, values, traced)
-    if module is not None:
-      module.zero_grad(set_to_none=True)
-    out, fwd = _timed(run, dev)
-    tensors = [t for t in (out if isinstance(out, (list, tuple)) else [out])
-               if isinstance(t, torch.Tensor) and t.requires_grad]
-    bwd = 0.0
-    if tensors:
-      flush()
-      grads = [torch.ones_like(t) for t in tensors]
-      _, bwd = _timed(lambda: torch.autograd.backward(tensors, grads), dev)
-    if k >= warmup:
-      forward_s.append(fwd)
-      backward_s.append(bwd)
+    timed = _TimedPass(traced, clock)
+    outputs = timed.run(example)
+    tensors = [t for t in (outputs if isinstance(outputs, (list, tuple))
+                           else [outputs]) if isinstance(t, torch.Tensor)]
+    sum(t.float().square().mean() for t in tensors).backward()
+    end = clock.mark()
+    clock.settle()
+    if k < warmup:
+      continue
+    for n in layers:
+      begin_fwd, end_fwd = timed.forward_marks[n]
+      forward_s[n].append(clock.seconds(begin_fwd, end_fwd))
+      backward_s[n].append(0.0)
+    marks = timed.backward_marks + [(end, None)]
+    for (begin, n), (next_mark, _) in zip(marks, marks[1:]):
+      backward_s[n][-1] += clock.seconds(begin, next_mark)
   return forward_s, backward_s
 
 
