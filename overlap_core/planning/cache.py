@@ -4,10 +4,12 @@ A profiler that times one layer many times in a row keeps that layer's
 weights, inputs and optimizer state in the last-level cache, and on a CPU
 a layer whose weights fit there (a 512-channel 3x3 convolution holds 9
 MiB) then runs several times faster than it does in training, where the
-whole stage streams through between two calls of it. Both profilers
-therefore write a buffer of `flush_bytes()` before every timed call, the
-way GPU kernel benchmarks flush L2: the timing is then that of a layer
-whose data comes from memory, as it does in a training step.
+whole stage streams through between two calls of it. The profilers
+therefore write a buffer of `flush_bytes()` the way GPU kernel
+benchmarks flush L2: the Keras one before every timed layer call, the
+PyTorch one (which times layers inside whole passes of the model) before
+every pass, as a training step begins after the optimizer has streamed
+every weight.
 
   size = flush_bytes("cpu")     # twice the last-level cache, at least 64 MiB
 """

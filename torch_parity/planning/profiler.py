@@ -261,9 +261,9 @@ def _time_in_context(traced: fx.GraphModule, example: torch.Tensor,
   streamed every weight. Timed in the pass, a layer pays what it pays in
   training, and no more: timed alone, every layer paid a backward call
   of its own (0.1 ms on this project's CPU host, more than a small
-  layer's work) and a cold cache for data a stage keeps warm, and a
-  ResNet-50 stage's sum of such timings came out a third to a half above
-  what the stage took.
+  layer's work) and a cold cache for data a stage keeps warm, and the
+  sums of such timings over ResNet-50's stages came out well above what
+  the stages took.
   """
   clock = _Clock(dev)
   layers = [n for n in traced.graph.nodes if n.op in _LAYER_OPS]
