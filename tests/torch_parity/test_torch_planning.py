@@ -78,6 +78,21 @@ def test_users_own_module_and_its_profile():
   assert Profile.from_json(profile.to_json()) == profile
 
 
+def test_each_layer_is_charged_its_own_backward():
+  # Backward runs big_fc's, relu's and small_fc's in reverse order; a mark
+  # charged to the wrong neighbour would hand relu big_fc's matrix
+  # products. Those are 2 x 64 x 2048 x 2048 multiply-adds, four
+  # thousand times relu's 64 x 2048 elements, so a factor of 20 between
+  # them is far inside what any machine's timer noise can close.
+  model = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.ReLU(),
+                              torch.nn.Linear(2048, 2))
+  profile = profile_layers(model, lambda b: torch.randn(b, 2048),
+                           batch_sizes=(64,), warmup=1, repeats=3)
+  big, relu = profile.timing("0", 64), profile.timing("1", 64)
+  assert big.backward_s > 20 * relu.backward_s
+  assert big.forward_s > 20 * relu.forward_s
+
+
 def test_plan_command_end_to_end(tmp_path):
   out = str(tmp_path / "plan")
   result = run_module(

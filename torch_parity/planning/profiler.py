@@ -234,8 +234,8 @@ class _TimedPass(fx.Interpreter):
     self.forward_marks[n] = (begin, self._clock.mark())
     for t in out if isinstance(out, (list, tuple)) else [out]:
       grad_fn = getattr(t, "grad_fn", None)
-      # A view or getitem hands on its producer's autograd node: the
-      # producer owns that interval.
+      # A getitem of a multi-output op (split, chunk) hands on that op's
+      # autograd node: the op's layer owns the interval.
       if grad_fn is not None and id(grad_fn) not in self._hooked:
         self._hooked.add(id(grad_fn))
         grad_fn.register_prehook(self._marker(n))
