@@ -22,8 +22,8 @@ are not drowned by the convolutions.
 The fits are for what was never profiled: another layer shape, another
 batch. A layer the profile timed at the batch asked for keeps its measured
 forward and backward (`CostModel.predict`; `fitted` is the fit alone). A
-family's fit weighs its many cheap layers like its few expensive ones (it
-minimizes relative error), and on this project's CPU host it put VGG-16's
+family's fit weighs its many cheap layers like its few expensive ones,
+and on this project's CPU host it put VGG-16's
 512-channel convolutions and its 4096-wide linear layer, most of a stage's
 time, at about half what they measured while the family's median error
 stayed in single digits. A plan sums layers, so it reads what was measured

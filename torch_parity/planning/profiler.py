@@ -292,15 +292,10 @@ def _time_in_context(traced: fx.GraphModule, example: torch.Tensor,
 
 
 def _timed(fn, dev: torch.device):
-  """fn()'s result and its seconds: CUDA events on a GPU, else perf_counter."""
-  if dev.type == "cuda":
-    start, end = (torch.cuda.Event(enable_timing=True),
-                  torch.cuda.Event(enable_timing=True))
-    start.record()
-    out = fn()
-    end.record()
-    torch.cuda.synchronize(dev)
-    return out, start.elapsed_time(end) / 1e3
-  begin = time.perf_counter()
+  """fn()'s result and its seconds, on `dev`'s clock (`_Clock`)."""
+  clock = _Clock(dev)
+  begin = clock.mark()
   out = fn()
-  return out, time.perf_counter() - begin
+  end = clock.mark()
+  clock.settle()
+  return out, clock.seconds(begin, end)
