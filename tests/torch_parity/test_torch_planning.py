@@ -81,16 +81,20 @@ def test_users_own_module_and_its_profile():
 def test_each_layer_is_charged_its_own_backward():
   # Backward runs big_fc's, relu's and small_fc's in reverse order; a mark
   # charged to the wrong neighbour would hand relu big_fc's matrix
-  # products. Those are 2 x 64 x 2048 x 2048 multiply-adds, four
-  # thousand times relu's 64 x 2048 elements, so a factor of 20 between
-  # them is far inside what any machine's timer noise can close.
+  # products, so relu would time at least as long as big_fc (a ratio of 1
+  # or less). Charged rightly the ratio is not the work ratio (four
+  # thousand): relu's few microseconds of work sit under a fixed per-layer
+  # cost of the interpreter and the marks, up to a few tenths of a
+  # millisecond on a slow host, against milliseconds of matrix products.
+  # Slow CI hosts measured 17 forward and 23 backward; a bound of 4 sits
+  # well clear of both that and the wrong attribution's 1.
   model = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.ReLU(),
                               torch.nn.Linear(2048, 2))
   profile = profile_layers(model, lambda b: torch.randn(b, 2048),
                            batch_sizes=(64,), warmup=1, repeats=3)
   big, relu = profile.timing("0", 64), profile.timing("1", 64)
-  assert big.backward_s > 20 * relu.backward_s
-  assert big.forward_s > 20 * relu.forward_s
+  assert big.backward_s > 4 * relu.backward_s
+  assert big.forward_s > 4 * relu.forward_s
 
 
 def test_plan_command_end_to_end(tmp_path):
