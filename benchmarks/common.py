@@ -49,6 +49,12 @@ def children_cpu_s() -> float:
   return usage.ru_utime + usage.ru_stime
 
 
+def children_minor_faults() -> int:
+  """Page faults served without I/O, over the reaped children: a fresh
+  page of memory costs one."""
+  return resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt
+
+
 def host_cpu_s() -> Dict[str, float]:
   """Seconds of CPU the whole host spent busy, and lost to the hypervisor
   (NaN where /proc/stat cannot be read); the harness reads them."""
@@ -62,8 +68,9 @@ def run_process(args: Sequence[str], timeout_s: float = PROCESS_TIMEOUT_S
   """Runs a Python module command from the repository root and waits.
 
   Returns:
-    {"stdout", "process_wall_s", "process_cpu_s", "foreign_cpu_s",
-    "steal_s"}: process cpu is user + system time of the process (children
+    {"stdout", "process_wall_s", "process_cpu_s", "process_minor_faults",
+    "foreign_cpu_s", "steal_s"}: process cpu is user + system time of the
+    process and minor faults its page faults served without I/O (children
     run one at a time, so the change in RUSAGE_CHILDREN is exactly this
     one's). foreign cpu is what the rest of the host burned meanwhile (other
     users' work: these machines are shared) and steal what the hypervisor
@@ -74,6 +81,7 @@ def run_process(args: Sequence[str], timeout_s: float = PROCESS_TIMEOUT_S
   """
   command = [sys.executable, *args]
   cpu_before = children_cpu_s()
+  faults_before = children_minor_faults()
   host_before = host_cpu_s()
   start = time.perf_counter()
   try:
@@ -86,12 +94,14 @@ def run_process(args: Sequence[str], timeout_s: float = PROCESS_TIMEOUT_S
   wall_s = time.perf_counter() - start
   host_after = host_cpu_s()
   process_cpu_s = children_cpu_s() - cpu_before
+  minor_faults = children_minor_faults() - faults_before
   if done.returncode != 0:
     raise BenchmarkError(
         f"exit {done.returncode}: {' '.join(args)}\n"
         f"{done.stderr[-_STDERR_TAIL_CHARS:]}")
   return {"stdout": done.stdout, "process_wall_s": wall_s,
           "process_cpu_s": process_cpu_s,
+          "process_minor_faults": minor_faults,
           "foreign_cpu_s": max(0.0, host_after["busy"] - host_before["busy"]
                                - process_cpu_s),
           "steal_s": host_after["steal"] - host_before["steal"]}

@@ -15,7 +15,7 @@ from absl import app
 from absl import logging
 
 import flags as tfo_flags
-from overlap_core.runtime import failure, summary, waits
+from overlap_core.runtime import failure, host_allocator, summary, waits
 from overlap_core.runtime.config import ConfigError, TrainConfig
 
 
@@ -35,6 +35,8 @@ def run_trainer(program: str, framework: str,
       raised, so it may import the framework.
   """
   config = tfo_flags.to_config(tfo_flags.FLAGS)
+  # Before the framework is imported: its first allocations follow it too.
+  host_allocator.apply(config.run.host_allocator)
   if not tfo_flags.FLAGS["verbosity"].present:
     # The frameworks log every collective they set up at INFO;
     # --verbosity=0 brings that back.

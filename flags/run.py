@@ -43,3 +43,9 @@ def define_flags():
   flags.DEFINE_integer("inter_op_threads", 0,
                        "Ops run concurrently; 0 = the framework's default.",
                        lower_bound=0)
+  flags.DEFINE_enum(
+      "host_allocator", "retain", ["retain", "system"],
+      "retain: glibc keeps large freed host blocks for reuse, so a step's "
+      "temporaries do not come back as fresh, page-faulting memory every "
+      "step (the process keeps its high-water mark). system: the C "
+      "library's defaults. Both frameworks; a no-op off glibc.")

@@ -21,6 +21,7 @@ from absl import app
 
 import flags as tfo_flags
 from flags import plan as plan_flags
+from overlap_core.runtime import host_allocator
 
 tfo_flags.define_flags()
 plan_flags.define_flags()
@@ -31,6 +32,8 @@ def main(argv):
   del argv
   values = tfo_flags.FLAGS
   config = tfo_flags.to_config(values)
+  # Layers are timed under the allocator policy the trainer runs with.
+  host_allocator.apply(config.run.host_allocator)
   # pylint: disable=g-import-not-at-top
   import keras
   from overlap_core.planning import command

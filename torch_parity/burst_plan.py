@@ -26,6 +26,7 @@ from absl import app
 
 import flags as tfo_flags
 from flags import plan as plan_flags
+from overlap_core.runtime import host_allocator
 
 tfo_flags.define_flags()
 plan_flags.define_flags()
@@ -50,6 +51,8 @@ def main(argv):
   del argv
   values = tfo_flags.FLAGS
   config = tfo_flags.to_config(values)
+  # Layers are timed under the allocator policy the trainer runs with.
+  host_allocator.apply(config.run.host_allocator)
   if values.plan_batch_sizes:
     tfo_flags.exit_with_usage_error(
         f"--plan_batch_sizes={','.join(values.plan_batch_sizes)}: the burst "

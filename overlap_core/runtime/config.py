@@ -43,6 +43,8 @@ class RunConfig:
   inter_op_threads: int
   # Optimizer steps per traced call (TensorFlow); 1 = one call per step.
   steps_per_execution: int = 1
+  # overlap_core.runtime.host_allocator.POLICIES
+  host_allocator: str = "retain"
 
 
 @dataclasses.dataclass(frozen=True)

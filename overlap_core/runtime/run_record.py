@@ -19,6 +19,7 @@ from typing import Iterable, Optional, Tuple
 import numpy as np
 
 from overlap_core import __version__
+from overlap_core.runtime import host_allocator
 from overlap_core.runtime.config import TrainConfig
 
 SCHEMA_VERSION = 2  # 2: the checkpoint section
@@ -96,6 +97,7 @@ def describe_host() -> dict:
       "cpu_count": os.cpu_count(),
       "numpy": np.__version__,
       "tfoverlap": __version__,
+      "host_allocator": host_allocator.describe(),
   }
 
 

@@ -17,7 +17,7 @@ if not tfo_flags.FLAGS.is_parsed():
 # Changing this set is a decision about the user-facing surface: both
 # trainers, the launcher and every flagfile in the wild read these names.
 FROZEN_SURFACE = {
-    "run": ["deterministic", "evaluate", "inter_op_threads",
+    "run": ["deterministic", "evaluate", "host_allocator", "inter_op_threads",
             "intra_op_threads", "log_every_steps", "loop", "model_dir",
             "progress", "seed", "steps_per_execution", "tensorboard",
             "trace", "train_steps"],

@@ -5,6 +5,7 @@ frameworks differ, a refusal instead of a silently ignored flag.
 """
 
 import json
+import platform
 import statistics
 import subprocess
 import sys
@@ -149,6 +150,11 @@ def test_run_record_has_the_tensorflow_schema_and_no_tensorflow_import(
   assert record["model"] == tf_record["model"]
   assert record["strategy"]["name"] == "default"
   assert record["worker"] == {"index": 0, "num_workers": 1}
+  # Both trainers set the default allocator policy before training.
+  for each in (record, tf_record):
+    assert each["environment"]["host_allocator"]["policy"] == "retain"
+    assert each["environment"]["host_allocator"]["applied"] == (
+        platform.libc_ver()[0] == "glibc")
   assert record["steps"] == 30
   assert record["warmup_steps"] + record["measured_steps"] == 30
   assert record["phases_measured"] == ["data_wait", "compute",
