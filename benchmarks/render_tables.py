@@ -442,3 +442,22 @@ def _num_redone(data: dict) -> str:
   counts = [len(h["discarded_repeats"]) for h in hosts
             if isinstance(h, dict) and "discarded_repeats" in h]
   return str(sum(counts)) if counts else DASH
+
+
+# ---- 16. host_allocator ----------------------------------------------------
+
+
+@table("host_allocator")
+def host_allocator() -> str:
+  rows = []
+  for cell in load("host_allocator")["summary"].values():
+    steps = cell["step_ms_all"]
+    rows.append([
+        cell["framework"], f"`{cell['model']}`", spread(steps["retain"]),
+        spread(steps["system"]),
+        harness.format_interval(cell["system_over_retain"]),
+        spread(cell["extra_faults_per_step_all"])])
+  return markdown(
+      ["framework", "model", "step ms, `retain`", "step ms, `system`",
+       "`system` / `retain`, per repeat",
+       "page faults per step beyond `retain`"], rows)

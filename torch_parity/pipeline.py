@@ -263,7 +263,7 @@ class PipelineRuntime:
     """Forward and backward of one batch over every micro-batch.
 
     Gradients are left in the stage modules' .grad, averaged over the
-    micro-batches (the schedule's scale_grads) and, with replicas, over
+    micro-batches (each micro-batch's loss divided by M) and, with replicas, over
     them (`average_stage_gradients`). Waits and transfers are recorded in
     `recorder` for the caller to close the step with.
 
@@ -283,7 +283,8 @@ class PipelineRuntime:
                             bucket_mb=self.bucket_mb)
     if not self.holds_last_stage:
       return None
-    return torch.stack([l.detach() for l in losses]).mean()
+    # The micro-batches' losses were divided by M: their sum is the mean.
+    return torch.stack([l.detach() for l in losses]).sum()
 
   def describe(self) -> dict:
     """run.json's strategy.pipeline: the split and this rank's place."""
@@ -332,7 +333,7 @@ def build_runtime(stage_modules: Sequence[nn.Module], cfg: PipelineConfig,
       mesh: this rank's groups.
       device: where this rank computes.
       loss_fn: loss_fn(outputs, targets) -> scalar mean loss of one
-    micro-batch; the schedule averages over micro-batches.
+    micro-batch; the runtime divides it by M, so the M add up to the mean.
       bucket_mb: the replicas' gradient all-reduce bucket.
 
   Raises:
@@ -346,10 +347,15 @@ def build_runtime(stage_modules: Sequence[nn.Module], cfg: PipelineConfig,
                                      group=mesh.pipeline_group)
             for module, i in zip(mine, indices)]
   schedule_class = _SCHEDULES[cfg.schedule]
-  if cfg.schedule == "interleaved_1f1b":
-    schedule = schedule_class(stages, n_microbatches=cfg.microbatches,
-                              loss_fn=loss_fn)
-  else:
-    schedule = schedule_class(stages[0], n_microbatches=cfg.microbatches,
-                              loss_fn=loss_fn)
+  # Each micro-batch's loss is divided by M, so its gradients land in .grad
+  # already scaled and the M of them sum to the batch's, as the TensorFlow
+  # runtime does; the schedule's own scale_grads would instead divide every
+  # gradient by M after the step, one more pass over all of them.
+  def microbatch_loss(outputs, targets):
+    return loss_fn(outputs, targets) / cfg.microbatches
+
+  stage_or_stages = (stages if cfg.schedule == "interleaved_1f1b"
+                     else stages[0])
+  schedule = schedule_class(stage_or_stages, n_microbatches=cfg.microbatches,
+                            loss_fn=microbatch_loss, scale_grads=False)
   return PipelineRuntime(mine, schedule, mesh, indices, bucket_mb=bucket_mb)

@@ -183,7 +183,7 @@ def evaluate(model: nn.Module, batches, strategy, *, task: str,
 
 def make_pipeline_loss(task: str):
   """The last stage's loss of one micro-batch: its mean per-example loss
-  (the schedule averages over micro-batches, DDP over replicas)."""
+  (the pipeline runtime divides it by M, DDP averages over replicas)."""
 
   def loss_fn(outputs, targets):
     return per_example_loss(task, targets, outputs).mean()

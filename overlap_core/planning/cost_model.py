@@ -197,6 +197,8 @@ class CostModel:
   updates_measured: Mapping[Tuple[str, int], float] = dataclasses.field(
       default_factory=dict)
   update_call_s: float = 0.0  # one optimizer call's fixed cost
+  # adding one micro-batch's gradients into a step's, per parameter byte
+  gradient_sum_s_per_byte: float = 0.0
   # (layer name, layer_key, batch) -> the profiled (forward_s, backward_s)
   timings_measured: Mapping[Tuple[str, Tuple, int],
                             Tuple[float, float]] = dataclasses.field(
@@ -277,6 +279,10 @@ class CostModel:
                   f"parameters; fitted on {u.num_layers} layers, held-out "
                   f"error {err}; used for layers not timed, the "
                   f"{len(self.updates_measured)} timed keep their own")
+    if self.gradient_sum_s_per_byte:
+      rows.append(f"gradient sum (each micro-batch after a step's first): "
+                  f"{self.gradient_sum_s_per_byte * 2**20 * 1e3:.3f} ms per "
+                  "MiB of parameters, as profiled")
     rows.append(f"forward and backward: the {len(self.timings_measured)} "
                 "(layer, batch) pairs the profile timed keep their measured "
                 "times; the fits above predict every other")
@@ -322,7 +328,7 @@ def fit_cost_model(measured: Sequence[Tuple[LayerGraph, Profile]] = (),
   """
   pooled = list(samples)
   updates: List[UpdateTiming] = []
-  optimizers, call_s = set(), []
+  optimizers, call_s, sum_rates = set(), [], []
   timed: Dict[Tuple[str, Tuple, int], List[Tuple[float, float]]] = {}
   for graph, profile in measured:
     pooled += samples_from(graph, profile)
@@ -334,6 +340,8 @@ def fit_cost_model(measured: Sequence[Tuple[LayerGraph, Profile]] = (),
       updates += update_shares(profile)
       optimizers.add(profile.optimizer)
       call_s.append(profile.update_call_s)
+    if profile.gradient_sum_s_per_byte:
+      sum_rates.append(profile.gradient_sum_s_per_byte)
   if len(optimizers) > 1:
     raise ValueError(f"profiles time the updates of different optimizers "
                      f"{sorted(optimizers)}; pool profiles of one")
@@ -345,6 +353,8 @@ def fit_cost_model(measured: Sequence[Tuple[LayerGraph, Profile]] = (),
                    updates_measured={(u.layer, u.param_bytes): u.update_s
                                      for u in updates},
                    update_call_s=statistics.median(call_s) if call_s else 0.0,
+                   gradient_sum_s_per_byte=(statistics.median(sum_rates)
+                                            if sum_rates else 0.0),
                    # Pooled profiles that timed one layer agree to within
                    # their noise; the median of each direction stands.
                    timings_measured={

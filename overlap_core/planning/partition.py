@@ -10,11 +10,13 @@ Three modes, one objective. A stage's predicted time per micro-batch is
                                  forward and that activation's gradient
                                  backward, 2 x bytes / bandwidth
 
-and per step it runs M micro-batches and then the optimizer's update of its
-parameters once (update_s, when the profile timed updates: its layers'
-shares, plus the fixed cost of one optimizer call when it has weights):
+and per step it runs M micro-batches, adds each one's gradients after the
+first into the step's (gradient_sum_s: its parameter bytes at the
+profile's rate), and then runs the optimizer's update of its parameters
+once (update_s, when the profile timed updates: its layers' shares, plus
+the fixed cost of one optimizer call when it has weights):
 
-  step_s(M) = M x time_s + update_s
+  step_s(M) = M x time_s + (M - 1) x gradient_sum_s + update_s
 
 A pipeline runs at the pace of its busiest stage, so `auto` minimizes the
 largest step_s(M) (PipeDream's objective, with the update counted: a stage
@@ -57,6 +59,8 @@ class Stage:
   param_bytes: int
   activation_bytes: int  # outputs of its layers for one micro-batch
   update_s: float = 0.0  # the optimizer's update of its parameters, per step
+  # adding one micro-batch's gradients into the step's
+  gradient_sum_s: float = 0.0
 
   @property
   def time_s(self) -> float:
@@ -64,8 +68,9 @@ class Stage:
     return self.compute_s + self.allreduce_s + self.transfer_s
 
   def step_s(self, num_microbatches: int) -> float:
-    """One step: M micro-batches, then the update."""
-    return num_microbatches * self.time_s + self.update_s
+    """One step: M micro-batches, M - 1 gradient sums, then the update."""
+    return (num_microbatches * self.time_s
+            + (num_microbatches - 1) * self.gradient_sum_s + self.update_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +98,11 @@ class StagePlan:
 
   def predicted_step_s(self, num_microbatches: int) -> float:
     """A GPipe step: M + S - 1 slots, each as long as the slowest stage's
-    micro-batch, then the updates, which every stage runs at once."""
-    slot = max(s.time_s for s in self.stages)
+    micro-batch (its gradient sums spread over them), then the updates,
+    which every stage runs at once."""
+    m = num_microbatches
+    slot = max(s.time_s + (m - 1) / m * s.gradient_sum_s
+               for s in self.stages)
     update = max(s.update_s for s in self.stages)
     return (num_microbatches + len(self.stages) - 1) * slot + update
 
@@ -103,18 +111,20 @@ class StagePlan:
             f"{self.replicas} replicas, micro-batch {self.batch_size}): "
             f"{self.reason}",
             f"{'stage':>5}  {'layers':<44} {'compute ms':>10} "
-            f"{'comm ms':>8} {'stage ms':>8} {'update ms':>9} "
-            f"{'params MiB':>10} {'act MiB':>8}"]
+            f"{'comm ms':>8} {'stage ms':>8} {'sum ms':>7} "
+            f"{'update ms':>9} {'params MiB':>10} {'act MiB':>8}"]
     for s in self.stages:
       span = (s.layers[0] if len(s.layers) == 1 else
               f"{s.layers[0]} .. {s.layers[-1]}")
       span = f"{span} ({len(s.layers)})"
       rows.append(f"{s.index:>5}  {span:<44} {s.compute_s * 1e3:>10.3f} "
                   f"{(s.allreduce_s + s.transfer_s) * 1e3:>8.3f} "
-                  f"{s.time_s * 1e3:>8.3f} {s.update_s * 1e3:>9.3f} "
+                  f"{s.time_s * 1e3:>8.3f} {s.gradient_sum_s * 1e3:>7.3f} "
+                  f"{s.update_s * 1e3:>9.3f} "
                   f"{s.param_bytes / 2**20:>10.3f} "
                   f"{s.activation_bytes / 2**20:>8.3f}")
-    rows.append("(compute, comm and stage: one micro-batch; update: once "
+    rows.append("(compute, comm and stage: one micro-batch; sum: adding one "
+                "micro-batch's gradients, M - 1 times per step; update: once "
                 "per step)")
     rows.append(f"busiest stage per step of {self.num_microbatches} "
                 f"micro-batches {self.bottleneck_s * 1e3:.3f} ms, busiest/"
@@ -134,7 +144,8 @@ class _Costs:
   def __init__(self, graph: LayerGraph, times_s: Mapping[str, float],
                batch_size: int, bandwidth_bytes_per_s: Optional[float],
                replicas: int, update_s: Optional[Mapping[str, float]] = None,
-               num_microbatches: int = 1, update_call_s: float = 0.0):
+               num_microbatches: int = 1, update_call_s: float = 0.0,
+               gradient_sum_s_per_byte: float = 0.0):
     missing = [n.name for n in graph.nodes if n.name not in times_s]
     if missing:
       raise ValueError(f"no predicted time for layers {missing[:5]}")
@@ -144,6 +155,7 @@ class _Costs:
     update_s = update_s or {}
     self.update = _prefix([update_s.get(n.name, 0.0) for n in graph.nodes])
     self.update_call_s = update_call_s
+    self.gradient_sum_s_per_byte = gradient_sum_s_per_byte
     self.scale = batch_size / graph.batch_size
     self.inv_bw = 0.0 if not bandwidth_bytes_per_s else (
         1.0 / bandwidth_bytes_per_s)
@@ -174,7 +186,8 @@ class _Costs:
         # Every replica updates its own copy: not divided by r. One
         # optimizer call per stage, whatever its layer count.
         update_s=self.update[end] - self.update[start] + (
-            self.update_call_s if params > 0 else 0.0))
+            self.update_call_s if params > 0 else 0.0),
+        gradient_sum_s=params * self.gradient_sum_s_per_byte)
 
 
 def _prefix(values):
@@ -191,10 +204,12 @@ def evaluate_cuts(graph: LayerGraph, times_s: Mapping[str, float],
                   reason: str = "",
                   update_s: Optional[Mapping[str, float]] = None,
                   num_microbatches: int = 1,
-                  update_call_s: float = 0.0) -> StagePlan:
+                  update_call_s: float = 0.0,
+                  gradient_sum_s_per_byte: float = 0.0) -> StagePlan:
   """The plan of cutting after the node indices `cuts` (sorted cut points)."""
   costs = _Costs(graph, times_s, batch_size, bandwidth_bytes_per_s, replicas,
-                 update_s, num_microbatches, update_call_s)
+                 update_s, num_microbatches, update_call_s,
+                 gradient_sum_s_per_byte)
   bounds = [0] + [c + 1 for c in cuts] + [len(graph.nodes)]
   stages = tuple(costs.stage(k, a, b)
                  for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])))
@@ -272,7 +287,8 @@ def partition(graph: LayerGraph, times_s: Mapping[str, float], *,
               replicas: int = 1,
               update_s: Optional[Mapping[str, float]] = None,
               num_microbatches: int = 1,
-              update_call_s: float = 0.0) -> StagePlan:
+              update_call_s: float = 0.0,
+              gradient_sum_s_per_byte: float = 0.0) -> StagePlan:
   """Splits `graph` into `num_stages` stages at its cut points.
 
   Args:
@@ -292,6 +308,9 @@ def partition(graph: LayerGraph, times_s: Mapping[str, float], *,
       every stage that has weights.
     num_microbatches: M, the micro-batches of a step, which weighs the
       per-micro-batch times against the once-a-step update.
+    gradient_sum_s_per_byte: seconds per parameter byte of adding one
+      micro-batch's gradients into the step's (`Profile.
+      gradient_sum_s_per_byte`; 0: not counted).
 
   Raises:
     ValueError: one line naming what cannot be split and why.
@@ -311,7 +330,8 @@ def partition(graph: LayerGraph, times_s: Mapping[str, float], *,
     raise ValueError(f"Invalid value for argument `num_microbatches`. "
                      f"Received: {num_microbatches}; allowed: an integer >= 1")
   costs = _Costs(graph, times_s, batch_size, bandwidth_bytes_per_s, replicas,
-                 update_s, num_microbatches, update_call_s)
+                 update_s, num_microbatches, update_call_s,
+                 gradient_sum_s_per_byte)
   if mode == "auto":
     cuts = _auto_cuts(graph, costs, num_stages)
     reason = (f"the busiest stage per step is the least of every split at "
@@ -326,4 +346,5 @@ def partition(graph: LayerGraph, times_s: Mapping[str, float], *,
                        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
                        replicas=replicas, mode=mode, reason=reason,
                        update_s=update_s, num_microbatches=num_microbatches,
-                       update_call_s=update_call_s)
+                       update_call_s=update_call_s,
+                       gradient_sum_s_per_byte=gradient_sum_s_per_byte)

@@ -32,12 +32,19 @@ and its updates, still load):
      {"layer": "layer1.0.conv1",  # a LayerNode that owns parameters
       "param_bytes": 147456,      # the parameters the update touched
       "update_s": 0.0004,         # median of `repeats` optimizer steps
-      "update_spread_s": 0.00005}]}
+      "update_spread_s": 0.00005}],
+   "gradient_sum_s_per_byte": 1e-10}  # adding one backward's gradients
+                                  # into the step's, per parameter byte
+                                  # (median of `repeats`; 0: not timed)
 
 A pipeline stage runs its layers' forward and backward once per
 micro-batch, and the optimizer's update of its parameters once per step;
 a stage holding a large classifier spends much of its step there, which
-is why the update is profiled per layer too.
+is why the update is profiled per layer too. Between the two, every
+micro-batch after the first adds its gradients into the step's: M - 1
+passes over the stage's parameter bytes, which a profile of single
+backwards (each starting from no gradients) does not see, hence the
+gradient sum's rate.
 
   p = Profile.from_json(text)
   p.time_s("layer1.0.conv1", batch_size=8)   # forward + backward
@@ -93,6 +100,7 @@ class Profile:
   updates: Tuple[UpdateTiming, ...] = ()
   threads: int = 0
   update_call_s: float = 0.0
+  gradient_sum_s_per_byte: float = 0.0
 
   @property
   def batch_sizes(self) -> Tuple[int, ...]:
@@ -142,6 +150,10 @@ class Profile:
                   f"call alone {self.update_call_s * 1e3:.3f} ms): "
                   + ", ".join(f"{u.layer} {u.update_s * 1e3:.3f} ms"
                               for u in self.updates))
+    if self.gradient_sum_s_per_byte:
+      rows.append(f"adding one backward's gradients into the step's: "
+                  f"{self.gradient_sum_s_per_byte * 2**20 * 1e3:.3f} ms per "
+                  "MiB of parameters")
     return "\n".join(rows)
 
   def to_dict(self) -> dict:
@@ -166,6 +178,8 @@ class Profile:
                optimizer=d.get("optimizer", ""),
                threads=int(d.get("threads", 0)),
                update_call_s=float(d.get("update_call_s", 0.0)),
+               gradient_sum_s_per_byte=float(
+                   d.get("gradient_sum_s_per_byte", 0.0)),
                updates=tuple(UpdateTiming(**u) for u in d.get("updates", ())))
 
   @classmethod

@@ -42,7 +42,8 @@ def make_plan(graph: LayerGraph, profile: Profile, *, num_stages: int,
                 bandwidth_bytes_per_s=bandwidth_bytes_per_s,
                 replicas=replicas, num_microbatches=num_microbatches,
                 update_s=model.predict_updates(graph),
-                update_call_s=model.update_call_s)
+                update_call_s=model.update_call_s,
+                gradient_sum_s_per_byte=model.gradient_sum_s_per_byte)
   plan = partition(graph, times_s, mode=split, cut_layers=cut_layers,
                    **common)
   even = partition(graph, times_s, mode="even", **common)

@@ -104,9 +104,10 @@ def stage_predictions(stages: Sequence[partition.Stage], *,
   """(ms per step, of which update ms, MiB) of the stages one device runs.
 
   The plan predicts one micro-batch's forward + backward (and its
-  transfers at the planned bandwidth); a step runs M of them, and the
-  optimizer's update once (`with_update=False` leaves it out, for a
-  runtime whose measured stage time does not hold it). The memory is
+  transfers at the planned bandwidth); a step runs M of them, adds the
+  gradients of M - 1 into the first's, and runs the optimizer's update
+  once (`with_update=False` leaves it out, for a runtime whose measured
+  stage time does not hold it). The memory is
   parameters plus one micro-batch's activations, what the plan's table
   shows; optimizer state and in-flight micro-batches come on top.
   (None, None, None) for no stages.
@@ -114,8 +115,8 @@ def stage_predictions(stages: Sequence[partition.Stage], *,
   if not stages:
     return None, None, None
   update_ms = 1e3 * sum(s.update_s for s in stages) if with_update else 0.0
-  predicted_ms = 1e3 * num_microbatches * sum(
-      s.time_s for s in stages) + update_ms
+  predicted_ms = 1e3 * sum(s.step_s(num_microbatches) - s.update_s
+                           for s in stages) + update_ms
   predicted_mb = sum(s.param_bytes + s.activation_bytes
                      for s in stages) / 2**20
   return predicted_ms, update_ms, predicted_mb

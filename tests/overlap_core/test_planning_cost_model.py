@@ -113,10 +113,15 @@ def test_timed_layers_keep_their_share_and_the_call_is_counted_apart():
       model="g", framework="x", device="cpu", warmup=0, repeats=1,
       timings=(LayerTiming("fc", "linear", 1, 1e-3, 2e-3),),
       optimizer="adam", update_call_s=7e-4,
-      updates=(UpdateTiming("fc", 4096, 1e-3),))
+      updates=(UpdateTiming("fc", 4096, 1e-3),),
+      gradient_sum_s_per_byte=2e-10)
   model = fit_cost_model([(graph, profile)])
   assert model.update_call_s == 7e-4
   assert model.predict_update(graph.nodes[0]) == pytest.approx(3e-4)
+  # The gradient sum's rate is the profile's, and the JSON keeps it.
+  assert model.gradient_sum_s_per_byte == 2e-10
+  assert "gradient sum" in model.report()
+  assert Profile.from_json(profile.to_json()) == profile
 
 
 def test_no_updates_profiled_predicts_none_and_says_so():

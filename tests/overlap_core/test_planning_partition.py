@@ -38,7 +38,8 @@ def test_auto_split_equals_brute_force(seed):
   for num_stages in range(1, len(points) + 2):
     kwargs = dict(batch_size=2, bandwidth_bytes_per_s=bandwidth,
                   replicas=replicas, update_s=updates,
-                  num_microbatches=rng.choice([1, 2, 4]))
+                  num_microbatches=rng.choice([1, 2, 4]),
+                  gradient_sum_s_per_byte=rng.choice([0.0, 1e-3]))
     plan = partition(g, times, num_stages=num_stages, **kwargs)
     brute = min(evaluate_cuts(g, times, cuts, **kwargs).bottleneck_s
                 for cuts in itertools.combinations(points, num_stages - 1))
@@ -84,6 +85,28 @@ def test_a_heavy_update_moves_the_cut_away_from_the_classifier():
   assert seen.predicted_step_s(2) == pytest.approx(3 * 3.0 + 6.0)
   with pytest.raises(ValueError, match="num_microbatches"):
     partition(g, times, num_stages=2, batch_size=1, num_microbatches=0)
+
+
+def test_every_micro_batch_after_the_first_pays_a_gradient_sum():
+  # Equal layers; l3's weights are 3 bytes at 1 s per byte, so each of its
+  # stage's M - 1 gradient sums costs 3 s. Per micro-batch the middle cut
+  # balances, but per step of 3 micro-batches stage 1 would be 3 x 2 +
+  # 2 x 3 = 12 against 6: the sums push the cut late.
+  nodes = tuple(LayerNode(f"l{i}", "linear", {}, (f"l{i-1}" if i else
+                                                   MODEL_INPUT,), (1,),
+                          [0, 0, 0, 3][i], 0) for i in range(4))
+  g = LayerGraph("chain", 1, (1,), 0, nodes)
+  times = {n.name: 1.0 for n in nodes}
+  seen = partition(g, times, num_stages=2, batch_size=1, num_microbatches=3,
+                   gradient_sum_s_per_byte=1.0)
+  assert seen.cuts == ("l2",)
+  assert [s.gradient_sum_s for s in seen.stages] == [0.0, 3.0]
+  assert [s.step_s(3) for s in seen.stages] == [9.0, 3.0 + 2 * 3.0]
+  # One micro-batch has nothing to add: the sums cost nothing.
+  single = partition(g, times, num_stages=2, batch_size=1,
+                     gradient_sum_s_per_byte=1.0)
+  assert single.cuts == ("l1",) and single.bottleneck_s == 2.0
+  assert "sum ms" in seen.table(num_microbatches=3)
 
 
 def test_a_stage_with_weights_pays_one_optimizer_call():

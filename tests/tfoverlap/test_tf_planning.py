@@ -81,6 +81,8 @@ def test_users_own_model_and_its_profile():
   assert profile.batch_sizes == (2, 4)
   assert {t.layer for t in profile.timings} == {"fc1", "bn", "act", "fc2"}
   assert all(t.forward_s > 0 and t.backward_s >= 0 for t in profile.timings)
+  # Summing the model's gradients took time: no optimizer is needed for it.
+  assert profile.gradient_sum_s_per_byte > 0 and not profile.updates
   assert Profile.from_json(profile.to_json()) == profile
   # Timing ran BatchNorm in training mode; its statistics are put back.
   for old, new in zip(before, model.weights):

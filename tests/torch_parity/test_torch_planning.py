@@ -75,6 +75,8 @@ def test_users_own_module_and_its_profile():
   assert {t.layer for t in profile.timings} == {"0", "1", "2"}
   # Every layer here has an input needing a gradient: backward really ran.
   assert all(t.forward_s > 0 and t.backward_s > 0 for t in profile.timings)
+  # Summing the model's gradients took time: no optimizer is needed for it.
+  assert profile.gradient_sum_s_per_byte > 0 and not profile.updates
   assert Profile.from_json(profile.to_json()) == profile
 
 

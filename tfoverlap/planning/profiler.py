@@ -25,7 +25,10 @@ that layer's weights alone, applying gradients in a `tf.function`, once
 untimed (the trace), then `warmup` and `repeats` times. The gradients are
 the model's own, from one backward of the whole model: an update's time
 depends on their values, and behind ReLUs many are exactly zero. A pipeline
-stage updates once per step, so the update has no batch size.
+stage updates once per step, so the update has no batch size. On the same
+gradients, the profile times adding them to a running sum in a
+`tf.function`, as the pipeline's GPipe schedule does for each micro-batch
+after a step's first (`Profile.gradient_sum_s_per_byte`).
 
   profile = profile_layers(model, batch_sizes=(4, 8, 16),
                            optimizer_factory=keras.optimizers.Adam,
@@ -83,7 +86,7 @@ def profile_layers(model: keras.Model, *,
   saved = [v.numpy() for v in model.variables]
   timings: List[LayerTiming] = []
   updates: List[UpdateTiming] = []
-  call_s = 0.0
+  call_s = gradient_sum_rate = 0.0
   generator = tf.random.Generator.from_seed(seed)
   try:
     with tf.device(device):
@@ -104,9 +107,11 @@ def profile_layers(model: keras.Model, *,
               # The spread of forward + backward: backward alone is never
               # timed.
               backward_spread_s=max(bwd) - min(bwd)))
+      smallest = (int(min(batch_sizes)),) + tuple(model.inputs[0].shape[1:])
+      grads = _model_gradients(model, generator.normal(smallest))
+      gradient_sum_rate = _gradient_sum_s_per_byte(list(grads.values()),
+                                                   warmup, repeats, flush)
       if optimizer_factory is not None:
-        smallest = (int(min(batch_sizes)),) + tuple(model.inputs[0].shape[1:])
-        grads = _model_gradients(model, generator.normal(smallest))
         updates = _time_updates(nodes, names, optimizer_factory, grads,
                                 warmup, repeats, flush)
         call_s = _call_seconds(optimizer_factory, warmup, repeats, flush)
@@ -123,7 +128,8 @@ def profile_layers(model: keras.Model, *,
                           or os.cpu_count() or 0),
                  optimizer=optimizer_name if updates else "",
                  updates=tuple(updates),
-                 update_call_s=call_s if updates else 0.0)
+                 update_call_s=call_s if updates else 0.0,
+                 gradient_sum_s_per_byte=gradient_sum_rate)
 
 
 def _cache_flusher(device: str) -> Callable[[], None]:
@@ -156,6 +162,27 @@ def _model_gradients(model, example) -> Dict[int, tf.Tensor]:
   grads = tape.gradient(loss, variables)
   return {id(v): tf.zeros_like(v) if g is None else g
           for v, g in zip(variables, grads)}
+
+
+def _gradient_sum_s_per_byte(grads: List[tf.Tensor], warmup: int,
+                             repeats: int, flush: Callable[[], None]) -> float:
+  """Seconds per gradient byte of adding the model's gradients to a
+  running sum of them, in a `tf.function` (the first call traces it,
+  untimed); 0 for a model without weights."""
+  num_bytes = sum(int(tf.size(g)) * g.dtype.size for g in grads)
+  if not num_bytes:
+    return 0.0
+  add_all = tf.function(lambda sums, new: [a + b for a, b in zip(sums, new)])
+  add_all(grads, grads)
+  seconds = []
+  for k in range(warmup + repeats):
+    flush()
+    begin = time.perf_counter()
+    # A function call returns once its ops ran; reading a sum makes sure.
+    add_all(grads, grads)[-1].numpy()
+    if k >= warmup:
+      seconds.append(time.perf_counter() - begin)
+  return statistics.median(seconds) / num_bytes
 
 
 def _time_updates(nodes, names, optimizer_factory, grads_by_variable,

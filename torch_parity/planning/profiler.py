@@ -17,7 +17,10 @@ model's own, from one backward of the whole model (`_model_gradients`):
 an update's time depends on their values (one thread's Adam step over 64
 MiB took 1.8 times as long on all-zero gradients as on random ones), and
 behind ReLUs many are exactly zero. A pipeline stage updates once per
-step, so the update has no batch size.
+step, so the update has no batch size. On the same gradients, the
+profile times adding them into a running sum, a parameter at a time:
+what each micro-batch after a step's first costs a stage beyond its
+backward (`Profile.gradient_sum_s_per_byte`).
 
   profile = profile_layers(model, make_input, batch_sizes=(4, 8, 16),
                            optimizer_factory=torch.optim.Adam,
@@ -87,8 +90,10 @@ def profile_layers(model: nn.Module,
           forward_spread_s=max(fwd) - min(fwd),
           backward_spread_s=max(bwd) - min(bwd)))
   updates, call_s = (), 0.0
+  _model_gradients(traced, make_input(min(batch_sizes)).to(dev))
+  gradient_sum_rate = _gradient_sum_s_per_byte(traced, warmup, repeats, dev,
+                                               flush)
   if optimizer_factory is not None:
-    _model_gradients(traced, make_input(min(batch_sizes)).to(dev))
     updates = tuple(_time_updates(traced, names, optimizer_factory, warmup,
                                   repeats, dev, flush))
     call_s = _call_seconds(optimizer_factory, warmup, repeats, dev, flush)
@@ -98,7 +103,13 @@ def profile_layers(model: nn.Module,
                  dtype="float32", date=utc_now_iso(), timings=tuple(timings),
                  threads=torch.get_num_threads(),
                  optimizer=optimizer_name if updates else "",
-                 updates=updates, update_call_s=call_s if updates else 0.0)
+                 updates=updates, update_call_s=call_s if updates else 0.0,
+                 gradient_sum_s_per_byte=gradient_sum_rate)
+
+
+def _param_bytes(params) -> int:
+  return int(sum(p.numel() * p.element_size() for p in params
+                 if p.requires_grad))
 
 
 def _cache_flusher(dev: torch.device) -> Callable[[], None]:
@@ -142,10 +153,36 @@ def _time_updates(traced: fx.GraphModule, names, optimizer_factory,
                             flush)
     updates.append(UpdateTiming(
         layer=names[node],
-        param_bytes=int(sum(p.numel() * p.element_size() for p in params)),
+        param_bytes=_param_bytes(params),
         update_s=statistics.median(seconds),
         update_spread_s=max(seconds) - min(seconds)))
   return updates
+
+
+def _gradient_sum_s_per_byte(traced: fx.GraphModule, warmup: int,
+                             repeats: int, dev: torch.device,
+                             flush: Callable[[], None]) -> float:
+  """Seconds per gradient byte of adding the gradients `_model_gradients`
+  left into a running sum, as autograd does for each micro-batch after a
+  step's first: a parameter at a time, in place. 0 without weights."""
+  params = [p for p in traced.parameters() if p.requires_grad]
+  if not params:
+    return 0.0
+  grads = [p.grad if p.grad is not None else torch.zeros_like(p)
+           for p in params]
+  sums = [g.clone() for g in grads]
+
+  def add_all():
+    for total, grad in zip(sums, grads):
+      total.add_(grad)
+
+  seconds = []
+  for k in range(warmup + repeats):
+    flush()
+    _, took = _timed(add_all, dev)
+    if k >= warmup:
+      seconds.append(took)
+  return statistics.median(seconds) / _param_bytes(params)
 
 
 def _call_seconds(optimizer_factory, warmup: int, repeats: int,
