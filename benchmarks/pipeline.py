@@ -12,9 +12,9 @@ Four questions, one result file (benchmarks/results/pipeline.json):
      the planner sums (the first profile's timings, the fits only where
      it has none: the two profiles' repeatability).
   2. cost model, per stage: each stage's predicted time per step (the
-     plan's: M micro-batches and the optimizer's update) against the
-     stage_compute a real pipelined run measured (run.json's pipeline
-     section): the median absolute relative error. The update's share of
+     plan's: M micro-batches, M - 1 gradient sums and the optimizer's
+     update) against the stage_compute a real pipelined run measured
+     (run.json's pipeline section): the median absolute relative error. The update's share of
      both is kept beside them, so that a miss can be told apart: the
      layers' forward and backward, or the update.
   3. auto against even: for both splits, slowest stage over mean stage

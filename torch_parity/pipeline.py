@@ -263,9 +263,9 @@ class PipelineRuntime:
     """Forward and backward of one batch over every micro-batch.
 
     Gradients are left in the stage modules' .grad, averaged over the
-    micro-batches (each micro-batch's loss divided by M) and, with replicas, over
-    them (`average_stage_gradients`). Waits and transfers are recorded in
-    `recorder` for the caller to close the step with.
+    micro-batches (each micro-batch's loss divided by M) and, with
+    replicas, over them (`average_stage_gradients`). Waits and transfers
+    are recorded in `recorder` for the caller to close the step with.
 
     Returns:
           On the rank holding the last stage, this batch's mean loss over
