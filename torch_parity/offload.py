@@ -91,22 +91,34 @@ class ActivationOffload:
 
   Layers are numbered in forward order (leaf modules' forward pre-hooks),
   so that restoring one layer's tensors in backward can prefetch those of
-  the layer before it.
+  the layer before it. Each layer triggers one prefetch, at its first
+  restore: a layer saves several tensors (a BatchNorm four), and letting
+  every restore fetch another layer would run ahead of backward until
+  every activation was back on the device, the memory offload saved.
   """
 
   def __init__(self, copier: Copier, *, prefetch: bool):
     self._copier = copier
     self._side = SideStream(copier) if prefetch else None
     self._layer = 0
-    self._by_layer = {}
+    self._by_layer = {}  # layer -> its _Saved, until restored or fetched
+    self._reached = set()  # layers whose restore has started
+    self._fetched = {}  # layer -> its _Saved, fetched ahead
 
   def start_forward(self) -> None:
     self._layer = 0
-    self._by_layer = {}  # the last step's records are gone with its graph
+    # The last step's records are gone with its graph.
+    self._by_layer, self._reached, self._fetched = {}, set(), {}
 
   def enter_layer(self, module, args) -> None:
     del module, args
     self._layer += 1
+
+  def layers_fetched_ahead(self) -> list:
+    """The layers whose tensors were fetched ahead and wait on the device
+    for backward to use them, in forward order."""
+    return sorted(layer for layer, saved in self._fetched.items()
+                  if any(s.device_tensor is not None for s in saved))
 
   def pack(self, tensor: torch.Tensor):
     if (tensor.device != self._copier.device or
@@ -120,29 +132,30 @@ class ActivationOffload:
     if not isinstance(saved, _Saved):
       return saved
     if saved.device_tensor is not None:
-      SideStream.wait(saved.ready)
+      SideStream.wait(saved.ready, self._copier.device)
       tensor, saved.device_tensor = saved.device_tensor, None
     else:
       tensor = self._copier.to_device(saved.host)
-    if self._side is not None:
+    if self._side is not None and saved.layer not in self._reached:
+      self._reached.add(saved.layer)
+      # Its other tensors are restored now, on demand: none to fetch ahead.
+      self._by_layer.pop(saved.layer, None)
       self._prefetch_before(saved.layer)
     return tensor
 
   def _prefetch_before(self, layer: int) -> None:
-    """Prefetches the nearest earlier layer that saved anything."""
+    """Prefetches the nearest earlier layer not yet fetched or restored."""
     for earlier in range(layer - 1, 0, -1):
       if earlier in self._by_layer:
         break
     else:
       return
-    # Restored once: a second backward over the graph copies again.
-    waiting = [s for s in self._by_layer.pop(earlier)
-               if s.device_tensor is None]
-    if not waiting:
-      return
+    # Fetched once: a second backward over the graph copies again.
+    waiting = self._by_layer.pop(earlier)
     tensors, ready = self._side.fetch([s.host for s in waiting])
     for saved, tensor in zip(waiting, tensors):
       saved.device_tensor, saved.ready = tensor, ready
+    self._fetched[earlier] = waiting
     self._copier.stats.count_prefetched(len(waiting))
 
 

@@ -141,7 +141,11 @@ class SideStream:
     return tensors, ready
 
   @staticmethod
-  def wait(ready) -> None:
-    """Makes the current stream wait for a fetch (no host wait)."""
+  def wait(ready, device: torch.device) -> None:
+    """Makes `device`'s current stream wait for a fetch (no host wait).
+
+    The stream of the copies' device, not of whatever device is current:
+    in backward, autograd's thread may have another one current.
+    """
     if ready is not None:
-      torch.cuda.current_stream().wait_event(ready)
+      torch.cuda.current_stream(device).wait_event(ready)

@@ -114,7 +114,7 @@ class ParameterOffload:
       return  # already there (a layer used twice in one forward)
     if layer in self._prefetched:
       tensors, ready = self._prefetched.pop(layer)
-      SideStream.wait(ready)
+      SideStream.wait(ready, self._copier.device)
     else:
       tensors = [self._copier.to_device(self._host[p]) for p in parameters]
     for parameter, tensor in zip(parameters, tensors):

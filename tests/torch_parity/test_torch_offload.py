@@ -74,6 +74,75 @@ def test_activations_go_to_host_and_come_back(prefetch):
   _assert_same_training(state, loss)
 
 
+NUM_CHAIN_BLOCKS = 8
+
+
+def _chain_model():
+  """Conv-BN-ReLU blocks: BatchNorm saves several tensors per layer, the
+  case where a prefetch per restore would run ahead of backward."""
+  torch.manual_seed(0)
+  blocks = []
+  for _ in range(NUM_CHAIN_BLOCKS):
+    blocks += [nn.Conv2d(2, 2, 3, padding=1, bias=False), nn.BatchNorm2d(2),
+               nn.ReLU()]
+  return nn.Sequential(*blocks, nn.Flatten(), nn.Linear(2 * 4 * 4, 3))
+
+
+def _train_chain(config, watch=None):
+  """(last loss, state_dict, Offloader or None) after 2 steps of the chain;
+  `watch(offloader)` is called before training."""
+  model = _chain_model()
+  optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+  offloader = (offload.apply_offload(model, optimizer, config, CPU)
+               if config else None)
+  if watch is not None:
+    watch(offloader)
+  generator = torch.Generator().manual_seed(1)
+  for _ in range(2):
+    inputs = torch.randn(BATCH, 2, 4, 4, generator=generator)
+    targets = torch.randint(0, 3, (BATCH,), generator=generator)
+    optimizer.zero_grad()
+    loss = nn.functional.cross_entropy(model(inputs), targets)
+    loss.backward()
+    optimizer.step()
+  return loss.item(), model.state_dict(), offloader
+
+
+def test_prefetch_stays_one_layer_ahead_of_backward():
+  ahead_at_restore = []  # per restore: the layers fetched ahead of its own
+
+  def watch(offloader):
+    activations = offloader.activations
+    restore = activations.unpack
+
+    def unpack(saved):
+      if isinstance(saved, offload._Saved):  # pylint: disable=protected-access
+        ahead_at_restore.append([layer for layer in
+                                 activations.layers_fetched_ahead()
+                                 if layer < saved.layer])
+      return restore(saved)
+
+    activations.unpack = unpack
+
+  loss, state, offloader = _train_chain(
+      OffloadConfig(("activations",), non_blocking=True, prefetch=True),
+      watch)
+  # Never more than the next layer waits on the device; a prefetch per
+  # restore had fetched every layer before backward was halfway.
+  assert max(len(ahead) for ahead in ahead_at_restore) == 1
+  summary = offloader.summary(num_steps=2)
+  # Every layer that saves anything but the first one restored is fetched
+  # ahead, once a step, all its tensors: everything restored but the
+  # Linear's input.
+  assert summary["prefetched_tensors"] == (
+      summary["to_device"]["tensors"] - 2 * 1)
+  assert summary["to_device"]["tensors"] == summary["to_host"]["tensors"]
+  base_loss, base_state, _ = _train_chain(None)
+  assert loss == base_loss
+  for name, tensor in base_state.items():
+    assert torch.equal(state[name], tensor), name
+
+
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_parameters_live_on_host_between_uses(prefetch):
   loss, state, offloader = _train(
