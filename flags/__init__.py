@@ -287,6 +287,14 @@ def _build_offload(values) -> OffloadConfig:
     if value and not targets:
       raise ConfigError(name, True, "applies only with --offload=" +
                         "|".join(offload.OFFLOAD_TARGETS))
+  if values.offload_prefetch and not values.offload_non_blocking:
+    # The side stream joins the main one before each fetch; a blocking
+    # copy there would make the host wait for all the compute queued so
+    # far, at every prefetch.
+    raise ConfigError("offload_prefetch", True,
+                      "a blocking copy on the side stream makes the host "
+                      "wait for all queued compute at every prefetch; "
+                      "allowed with --offload_non_blocking")
   return OffloadConfig(targets=targets,
                        pin_memory=values.offload_pin_memory,
                        non_blocking=values.offload_non_blocking,

@@ -28,4 +28,5 @@ def define_flags():
   flags.DEFINE_boolean(
       "offload_prefetch", False,
       "Copy the next layer's offloaded tensors back to the device on a side "
-      "stream while the current layer computes (PyTorch only).")
+      "stream while the current layer computes (PyTorch only; needs "
+      "--offload_non_blocking).")

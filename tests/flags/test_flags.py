@@ -85,6 +85,9 @@ def test_prefetch_depth_parses(text, expected):
     ({"offload": "activations,activations"}, "offload"),
     ({"offload_pin_memory": "true"}, "offload_pin_memory"),
     ({"offload_prefetch": "true"}, "offload_prefetch"),
+    # A blocking copy on the side stream waits for all queued compute.
+    ({"offload": "activations", "offload_prefetch": "true"},
+     "offload_prefetch"),
     # Checked by CheckpointConfig, which names the flag it came from.
     ({"checkpoint_every": "0"}, "checkpoint_every"),
     ({"checkpoint_every": "often"}, "checkpoint_every"),

@@ -194,7 +194,7 @@ def test_trainer_records_offload_and_matches_the_plain_run(tmp_path):
   _, plain = _run(tmp_path, "plain")
   result, offloaded = _run(tmp_path, "offloaded",
                            "--offload=activations,parameters",
-                           "--offload_prefetch")
+                           "--offload_non_blocking", "--offload_prefetch")
   assert plain["offload"] is None
   section = offloaded["offload"]
   assert section["targets"] == ["activations", "parameters"]
@@ -211,6 +211,8 @@ def test_trainer_records_offload_and_matches_the_plain_run(tmp_path):
      "--offload_pin_memory=True"),
     (["--offload=parameters", "--strategy=mirrored", "--num_devices=2"],
      "--offload=parameters"),
+    (["--offload=activations", "--offload_prefetch"],
+     "--offload_prefetch=True"),
 ])
 def test_trainer_refuses_what_it_cannot_honour(args, flag):
   result = run_module("torch_parity.train", "--model=mlp",
