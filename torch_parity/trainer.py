@@ -387,6 +387,9 @@ def train(config: TrainConfig):
     else:
       strategy.average_buffers(model)
     final = {"train_loss": train_loss}
+    # Before evaluation, whose forward passes would count copies too.
+    offload_stats = (offloader.summary(num_steps=len(ledger.steps))
+                     if offloader else None)
     if config.run.evaluate and info.num_eval_examples:
       final.update(_evaluate(config, spec, strategy, model))
     cpu_of_processes = _mirrored_cpu_work(strategy, config, ledger)
@@ -408,8 +411,7 @@ def train(config: TrainConfig):
         phases_measured=_phases_measured(parallel),
         checkpoint_stats=checkpointer.stats() if checkpointer else None,
         notes=notes, wall_s=time.perf_counter() - start,
-        offload_stats=(offloader.summary(num_steps=len(ledger.steps))
-                       if offloader else None),
+        offload_stats=offload_stats,
         pipeline=pipeline_section,
         background_stats=(ctx.background.stats() if ctx.background
                           else None),

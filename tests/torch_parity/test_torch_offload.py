@@ -206,6 +206,17 @@ def test_trainer_records_offload_and_matches_the_plain_run(tmp_path):
   assert result.stderr.count(offload.NO_GPU_NOTICE) == 1
 
 
+def test_trainer_counts_training_copies_only(tmp_path):
+  _, record = _run(tmp_path, "parameters", "--offload=parameters",
+                   "--evaluate=true")
+  assert "eval_accuracy" in record["final"]  # evaluation ran
+  # small_cnn's 12 weights (4 Conv2d and 2 Linear, each a weight and a
+  # bias) come to the device for forward and for backward, 4 steps; the
+  # evaluation's forwards, after the count was taken, add none.
+  assert record["offload"]["to_device"]["tensors"] == 12 * 2 * 4
+  assert record["offload"]["to_device"]["tensors_per_step"] == 12 * 2
+
+
 @pytest.mark.parametrize("args, flag", [
     (["--offload=activations", "--offload_pin_memory"],
      "--offload_pin_memory=True"),
