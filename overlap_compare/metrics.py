@@ -62,8 +62,9 @@ Definitions (the report prints them too):
 import dataclasses
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from overlap_core.runtime import intervals, pipeline_stats
-from overlap_core.runtime.ledger import CHECKPOINT_STALL, COMPUTE, DATA_WAIT, OTHER
+from overlap_core.runtime import intervals
+from overlap_core.runtime.ledger import (CHECKPOINT_STALL, COMPUTE,
+                                        COMPUTE_PARTS, DATA_WAIT, OTHER)
 from overlap_compare.matrix import Cell
 
 # The phases that partition a step (their means add up to the step's mean).
@@ -297,11 +298,12 @@ def median_record(records: Sequence[dict]) -> dict:
 
 def _step_phases_s(phases: Mapping[str, dict]) -> Dict[str, float]:
   """Mean seconds per step of each of STEP_PHASES. A pipelined run records
-  its compute as stage_compute, bubble and transfer (they partition it):
-  here they are its compute again, so every cell's phases add up."""
+  its compute as stage_compute, bubble and transfer (they partition it),
+  an offloading run as offload_copy and compute: here they are its compute
+  again, so every cell's phases add up and compare with a plain run's."""
   means = {p: phases.get(p, {}).get("mean", 0.0) for p in STEP_PHASES}
   means[COMPUTE] += sum(phases.get(p, {}).get("mean", 0.0)
-                        for p in pipeline_stats.PHASES)
+                        for p in COMPUTE_PARTS)
   return means
 
 

@@ -18,6 +18,10 @@ returns an `Offloader` whose `summary()` is run.json's `offload` section.
   the current layer computes (the large-image study's future work); the
   next layer is the one before in backward, the one after in forward.
 
+Every copy is counted and timed (`torch_parity.offload_copy`); those run
+in series with compute become the ledger's `offload_copy` phase, carved
+out of each step's compute span (`Offloader.split_compute`).
+
 On a host without a GPU the copies go CPU to CPU: the hooks, counts and
 bytes are those of a GPU run, no memory is saved. The trainer says so once.
 """
@@ -28,6 +32,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime.config import ConfigError, OffloadConfig, TrainConfig
 from overlap_core.runtime.offload_stats import CopyStats
 from torch_parity.offload_copy import Copier, SideStream
@@ -216,6 +221,14 @@ class Offloader:
       self._hooks_context.__exit__(None, None, None)
       self._hooks_context = None
     return output
+
+  def split_compute(self, start_s: float, end_s: float) -> list:
+    """A step's compute span as the ledger records it with offload: the
+    copies run in series with compute (`offload_copy`), then the rest
+    (`compute`). Called once the step is over and the device waited for.
+    """
+    return ledger_lib.carve_compute(start_s, end_s, ledger_lib.OFFLOAD_COPY,
+                                    self.copier.take_serial_s())
 
   def summary(self, *, num_steps: int) -> dict:
     """run.json's `offload` section: settings and copies per direction."""

@@ -14,7 +14,11 @@ timed the same way:
   "non-blocking only" variant measures, not a bug to hide;
 - on CUDA each copy is timed with a pair of events on the stream it runs
   on, read once the step is over (`resolve_timings`); on the CPU the copy
-  is synchronous and perf_counter times it.
+  is synchronous and perf_counter times it;
+- the copies the training stream runs in series with compute are also
+  summed per step (`take_serial_s`), the ledger's `offload_copy` phase: on
+  CUDA all but the side stream's prefetches, on the CPU all of them (there
+  is no side stream: a prefetch runs on the training thread at once).
 
 Usage:
 
@@ -25,6 +29,7 @@ Usage:
 """
 
 import contextlib
+import threading
 import time
 
 import torch
@@ -66,35 +71,51 @@ class Copier:
     self.pin_memory = pin_memory
     self.non_blocking = non_blocking
     self.stats = stats
-    self._pending = []  # (direction, start event, end event) on CUDA
+    # (direction, start event, end event, in series) on CUDA
+    self._pending = []
+    self._serial_s = 0.0  # copies in series since the last take_serial_s
+    self._lock = threading.Lock()  # autograd restores on a thread of its own
 
   @contextlib.contextmanager
-  def _timed(self, direction: str, num_bytes: int):
+  def _timed(self, direction: str, num_bytes: int, serial: bool):
     if not self.is_cuda:
       start = time.perf_counter()
       yield
-      self.stats.add(direction, num_bytes=num_bytes,
-                     duration_s=time.perf_counter() - start)
+      duration_s = time.perf_counter() - start
+      self.stats.add(direction, num_bytes=num_bytes, duration_s=duration_s)
+      with self._lock:
+        self._serial_s += duration_s  # one thread: every copy is in series
       return
+    # On the stream the copy runs on: the current one of the copies'
+    # device (a side stream's inside its `torch.cuda.stream` block).
+    stream = torch.cuda.current_stream(self.device)
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
-    start.record()  # on the current stream: the one the copy runs on
+    start.record(stream)
     yield
-    end.record()
+    end.record(stream)
     self.stats.add(direction, num_bytes=num_bytes)  # time comes later
-    self._pending.append((direction, start, end))
+    with self._lock:
+      self._pending.append((direction, start, end, serial))
 
   def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
     """A host copy of a device tensor."""
     host = _empty_host_like(tensor, pin_memory=self.pin_memory)
-    with self._timed(TO_HOST, tensor.numel() * tensor.element_size()):
+    with self._timed(TO_HOST, tensor.numel() * tensor.element_size(),
+                     serial=True):
       host.copy_(tensor, non_blocking=self.non_blocking)
     return host
 
-  def to_device(self, host: torch.Tensor) -> torch.Tensor:
-    """A device copy of a host tensor, on the current stream."""
+  def to_device(self, host: torch.Tensor, *,
+                serial: bool = True) -> torch.Tensor:
+    """A device copy of a host tensor, on the current stream.
+
+    Args:
+      serial: False for a side stream's copy, which overlaps compute.
+    """
     device_tensor = torch.empty_like(host, device=self.device)
-    with self._timed(TO_DEVICE, host.numel() * host.element_size()):
+    with self._timed(TO_DEVICE, host.numel() * host.element_size(),
+                     serial=serial):
       device_tensor.copy_(host, non_blocking=self.non_blocking)
     return device_tensor
 
@@ -104,10 +125,23 @@ class Copier:
     Called between steps (the loop has waited for the device by then), and
     before the stats are reported; waits for any copy still running.
     """
-    pending, self._pending = self._pending, []
-    for direction, start, end in pending:
+    with self._lock:
+      pending, self._pending = self._pending, []
+    for direction, start, end, serial in pending:
       end.synchronize()
-      self.stats.add_duration(direction, start.elapsed_time(end) / 1e3)
+      duration_s = start.elapsed_time(end) / 1e3
+      self.stats.add_duration(direction, duration_s)
+      if serial:
+        with self._lock:
+          self._serial_s += duration_s
+
+  def take_serial_s(self) -> float:
+    """Seconds of copies run in series with compute since the last call:
+    a step's `offload_copy` phase, read once the step is over."""
+    self.resolve_timings()
+    with self._lock:
+      serial_s, self._serial_s = self._serial_s, 0.0
+    return serial_s
 
 
 class SideStream:
@@ -131,9 +165,9 @@ class SideStream:
     # stream (a non-blocking save); the side stream starts after them.
     self._stream.wait_stream(main)
     with torch.cuda.stream(self._stream):
-      tensors = [self._copier.to_device(h) for h in hosts]
+      tensors = [self._copier.to_device(h, serial=False) for h in hosts]
       ready = torch.cuda.Event()
-      ready.record()
+      ready.record(self._stream)
     for tensor in tensors:
       # Allocated on the side stream, used on the main one: the allocator
       # must not hand the memory out again before the main stream is done.

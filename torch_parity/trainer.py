@@ -250,11 +250,26 @@ def _make_train_step(config: TrainConfig, spec, strategy, parallel):
 
 def _phases_measured(parallel) -> list:
   """The ledger phases this run times: a pipelined step's compute is its
-  stage_compute, bubble and transfer instead."""
+  stage_compute, bubble and transfer instead; an offloading step's is
+  offload_copy and the rest of compute."""
+  if parallel.offload:
+    return [ledger_lib.DATA_WAIT, ledger_lib.COMPUTE, ledger_lib.OFFLOAD_COPY,
+            ledger_lib.CHECKPOINT_STALL]
   if not parallel.pipeline:
     return list(ledger_lib.PHASES)
   return [ledger_lib.DATA_WAIT, *pipeline_stats.PHASES,
           ledger_lib.CHECKPOINT_STALL]
+
+
+def _split_compute(parallel):
+  """How the loop records a step's compute span: as the pipeline phases,
+  as offload copies and compute, or (None) as one compute phase. Offload
+  and pipeline stages are never combined (`check_supported`)."""
+  if parallel.pipeline:
+    return parallel.pipeline.recorder.end_step
+  if parallel.offload:
+    return parallel.offload.split_compute
+  return None
 
 
 def _describe_strategy(strategy, parallel, config, plan, ledger) -> dict:
@@ -357,8 +372,7 @@ def train(config: TrainConfig):
             ctx,
             train_step=_make_train_step(config, spec, strategy, parallel),
             iterator=batches, device=strategy.device,
-            split_compute=(parallel.pipeline.recorder.end_step
-                           if parallel.pipeline else None))
+            split_compute=_split_compute(parallel))
       except BaseException:
         if checkpointer:
           # The running persist completes or is dropped whole, never half;

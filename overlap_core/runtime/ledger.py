@@ -16,7 +16,12 @@ and summarizes per-phase mean/p50/p95 over the steady-state steps.
 In a pipelined run, `compute` is not recorded: each step's compute span is
 recorded as the three phases of `overlap_core.runtime.pipeline_stats`
 (stage_compute, bubble, transfer), which partition it, so the phases still
-add up to the step.
+add up to the step. With offload, the step's compute span is recorded as
+`offload_copy` (the offload copies the training stream ran in series with
+compute, `overlap_core.runtime.offload_stats`) and `compute`, the rest
+(`carve_compute`). `COMPUTE_PARTS` names every phase that stands for part
+of a compute span; where one number is wanted for compute (progress
+shares, comparisons), they are added back to it.
 
 Beside each wall time the ledger keeps CPU time (`overlap_core.runtime.
 cpu_clock`): per step, the CPU of the whole process tree (every thread,
@@ -34,7 +39,7 @@ import time
 from typing import Callable, Dict, List, Optional
 
 from overlap_core.runtime import cpu_clock as cpu_clock_lib
-from overlap_core.runtime import pipeline_stats
+from overlap_core.runtime import offload_stats, pipeline_stats
 
 DATA_WAIT = "data_wait"  # blocked waiting for the next batch
 COMPUTE = "compute"  # forward, backward, gradient all-reduce and update
@@ -42,6 +47,9 @@ CHECKPOINT_STALL = "checkpoint_stall"  # training blocked by a checkpoint
 PHASES = (DATA_WAIT, COMPUTE, CHECKPOINT_STALL)
 STEP = "step"  # the whole step: from the previous step's end to its own
 OTHER = "other"  # step time outside any phase: logging, bookkeeping
+OFFLOAD_COPY = offload_stats.OFFLOAD_COPY  # offload copies in series
+# Phases recorded in place of part or all of a step's compute span.
+COMPUTE_PARTS = pipeline_stats.PHASES + (OFFLOAD_COPY,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +103,23 @@ def percentile(sorted_values: List[float], q: float) -> float:
   high = min(low + 1, len(sorted_values) - 1)
   fraction = position - low
   return sorted_values[low] * (1 - fraction) + sorted_values[high] * fraction
+
+
+def carve_compute(start_s: float, end_s: float, part: str,
+                  part_s: float) -> List[tuple]:
+  """Spans that tile a compute span [start_s, end_s]: `part` for `part_s`
+  seconds (never below zero nor past the span), then `compute`.
+
+  `part_s` is a sum of intervals spread through the span (copies between
+  layers); it is put first because only its total is known. The part's
+  span is kept even at zero seconds, so every step of a run that records
+  the phase has it.
+
+  Returns:
+    [(part, start_s, split_s), (COMPUTE, split_s, end_s)].
+  """
+  split_s = start_s + min(max(part_s, 0.0), max(end_s - start_s, 0.0))
+  return [(part, start_s, split_s), (COMPUTE, split_s, end_s)]
 
 
 def describe_durations(values: List[float]) -> Dict[str, float]:
@@ -294,8 +319,8 @@ def summarize_window(records: List[StepRecord]) -> Dict[str, float]:
       "step_ms": 1e3 * total / len(records) if records else 0.0,
   }
   for name in PHASES:
-    # A pipelined step records its compute as the pipeline phases.
-    parts = (name,) + (pipeline_stats.PHASES if name == COMPUTE else ())
+    # A pipelined or offloading step records its compute in parts.
+    parts = (name,) + (COMPUTE_PARTS if name == COMPUTE else ())
     spent = sum(r.phases_s.get(part, 0.0) for r in records for part in parts)
     scalars[f"{name}_fraction"] = spent / total if total else 0.0
   return scalars

@@ -1,11 +1,26 @@
 """Offload copy statistics, per direction: the run.json `offload` section.
 
 Both trainers count every offload copy here: tensors, bytes and, where the
-framework can time one copy, its duration. The copies run inside the
-compute phase (forward saves, backward restores), so they are not a ledger
-phase: phases partition a step, and a copy span nested in compute would be
-counted twice (and on a GPU the copies are asynchronous, so host-side spans
-would not even measure them). They get a section of their own instead.
+framework can time one copy, its duration.
+
+The copies the training stream runs in series with compute also become a
+ledger phase, `offload_copy`, carved out of each step's compute span as a
+pipelined step's is carved into stage_compute, bubble and transfer
+(`ledger.carve_compute`): per step, the copies' summed time, capped at the
+span, is `offload_copy`, the rest `compute`, so the phases still add up to
+the step. Which copies count:
+
+- PyTorch on a GPU: those on the main stream (forward saves, backward
+  restores, weight fetches and gradients leaving), timed with CUDA events
+  on the device. Prefetches run on a side stream, overlapping compute:
+  they are in this section only. Without a GPU every copy, the prefetches
+  included, runs on the training thread at once and is timed with the host
+  clock, so all of them count.
+- TensorFlow: each Conv/Dense input's copy to the host and its restore,
+  timed in the compiled step with `tf.timestamp` (the host clock) around
+  the copy. TensorFlow may run a copy beside other ops of the step, so the
+  phase is at most the copies' serial cost; with several replicas it is
+  the copies' time divided by the replicas, which run side by side.
 
   stats = CopyStats()
   stats.add(TO_HOST, num_bytes=4096, duration_s=1e-5)
@@ -16,6 +31,7 @@ import statistics
 import threading
 from typing import Dict, List, Optional
 
+OFFLOAD_COPY = "offload_copy"  # the ledger phase of copies in series
 TO_HOST = "to_host"  # device -> host: forward saves, a layer's weights leave
 TO_DEVICE = "to_device"  # host -> device: backward restores, weights return
 DIRECTIONS = (TO_HOST, TO_DEVICE)
@@ -70,12 +86,6 @@ class CopyStats:
     """Restores that were issued early, on the side stream."""
     with self._lock:
       self._prefetched += tensors
-
-  def tensors(self, direction: str) -> int:
-    return self._tensors[direction]
-
-  def bytes(self, direction: str) -> int:
-    return self._bytes[direction]
 
   def summary(self, *, num_steps: int) -> dict:
     """{direction: {tensors, bytes, tensors_per_step, mb_per_step, copy_ms,

@@ -2,8 +2,10 @@
 
 from overlap_core.runtime import ledger as ledger_lib
 
+# offload_copy under compute: it is the part of compute spent copying.
 _ROW_ORDER = (ledger_lib.DATA_WAIT, ledger_lib.COMPUTE,
-              ledger_lib.CHECKPOINT_STALL, ledger_lib.OTHER, ledger_lib.STEP)
+              ledger_lib.OFFLOAD_COPY, ledger_lib.CHECKPOINT_STALL,
+              ledger_lib.OTHER, ledger_lib.STEP)
 
 
 def format_breakdown(summary: dict, *, title: str = "Per-step breakdown",

@@ -16,7 +16,8 @@ from overlap_compare import comparison
 from overlap_compare import metrics as overlap_metrics
 from overlap_core.runtime import run_record
 from overlap_core.runtime.ledger import (CHECKPOINT_STALL, COMPUTE, DATA_WAIT,
-                                   CpuClocks, StepLedger)
+                                         OFFLOAD_COPY, CpuClocks, StepLedger,
+                                         carve_compute)
 from overlap_compare.matrix import Cell, Matrix, parse_axes
 
 BATCH = 32
@@ -38,8 +39,12 @@ class HandClock:
 
 
 def make_record(*, data_ms, compute_ms, stall_ms=0.0, other_ms=0.0,
-                checkpoint_mode="sync", work_ms=0.0, cores=2):
+                checkpoint_mode="sync", work_ms=0.0, cores=2,
+                offload_copy_ms=None):
   """A run.json whose every step has these phase times.
+
+  With `offload_copy_ms`, that much of each step's compute is recorded as
+  the offload_copy phase, as an offloading trainer records it.
 
   The stall happens on every CHECKPOINT_EVERY-th step only, as a real
   checkpoint's does, so its mean per step is stall_ms / CHECKPOINT_EVERY.
@@ -53,8 +58,15 @@ def make_record(*, data_ms, compute_ms, stall_ms=0.0, other_ms=0.0,
     work.advance_ms(work_ms)
     with ledger.phase(DATA_WAIT):
       clock.advance_ms(data_ms)
-    with ledger.phase(COMPUTE):
+    if offload_copy_ms is None:
+      with ledger.phase(COMPUTE):
+        clock.advance_ms(compute_ms)
+    else:
+      start_s = clock()
       clock.advance_ms(compute_ms)
+      for phase, begin, end in carve_compute(
+          start_s, clock(), OFFLOAD_COPY, offload_copy_ms / 1e3):
+        ledger.add(phase, begin, end)
     if step % CHECKPOINT_EVERY == 0:
       with ledger.phase(CHECKPOINT_STALL):
         clock.advance_ms(stall_ms)
@@ -114,6 +126,15 @@ def test_ledger_records_carry_the_hand_set_phases():
   assert stats.samples_per_second == pytest.approx(BATCH / 0.041)
   assert stats.checkpoint_interval_s == pytest.approx(4 * 0.041)
   assert stats.step_spread == 0
+
+
+def test_an_offloading_runs_copies_count_as_its_compute():
+  record = make_record(data_ms=10, compute_ms=20, offload_copy_ms=5)
+  assert record["phases"][OFFLOAD_COPY]["mean"] == pytest.approx(0.005)
+  stats = overlap_metrics.summarize_records([record])
+  # Compared with a plain run's compute, and the phases add up.
+  assert stats.phases_s[COMPUTE] == pytest.approx(0.020)
+  assert sum(stats.phases_s.values()) == pytest.approx(stats.step_s)
 
 
 def test_a_cell_reports_its_median_repeat_and_the_spread():

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from overlap_core.runtime import run_record
+from overlap_core.runtime import run_record, trace
 from overlap_core.runtime.config import OffloadConfig
 from torch_parity import offload
 
@@ -165,6 +165,26 @@ def test_parameters_live_on_host_between_uses(prefetch):
   _assert_same_training(state, loss)
 
 
+def test_copies_in_series_become_the_offload_copy_phase():
+  _, _, offloader = _train(OffloadConfig(
+      ("activations", "parameters"), non_blocking=True, prefetch=True),
+      num_steps=1)
+  summary = offloader.summary(num_steps=1)
+  copied_s = sum(summary[d]["copy_ms"]["total"]
+                 for d in ("to_host", "to_device")) / 1e3
+  # On the CPU every copy, prefetches too, runs on the training thread:
+  # all of the step's copy time is carved out of its compute span.
+  (copy, copy_start, copy_end), (compute, compute_start, compute_end) = (
+      offloader.split_compute(10.0, 11.0))
+  assert (copy, compute) == ("offload_copy", "compute")
+  assert copy_start == 10.0 and compute_end == 11.0
+  assert copy_end == compute_start == pytest.approx(10.0 + copied_s,
+                                                   rel=1e-9)
+  assert copy_end > copy_start
+  # Taken once: the next step starts from nothing.
+  assert offloader.split_compute(12.0, 13.0)[0][2] == 12.0
+
+
 def test_both_with_every_knob_trains_the_same():
   loss, state, offloader = _train(OffloadConfig(
       ("activations", "parameters"), non_blocking=True, prefetch=True))
@@ -190,6 +210,24 @@ def _run(tmp_path, name, *args):
   return result, run_record.load_run_record(str(model_dir))
 
 
+def _assert_copy_phase(record, section):
+  """The ledger's offload_copy phase holds the run's copies: on the CPU
+  all of them, each step's within its compute span."""
+  assert "offload_copy" in record["phases_measured"]
+  phases = record["phases"]
+  assert phases["offload_copy"]["mean"] > 0
+  assert sum(phases[p]["mean"] for p in phases if p != "step") == (
+      pytest.approx(phases["step"]["mean"]))
+  events = trace.load_trace(record["outputs"]["trace"])["traceEvents"]
+  spans_us = [e["dur"] for e in events if e.get("name") == "offload_copy"]
+  assert len(spans_us) == record["steps"]
+  copied_ms = sum(section[d]["copy_ms"]["total"]
+                  for d in ("to_host", "to_device"))
+  # The trace rounds each span to a nanosecond.
+  assert sum(spans_us) / 1e3 == pytest.approx(copied_ms,
+                                              abs=1e-6 * len(spans_us))
+
+
 def test_trainer_records_offload_and_matches_the_plain_run(tmp_path):
   _, plain = _run(tmp_path, "plain")
   result, offloaded = _run(tmp_path, "offloaded",
@@ -201,6 +239,8 @@ def test_trainer_records_offload_and_matches_the_plain_run(tmp_path):
   assert section["to_host"]["bytes"] > 0
   assert section["to_device"]["tensors"] > section["to_host"]["tensors"]
   assert section["copies_timed_with"] == "perf_counter"
+  _assert_copy_phase(offloaded, section)
+  assert "offload_copy" not in plain["phases"]
   assert offloaded["weights_digest"] == plain["weights_digest"]
   assert offloaded["final"]["train_loss"] == plain["final"]["train_loss"]
   assert result.stderr.count(offload.NO_GPU_NOTICE) == 1
