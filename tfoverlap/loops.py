@@ -59,7 +59,8 @@ def execution_sizes(first_step: int, last_step: int, steps_per_execution: int):
 
 
 def run_multi_step_loop(ctx: LoopContext, *, train_steps, iterator,
-                        steps_per_execution: int) -> float:
+                        steps_per_execution: int,
+                        take_offload_copy_s=None) -> float:
   """Runs steps first_step..last_step, K per traced call; the last loss.
 
   Args:
@@ -67,6 +68,10 @@ def run_multi_step_loop(ctx: LoopContext, *, train_steps, iterator,
     train_steps: `steps.make_multi_step_train_step`'s function.
     iterator: the batches; read inside `train_steps`.
     steps_per_execution: K.
+    take_offload_copy_s: () -> seconds of offload copies since the last
+      call (`Offloader.take_copy_s`), divided among the call's steps as
+      its span is and carved out of each one's compute; None: no offload
+      phase.
   """
   loss = float("nan")
   for first, size in execution_sizes(ctx.first_step, ctx.last_step,
@@ -75,9 +80,17 @@ def run_multi_step_loop(ctx: LoopContext, *, train_steps, iterator,
     losses, waits = train_steps(iterator, tf.constant(size))
     # Reading the losses waits for the call's last step to finish.
     losses = losses.numpy()
-    after_execution(ctx, first, losses, start_s, time.perf_counter(),
+    end_s = time.perf_counter()
+    split_compute = None
+    if take_offload_copy_s is not None:
+      copy_s = take_offload_copy_s() / size
+      split_compute = lambda begin, end, copy_s=copy_s: (
+          ledger_lib.carve_compute(begin, end, ledger_lib.OFFLOAD_COPY,
+                                   copy_s))
+    after_execution(ctx, first, losses, start_s, end_s,
                     data_wait_s=(None if waits is None
-                                 else float(waits.numpy().sum())))
+                                 else float(waits.numpy().sum())),
+                    split_compute=split_compute)
     loss = float(losses[-1])
   return loss
 

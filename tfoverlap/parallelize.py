@@ -88,7 +88,8 @@ def parallelize(strategy: tf.distribute.Strategy,
                 build_optimizer: Callable[[], keras.optimizers.Optimizer],
                 offload: OffloadConfig = OffloadConfig(),
                 pipeline: Optional[PipelineSpec] = None,
-                burst: Optional[BurstSpec] = None) -> Parallelized:
+                burst: Optional[BurstSpec] = None, *,
+                time_offload_copies: bool = True) -> Parallelized:
   """Builds the model and optimizer with the run's parallelism applied.
 
   Args:
@@ -99,6 +100,8 @@ def parallelize(strategy: tf.distribute.Strategy,
     offload: what to keep in host memory between uses.
     pipeline: how to cut the model, when it has more than one stage.
     burst: the burst plan to run in place of data parallelism, or None.
+    time_offload_copies: time the offload copies in the graph; False
+      under op determinism, which refuses `tf.timestamp`.
 
   Raises:
     ValueError: pipeline stages or a burst plan with a real strategy or
@@ -116,8 +119,19 @@ def parallelize(strategy: tf.distribute.Strategy,
     optimizer = build_optimizer()
     optimizer.build(model.trainable_variables)
   # Outside the scope: the copy counter is one host variable, not mirrored.
-  offloader = offload_lib.apply_offload(model, offload)
+  offloader = offload_lib.apply_offload(
+      model, offload, time_copies=time_offload_copies,
+      num_replicas=_local_replicas(strategy))
   return Parallelized(model, model, optimizer, dims, offloader)
+
+
+def _local_replicas(strategy: tf.distribute.Strategy) -> int:
+  """The replicas this process runs (a multi-worker job's other workers
+  run theirs in processes of their own)."""
+  try:
+    return len(strategy.extended.worker_devices)
+  except RuntimeError:  # the default strategy has no device list: one
+    return 1
 
 
 def apply_pipeline(strategy: tf.distribute.Strategy,

@@ -154,7 +154,9 @@ def _build_model_and_optimizer(strategy, config: TrainConfig, num_classes,
       build_optimizer=lambda: steps.build_optimizer(config.model),
       offload=config.offload,
       pipeline=_pipeline_spec(config),
-      burst=_burst_spec(config, plan))
+      burst=_burst_spec(config, plan),
+      # Op determinism refuses the graph's clock.
+      time_offload_copies=not config.run.deterministic)
 
 
 def _pipeline_spec(config: TrainConfig):
@@ -203,13 +205,18 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
   if built.pipeline:
     return _run_pipelined_loop(ctx, config, spec, built.pipeline, optimizer,
                                iter(train_input))
+  # Timed offload copies are carved out of each step's compute span.
+  timed_offload = (built.offload if built.offload and built.offload.timed
+                   else None)
   if k > 1:
     return loops.run_multi_step_loop(
         ctx, train_steps=steps.make_multi_step_train_step(
             strategy, model, optimizer, task=spec.task,
             global_batch_size=config.data.batch_size,
             time_waits=not config.run.deterministic),
-        iterator=iter(train_input), steps_per_execution=k)
+        iterator=iter(train_input), steps_per_execution=k,
+        take_offload_copy_s=(timed_offload.take_copy_s if timed_offload
+                             else None))
   if built.burst:
     train_step = steps.make_burst_train_step(
         built.burst, model, optimizer, task=spec.task,
@@ -218,8 +225,9 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
     train_step = steps.make_train_step(
         strategy, model, optimizer, task=spec.task,
         global_batch_size=config.data.batch_size)
-  return loops.run_custom_loop(ctx, train_step=train_step,
-                               iterator=iter(train_input))
+  return loops.run_custom_loop(
+      ctx, train_step=train_step, iterator=iter(train_input),
+      split_compute=timed_offload.split_compute if timed_offload else None)
 
 
 def _run_pipelined_loop(ctx: LoopContext, config: TrainConfig, spec, runtime,
@@ -375,6 +383,12 @@ def train(config: TrainConfig) -> dict:
       config.run.steps_per_execution > 1 and config.run.deterministic)
   phases_measured = ([ledger_lib.COMPUTE, ledger_lib.CHECKPOINT_STALL]
                      if input_inside else list(ledger_lib.PHASES))
+  if offloader is not None and offloader.timed:
+    phases_measured.insert(phases_measured.index(ledger_lib.COMPUTE) + 1,
+                           ledger_lib.OFFLOAD_COPY)
+  elif offloader is not None:
+    notes.append("offload copies are counted, not timed: op determinism "
+                 "refuses tf.timestamp, so they are part of compute")
   if built.pipeline:
     # The compute span is split into stage compute, transfer and bubble.
     phases_measured = [ledger_lib.DATA_WAIT, ledger_lib.CHECKPOINT_STALL]

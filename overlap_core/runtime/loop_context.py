@@ -79,7 +79,8 @@ def after_step(ctx: LoopContext, step: int, loss: float, *,
 
 def after_execution(ctx: LoopContext, first_step: int,
                     losses: Sequence[float], start_s: float,
-                    end_s: float, data_wait_s: Optional[float] = None) -> None:
+                    end_s: float, data_wait_s: Optional[float] = None,
+                    split_compute=None) -> None:
   """Closes the steps of one call that ran len(losses) steps.
 
   The call is timed as one span; each of its steps is recorded as an equal
@@ -99,6 +100,9 @@ def after_execution(ctx: LoopContext, first_step: int,
   Args:
     data_wait_s: the call's steps' waits for their batches, summed, or None
       when the call does not measure them.
+    split_compute: (start_s, end_s) -> [(phase, start_s, end_s)] that tile
+      a share's compute span, as `compute_phase` takes it; None: the span
+      is `compute`.
   """
   per_step_s = (end_s - start_s) / len(losses)
   # The wait is timed on the graph's clock and the span on ours: a share
@@ -112,7 +116,10 @@ def after_execution(ctx: LoopContext, first_step: int,
       ctx.ledger.add(ledger_lib.DATA_WAIT, share_start_s,
                      share_start_s + wait_s)
       share_start_s += wait_s
-    ctx.ledger.add(ledger_lib.COMPUTE, share_start_s, share_end_s)
+    for phase, begin, end in (
+        split_compute(share_start_s, share_end_s) if split_compute
+        else [(ledger_lib.COMPUTE, share_start_s, share_end_s)]):
+      ctx.ledger.add(phase, begin, end)
     last = i == len(losses) - 1
     after_step(ctx, first_step + i, float(loss), may_checkpoint=last,
                end_s=None if last else share_end_s)

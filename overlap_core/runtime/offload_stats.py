@@ -18,9 +18,13 @@ the step. Which copies count:
   clock, so all of them count.
 - TensorFlow: each Conv/Dense input's copy to the host and its restore,
   timed in the compiled step with `tf.timestamp` (the host clock) around
-  the copy. TensorFlow may run a copy beside other ops of the step, so the
-  phase is at most the copies' serial cost; with several replicas it is
-  the copies' time divided by the replicas, which run side by side.
+  the copy. These are host-side spans around ops the executor may run
+  beside others (and, on a GPU, a copy to the host also waits for its
+  input to be computed), so read the phase as an upper bound of what the
+  copies cost in series; with several replicas it is the copies' time
+  divided by the replicas, which run side by side. Under op determinism
+  TensorFlow refuses its clock: the copies are counted only and stay
+  inside compute.
 
   stats = CopyStats()
   stats.add(TO_HOST, num_bytes=4096, duration_s=1e-5)

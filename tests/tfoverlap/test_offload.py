@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from overlap_core.runtime import run_record
+from overlap_core.runtime import run_record, trace
 from overlap_core.runtime.config import OffloadConfig
 from tfoverlap import offload
 
@@ -34,12 +34,7 @@ def _tiny_model():
       kernel_initializer=keras.initializers.GlorotUniform(seed=2))(x))
 
 
-def _train(config, num_steps=3):
-  model = _tiny_model()
-  offloader = offload.apply_offload(model, config) if config else None
-  optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
-  rng = np.random.default_rng(1)
-
+def _make_step(model, optimizer):
   @tf.function
   def step(images, labels):
     with tf.GradientTape() as tape:
@@ -50,9 +45,22 @@ def _train(config, num_steps=3):
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     return loss
 
+  return step
+
+
+def _batch(rng):
+  return (rng.standard_normal((BATCH, 8, 8, 3)).astype("float32"),
+          rng.integers(0, 5, BATCH))
+
+
+def _train(config, num_steps=3, **offload_args):
+  model = _tiny_model()
+  offloader = (offload.apply_offload(model, config, **offload_args)
+               if config else None)
+  step = _make_step(model, keras.optimizers.SGD(0.1, momentum=0.9))
+  rng = np.random.default_rng(1)
   for _ in range(num_steps):
-    loss = step(rng.standard_normal((BATCH, 8, 8, 3)).astype("float32"),
-                rng.integers(0, 5, BATCH))
+    loss = step(*_batch(rng))
   return float(loss), [w.numpy() for w in model.weights], offloader
 
 
@@ -66,11 +74,76 @@ def test_weighted_layer_inputs_go_to_host_and_come_back():
   for direction in ("to_host", "to_device"):
     assert summary[direction]["tensors"] == 3 * 2
     assert summary[direction]["bytes"] == 3 * per_step_bytes
-    assert summary[direction]["copy_ms"] is None  # inside the graph
+    # Each copy timed in the graph, one time per copy.
+    assert summary[direction]["timed_copies"] == 3 * 2
+    assert summary[direction]["copy_ms"]["min"] >= 0
+  assert summary["copies_timed_with"] == "tf.timestamp"
   base_loss, base_weights, _ = _train(None)
   assert loss == base_loss
   for got, want in zip(weights, base_weights):
     np.testing.assert_array_equal(got, want)
+
+
+def test_copy_times_become_the_offload_copy_phase():
+  _, _, offloader = _train(OffloadConfig(("activations",)), num_steps=2)
+  (copy, copy_start, copy_end), (compute, compute_start, compute_end) = (
+      offloader.split_compute(10.0, 11.0))
+  assert (copy, compute) == ("offload_copy", "compute")
+  assert copy_start == 10.0 and compute_end == 11.0
+  summary = offloader.summary(num_steps=2)
+  copied_s = sum(summary[d]["copy_ms"]["total"]
+                 for d in ("to_host", "to_device")) / 1e3
+  # The phase is the copies' time, the per-copy times add up to it.
+  assert copy_end == compute_start == pytest.approx(10.0 + copied_s,
+                                                   rel=1e-9, abs=1e-12)
+  # Taken once: the next step starts from nothing.
+  assert offloader.split_compute(12.0, 13.0)[0][2] == 12.0
+
+
+def test_untimed_copies_are_counted_only():
+  _, _, offloader = _train(OffloadConfig(("activations",)),
+                           time_copies=False)
+  summary = offloader.summary(num_steps=3)
+  assert summary["to_device"]["tensors"] == 3 * 2
+  assert summary["to_device"]["copy_ms"] is None
+  assert summary["copies_timed_with"] is None
+
+
+def _restore_devices(graph) -> dict:
+  """{op name: device} of the restores (the copies back to the device)."""
+  return {op.name: op.device for op in graph.get_operations()
+          if op.type == "Identity" and "offload_to_device" in op.name}
+
+
+def test_a_restore_is_placed_where_its_layer_computes(two_cpu_devices):
+  # No strategy: inside a tf.function a tensor's device is unset, so the
+  # restore goes where the layer's variables live.
+  model = _tiny_model()
+  offload.apply_offload(model, OffloadConfig(("activations",)))
+  step = _make_step(model, keras.optimizers.SGD(0.1))
+  graph = step.get_concrete_function(
+      *_batch(np.random.default_rng(1))).graph
+  devices = _restore_devices(graph)
+  assert len(devices) == 2  # the Conv's input and the Dense layer's
+  variable_device = model.get_layer("conv").kernel.value.device
+  assert set(devices.values()) == {variable_device}
+  # Two replicas: each restores onto its own device.
+  strategy = tf.distribute.MirroredStrategy(two_cpu_devices)
+  with strategy.scope():
+    model = _tiny_model()
+    optimizer = keras.optimizers.SGD(0.1)
+  offload.apply_offload(model, OffloadConfig(("activations",)),
+                        num_replicas=2)
+  replica_step = _make_step(model, optimizer).python_function
+
+  @tf.function
+  def step(images, labels):
+    return strategy.run(replica_step, args=(images, labels))
+
+  devices = _restore_devices(step.get_concrete_function(
+      *_batch(np.random.default_rng(1))).graph)
+  assert sorted(tf.DeviceSpec.from_string(d).device_index
+                for d in devices.values()) == [0, 0, 1, 1]
 
 
 def test_nothing_offloaded_installs_nothing():
@@ -101,6 +174,39 @@ def test_trainer_records_offload_and_matches_the_plain_run(tmp_path):
   assert offloaded["weights_digest"] == plain["weights_digest"]
   assert offloaded["final"] == plain["final"]
   assert result.stderr.count(offload.NO_GPU_NOTICE) == 1
+  # Op determinism refuses tf.timestamp: counted, not timed, in compute.
+  assert section["to_host"]["copy_ms"] is None
+  assert "offload_copy" not in offloaded["phases"]
+  assert any("not timed" in note for note in offloaded["notes"])
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 2])
+def test_trainer_times_copies_into_the_offload_copy_phase(
+    tmp_path, steps_per_execution):
+  # At 2 steps per call, each call's copy time is divided among its steps.
+  _, record = _run(tmp_path, "timed", "--offload=activations",
+                   "--deterministic=false",
+                   f"--steps_per_execution={steps_per_execution}")
+  section = record["offload"]
+  assert section["copies_timed_with"] == "tf.timestamp"
+  for direction in ("to_host", "to_device"):
+    # Counted as before, and now each copy timed.
+    assert section[direction]["tensors"] == 24
+    assert section[direction]["timed_copies"] == 24
+    assert section[direction]["copy_ms"]["min"] >= 0
+  assert "offload_copy" in record["phases_measured"]
+  phases = record["phases"]
+  assert phases["offload_copy"]["mean"] >= 0
+  assert sum(phases[p]["mean"] for p in phases if p != "step") == (
+      pytest.approx(phases["step"]["mean"]))
+  events = trace.load_trace(record["outputs"]["trace"])["traceEvents"]
+  spans_us = [e["dur"] for e in events if e.get("name") == "offload_copy"]
+  assert len(spans_us) == record["steps"]
+  copied_ms = sum(section[d]["copy_ms"]["total"]
+                  for d in ("to_host", "to_device"))
+  # Each step's phase is its copies' time, or less where capped at the
+  # compute span; the trace rounds each span to a nanosecond.
+  assert sum(spans_us) / 1e3 <= copied_ms + 1e-6 * len(spans_us)
 
 
 @pytest.mark.parametrize("args, flag", [
