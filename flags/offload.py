@@ -9,13 +9,14 @@ OFFLOAD_TARGETS = ("activations", "parameters")
 def define_flags():
   flags.DEFINE_list(
       "offload", ["none"],
-      "none, or a comma-separated list of: activations (tensors saved for "
-      "backward are copied to host memory in forward and back in "
-      "backward), parameters (PyTorch only: each layer's weights live on "
-      "the host and come to the device for its forward and its backward; "
-      "gradients, the optimizer step and its state stay on the host). On a "
-      "host without a "
-      "GPU the copies go CPU to CPU: the mechanics run, no memory is saved.")
+      "none, or a comma-separated list of: activations (tensors the "
+      "model's forward saves for backward are copied to host memory in "
+      "forward and back in backward), parameters (PyTorch only: each "
+      "layer's weights live on the host and come to the device for its "
+      "forward and its backward; gradients, the optimizer step and its "
+      "state stay on the host: optimizer state leaves the device with "
+      "parameters only). On a host without a GPU the copies go CPU to "
+      "CPU: the mechanics run, no memory is saved.")
   flags.DEFINE_boolean(
       "offload_pin_memory", False,
       "Offloaded tensors live in pinned (page-locked) host memory, which "

@@ -5,18 +5,21 @@ returns an `Offloader` whose `summary()` is run.json's `offload` section.
 
 - activations: saved-tensor hooks (`torch.autograd.graph.saved_tensors_hooks`,
   not `save_on_cpu`, which ties pinning and non-blocking together) copy
-  every tensor autograd saves to host memory in forward and back in
-  backward. Parameters (and views of them) are not copied: they are on the
-  device anyway, or offloaded by `parameters`.
+  every tensor autograd saves during the model's forward to host memory
+  and back in backward. Parameters (and views of them) are not copied:
+  they are on the device anyway, or offloaded by `parameters`. What the
+  loss saves, computed after the model's forward, stays on the device.
 - parameters: each layer's weights live on the host; a forward pre-hook
   brings them to the device for its forward, and a hook on its output's
   gradient for its backward. After forward the device copy is dropped
   (the weights did not change); after a weight's gradient is accumulated,
   the gradient goes to the host and the optimizer steps there, so its
-  state lives on the host too (ZeRO-Offload's split).
+  state lives on the host too (ZeRO-Offload's split); optimizer state has
+  no target of its own.
 - prefetch: the next layer's tensors are copied back on a side stream while
   the current layer computes (the large-image study's future work); the
-  next layer is the one before in backward, the one after in forward.
+  next layer is the one before in backward, the one after in forward, and
+  only that one: at most one layer waits on the device ahead of use.
 
 Every copy is counted and timed (`torch_parity.offload_copy`); those run
 in series with compute become the ledger's `offload_copy` phase, carved
