@@ -5,7 +5,8 @@
   python -m benchmarks.offload --device=cpu --quick   # CPU smoke (mechanics)
 
 For each model, the rows of the OSU large-image study plus its future work,
-all offloading saved activations (`--targets` to change):
+in the study's order, all offloading saved activations (`--targets` to
+change):
 
   baseline       everything on the device
   naive          offload, pageable host memory, blocking copies
@@ -18,14 +19,16 @@ all offloading saved activations (`--targets` to change):
 Columns: total time of the measured steps, its ratio to the baseline, peak
 device memory, and per direction (to_host, to_device) the tensors, MB and
 the mean, max, min and median time of one copy (CUDA events on a GPU).
-Then the largest batch that fits without and with offload (the `prefetch`
-variant), by doubling the batch until CUDA runs out of memory and bisecting
-between the last fit and the first failure, one training step each.
+Then the largest batch that fits without offload (baseline) and with it
+(`both`: pinned and non-blocking; not `prefetch`, which holds restored
+tensors ahead of use), by doubling the batch until CUDA runs out of memory
+and bisecting between the last fit and the first failure, one training
+step each. A search that reaches its cap (`--max_batch`, or what the
+host's memory holds) records that the limit was not found.
 
-The models are the study's where the zoo has them: VGG-16 stands in for
-VGG-19 (the zoo has no VGG-19; same shape of network, three convolutions
-fewer), ResNet-50, Inception-V3, and Wide-ResNet-50-2 in place of AlexNet
-(a model of many wide layers, where the study saw the optimizations help).
+The models are the study's: VGG-19, ResNet-50, Inception-V3, and
+Wide-ResNet-50-2 in place of AlexNet (a model of few, wide layers, where
+the study saw the optimizations help); see `benchmarks.offload_study`.
 
 It runs in one process, the offload hooks applied exactly as the trainer's
 `parallelize` applies them (`torch_parity.offload.apply_offload`), on
@@ -50,20 +53,14 @@ from torch import nn
 
 from benchmarks import common
 from benchmarks import harness
+from benchmarks import offload_study
+from benchmarks.offload_study import VARIANTS, WITH_OFFLOAD, WITHOUT_OFFLOAD
+from overlap_core.runtime import zoo
 from overlap_core.runtime.config import OffloadConfig
 from torch_parity import models, offload
 
 NAME = "offload"
-VARIANTS = {
-    "baseline": None,
-    "naive": {},
-    "pinned": {"pin_memory": True},
-    "non_blocking": {"non_blocking": True},
-    "both": {"pin_memory": True, "non_blocking": True},
-    "prefetch": {"pin_memory": True, "non_blocking": True, "prefetch": True},
-}
-GPU_MODELS = "vgg16,resnet50,inception_v3,wide_resnet50_2"
-CPU_MODELS = "small_cnn,resnet18"
+TARGETS = ("activations", "parameters")
 NUM_CLASSES = 10
 # Offloaded activations all sit in host memory at once (end of forward).
 # Past the host's memory the kernel kills the process, which no except
@@ -78,24 +75,67 @@ SETTINGS = {
 }
 
 
-def parse_args():
+def parse_args(argv=None):
   parser = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   common.add_common_args(parser, repeats=3)
   parser.add_argument("--device", choices=("auto", "cuda", "cpu"),
-                      default="auto")
+                      default="auto",
+                      help="Where the models train: auto takes CUDA when "
+                      "there is a GPU (default auto).")
   parser.add_argument("--models", default=None,
-                      help=f"Comma-separated zoo models (GPU default "
-                      f"{GPU_MODELS}; CPU default {CPU_MODELS}).")
+                      help="Comma-separated zoo models (GPU default "
+                      f"{','.join(offload_study.GPU_MODELS)}; CPU default "
+                      f"{','.join(offload_study.CPU_MODELS)}).")
   parser.add_argument("--targets", default="activations",
                       help="What the offload rows offload: activations, "
-                      "parameters, or both comma-separated.")
-  parser.add_argument("--image_size", type=int, default=None)
-  parser.add_argument("--batch_size", type=int, default=None)
-  parser.add_argument("--steps", type=int, default=None)
+                      "parameters, or both comma-separated (default "
+                      "activations).")
+  parser.add_argument("--image_size", type=int, default=None,
+                      help="Input side in pixels (default 224 on a GPU, 96 "
+                      "with --quick, 32 on the CPU).")
+  parser.add_argument("--batch_size", type=int, default=None,
+                      help="Batch of the timed steps (default 32 on a GPU, "
+                      "8 or 4 on the CPU).")
+  parser.add_argument("--steps", type=int, default=None,
+                      help="Measured steps per variant and repeat, after "
+                      "the warm-up (default 20 on a GPU, 6 with --quick).")
   parser.add_argument("--max_batch", type=int, default=None,
-                      help="Upper bound of the batch search (0 = skip it).")
-  return parser.parse_args()
+                      help="Cap of the largest-batch search; a search that "
+                      "reaches it records the limit as not found (default "
+                      "4096 on a GPU; 0 skips the search).")
+  args = parser.parse_args(argv)
+  if args.models is not None:
+    unknown = [m for m in args.models.split(",") if m not in zoo.MODEL_NAMES]
+    if unknown:
+      parser.error(f"--models={args.models}: unknown {unknown}; allowed: "
+                   f"{', '.join(zoo.MODEL_NAMES)}")
+  targets = args.targets.split(",")
+  if not targets or not set(targets) <= set(TARGETS):
+    parser.error(f"--targets={args.targets}: allowed: "
+                 f"{', '.join(TARGETS)}, comma-separated")
+  for name in ("image_size", "batch_size", "steps"):
+    value = getattr(args, name)
+    if value is not None and value < 1:
+      parser.error(f"--{name}={value}: allowed: at least 1")
+  if args.max_batch is not None and args.max_batch < 0:
+    parser.error(f"--max_batch={args.max_batch}: allowed: 0 (no search) "
+                 "or more")
+  return args
+
+
+def offload_settings(variant: str, targets, device_type: str):
+  """The `OffloadConfig` of one row, None for the baseline.
+
+  On the CPU there is no pinned memory; only the CPU smoke's prefetch row
+  asks for it there, and runs unpinned.
+  """
+  if VARIANTS[variant] is None:
+    return None
+  knobs = dict(VARIANTS[variant])
+  if device_type == "cpu":
+    knobs.pop("pin_memory", None)
+  return OffloadConfig(tuple(targets), **knobs)
 
 
 def _settings(args, device: str) -> dict:
@@ -118,12 +158,9 @@ def _build(name, image_size, device, variant, targets):
                              num_classes=NUM_CLASSES).to(device)
   optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
   offloader = None
-  if VARIANTS[variant] is not None:
-    knobs = dict(VARIANTS[variant])
-    if device.type == "cpu":
-      knobs.pop("pin_memory", None)  # the CPU smoke's prefetch row
-    offloader = offload.apply_offload(
-        model, optimizer, OffloadConfig(targets, **knobs), device)
+  config = offload_settings(variant, targets, device.type)
+  if config is not None:
+    offloader = offload.apply_offload(model, optimizer, config, device)
   return model, optimizer, offloader
 
 
@@ -219,35 +256,37 @@ def host_batch_cap(stats: dict, batch_size: int) -> int:
   return int(HOST_MEMORY_SHARE * _host_available_bytes() / bytes_per_sample)
 
 
-def largest_batch(name, variant, settings, device, targets,
-                  cap: int) -> dict:
-  """Doubling, then bisection between the last fit and the first OOM."""
-  low, high = 0, None
-  size = 1
-  while size <= cap:
-    if _fits(name, variant, size, settings, device, targets):
-      low, size = size, size * 2
-    else:
-      high = size
-      break
-  if high is None:
-    return {"largest_batch": low, "capped_at": cap}
-  # To within a sixteenth: each trial is a whole step at a large batch,
-  # and the quick run must stay within minutes.
-  while high - low > max(1, low // 16):
-    middle = (low + high) // 2
-    if _fits(name, variant, middle, settings, device, targets):
-      low = middle
-    else:
-      high = middle
-  return {"largest_batch": low, "first_oom": high}
+def largest_batch(name, variant, settings, device, targets, cap: int,
+                  cap_reason: str) -> dict:
+  """`offload_study.search_largest_batch` with one training step a trial."""
+  return offload_study.search_largest_batch(
+      lambda size: _fits(name, variant, size, settings, device, targets),
+      cap, cap_reason)
+
+
+def search_batches(name, stats, settings, device, targets) -> dict:
+  """The largest batch without offload and with it, for one model.
+
+  The offload search is capped as well by what the host's memory holds at
+  the offloaded bytes `stats` (the model's WITH_OFFLOAD row) measured.
+  """
+  host_cap = host_batch_cap(stats[WITH_OFFLOAD], settings["batch_size"])
+  cap = settings["max_batch"]
+  offload_cap, reason = ((cap, "max_batch") if cap <= host_cap
+                         else (host_cap, "host_memory"))
+  return {
+      WITHOUT_OFFLOAD: largest_batch(name, WITHOUT_OFFLOAD, settings,
+                                     device, targets, cap, "max_batch"),
+      WITH_OFFLOAD: largest_batch(name, WITH_OFFLOAD, settings, device,
+                                  targets, offload_cap, reason),
+      "host_memory_cap": host_cap}
 
 
 def _stat(values):
   return statistics.median(values) if values else None
 
 
-def summarize(rows: list) -> dict:
+def summarize(rows: list, num_steps: int) -> dict:
   """Median over repeats of the total, and of each copy statistic."""
   result = {"total_s": _stat([r["total_s"] for r in rows]),
             "total_s_per_repeat": [r["total_s"] for r in rows],
@@ -262,7 +301,11 @@ def summarize(rows: list) -> dict:
           "mb_per_step": first["mb_per_step"],
           **{k: _stat([t[k] for t in timed])
              for k in ("mean", "max", "min", "median")}}
-    result["prefetched_tensors"] = rows[0]["copies"]["prefetched_tensors"]
+    # The count is over all measured steps; per step it compares with
+    # tensors_per_step.
+    prefetched = rows[0]["copies"]["prefetched_tensors"]
+    result["prefetched_tensors"] = prefetched
+    result["prefetched_tensors_per_step"] = prefetched / num_steps
   return result
 
 
@@ -271,9 +314,11 @@ def _table(results: dict) -> str:
              "h_MB/step", "h_mean_ms", "h_max", "h_min", "h_median",
              "d_mean_ms", "d_max", "d_min", "d_median"]
   rows = []
-  for name, variants in results.items():
+  for name in offload_study.model_order(results):
+    variants = results[name]
     base = variants["baseline"]["total_s"]
-    for variant, stats in variants.items():
+    for variant in offload_study.variant_order(variants):
+      stats = variants[variant]
       host, dev = stats.get("to_host", {}), stats.get("to_device", {})
       rows.append([name, variant, stats["total_s"],
                    stats["total_s"] / base if base else "",
@@ -293,10 +338,10 @@ def main():
     device_name = "cuda" if torch.cuda.is_available() else "cpu"
   device = torch.device(device_name)
   settings = _settings(args, device_name)
-  names = (args.models or (GPU_MODELS if device_name == "cuda"
-                           else CPU_MODELS)).split(",")
-  targets = tuple(t for t in ("activations", "parameters")
-                  if t in args.targets.split(","))
+  names = (args.models.split(",") if args.models else list(
+      offload_study.GPU_MODELS if device_name == "cuda"
+      else offload_study.CPU_MODELS))
+  targets = tuple(t for t in TARGETS if t in args.targets.split(","))
   # Without CUDA there is no pinning: those rows would repeat naive and
   # non_blocking; prefetch runs unpinned.
   variants = [v for v in VARIANTS
@@ -312,10 +357,12 @@ def main():
     return {"name": name, "variant": variant, "repeat": repeat,
             "result": run_variant(name, variant, settings, device, targets)}
 
-  record = harness.run_interleaved(order, settings["repeats"], run_one)
+  record = harness.run_interleaved(order, settings["repeats"], run_one,
+                                  redo_busy=args.redo_busy)
   for run in record["runs"]:  # in run order, so each list is by repeat
     runs[run["name"]][run["variant"]].append(run["result"])
-  results = {n: {v: summarize(runs[n][v]) for v in variants} for n in names}
+  results = {n: {v: summarize(runs[n][v], settings["steps"])
+                 for v in variants} for n in names}
   for name in names:
     base = results[name]["baseline"]["total_s_per_repeat"]
     for stats in results[name].values():
@@ -324,24 +371,20 @@ def main():
   batches = {}
   if device_name == "cuda" and settings["max_batch"]:
     for name in names:
-      host_cap = host_batch_cap(results[name]["prefetch"],
-                                settings["batch_size"])
-      batches[name] = {
-          "baseline": largest_batch(name, "baseline", settings, device,
-                                    targets, settings["max_batch"]),
-          "prefetch": largest_batch(name, "prefetch", settings, device,
-                                    targets,
-                                    min(settings["max_batch"], host_cap)),
-          "host_memory_cap": host_cap}
+      batches[name] = search_batches(name, results[name], settings, device,
+                                     targets)
       common.log(f"largest batch {name}: {batches[name]}")
   payload = {
       "benchmark": NAME, "command": common.command_line(),
       "machine": machine, "device": device_name, "targets": list(targets),
-      "settings": settings,
+      "settings": settings, "models": names, "variants": variants,
+      "batch_search_variants": [WITHOUT_OFFLOAD, WITH_OFFLOAD],
       "skipped": ([] if device_name == "cuda" else
                   ["pinned and both: pinning needs CUDA (prefetch runs "
                    "unpinned)",
-                   "largest batch: no device memory to run out of"]),
+                   "largest batch: no device memory to run out of"])
+                 + ([] if device_name != "cuda" or settings["max_batch"]
+                    else ["largest batch: --max_batch=0"]),
       "results": results, "largest_batch": batches, "runs": runs,
       "load_average_at_end": list(os.getloadavg()),
   }
@@ -349,9 +392,11 @@ def main():
   path = common.result_path(f"{NAME}_{device_name}", args)
   common.write_results(path, payload)
   print(_table(results))
-  if batches:
-    for name, found in batches.items():
-      print(f"{name}: largest batch {found}")
+  for name, found in batches.items():
+    print(f"{name}: largest batch without offload "
+          f"{offload_study.describe_largest_batch(found[WITHOUT_OFFLOAD])}; "
+          f"with offload ({WITH_OFFLOAD}) "
+          f"{offload_study.describe_largest_batch(found[WITH_OFFLOAD])}")
   print(f"results: {path}")
 
 

@@ -8,6 +8,7 @@ import os
 from typing import List, Sequence
 
 from benchmarks import harness
+from benchmarks import offload_study
 from benchmarks.render_tables import DASH, MissingResults, f3, g, interval
 from benchmarks.render_tables import judged, load
 from benchmarks.render_tables import markdown, pct, spread, table
@@ -178,36 +179,114 @@ def all_reduce_pack() -> str:
 
 # ---- 9. offload -------------------------------------------------------------
 
+# The results file of the `offload_h200` table: the quick run until the
+# full one (`python -m benchmarks.offload`) has run on a GPU.
+OFFLOAD_RUN = "offload_h200_quick_r3"
+# The results files of the batch search, in the order the document lists
+# them; one with an empty `largest_batch` shows as not searched.
+OFFLOAD_BATCH_RUNS = (OFFLOAD_RUN, "offload_h200_resnet50_batch")
 
-def _copy(stats: dict) -> str:
+
+def _copy_ms(stats: dict) -> str:
+  """mean / max / min / median of one copy, each the median over repeats."""
   if not stats or stats.get("median") is None:
     return DASH
-  return f"{stats['median']:.3f} ({stats['max']:.3f})"
+  return " / ".join(f"{stats[k]:.3f}" for k in ("mean", "max", "min",
+                                                  "median"))
+
+
+def _copied(stats: dict) -> str:
+  if not stats:
+    return DASH
+  return f"{stats['tensors_per_step']:.0f} · {stats['mb_per_step']:.0f}"
+
+
+def _prefetched_per_step(s: dict, num_steps: int) -> str:
+  """Per step, as `tensors_per_step`; older files kept only the count over
+  all measured steps."""
+  if "to_host" not in s:
+    return DASH
+  per_step = s.get("prefetched_tensors_per_step",
+                   s["prefetched_tensors"] / num_steps)
+  return f"{per_step:.0f}"
+
+
+def offload_rows(data: dict) -> list:
+  """One row per model and variant, in the study's order."""
+  rows = []
+  results, num_steps = data["results"], data["settings"]["steps"]
+  for model in offload_study.model_order(results):
+    variants = results[model]
+    base = variants["baseline"]["total_s_per_repeat"]
+    for variant in offload_study.variant_order(variants):
+      s = variants[variant]
+      ratios = harness.paired_ratios(s["total_s_per_repeat"], base)
+      rows.append([
+          model, variant, f"{s['total_s']:.3f}",
+          f"{harness.median_interval(ratios)['median']:.2f} "
+          f"({min(ratios):.2f}–{max(ratios):.2f})",
+          f"{s['peak_device_mb']:.0f}",
+          _copied(s.get("to_host")), _copy_ms(s.get("to_host")),
+          _copied(s.get("to_device")), _copy_ms(s.get("to_device")),
+          _prefetched_per_step(s, num_steps)])
+  return rows
+
+
+def offload_table(name: str) -> str:
+  data = load(name)
+  settings = data["settings"]
+  return markdown(
+      ["model", "variant",
+       f"total s of {settings['steps']} steps, median of "
+       f"{settings['repeats']} repeats",
+       "step time ratio to baseline, median (min–max of paired repeats)",
+       "peak GPU MB", "to host: tensors · MB per step",
+       "one copy to host, ms: mean / max / min / median",
+       "to device: tensors · MB per step",
+       "one copy to device, ms: mean / max / min / median",
+       "tensors prefetched per step"], offload_rows(data))
 
 
 @table("offload_h200")
 def offload_h200() -> str:
+  return offload_table(OFFLOAD_RUN)
+
+
+def offload_batch_rows(name: str) -> list:
+  """The largest-batch search of one results file: a row per model, or
+  one row saying it was not searched."""
+  data = load(name)
+  settings = data["settings"]
+  found = data["largest_batch"]
+  where = f"`{name}.json` ({settings['image_size']}×{settings['image_size']})"
+  if not found:
+    return [[where, DASH, f"not searched (--max_batch="
+             f"{settings['max_batch']})", DASH, DASH, DASH]]
   rows = []
-  for model, variants in load("offload_h200_quick_r3")["results"].items():
-    base = variants["baseline"]["total_s_per_repeat"]
-    for variant, s in variants.items():
-      ratios = harness.paired_ratios(s["total_s_per_repeat"], base)
-      host = s.get("to_host")
-      rows.append([
-          model, variant,
-          f"{harness.median_interval(ratios)['median']:.2f} "
-          f"({min(ratios):.2f}–{max(ratios):.2f})",
-          f"{s['peak_device_mb']:.0f}",
-          f"{host['mb_per_step']:.0f}" if host else DASH, _copy(host),
-          _copy(s.get("to_device")),
-          str(s["prefetched_tensors"]) if host else DASH])
-  return markdown(
-      ["model", "variant",
-       "step time ratio to baseline, median (min–max of paired repeats)",
-       "peak GPU MB", "MB to host / step",
-       "one copy to host, median over repeats ms (max)",
-       "one copy to device, median over repeats ms (max)",
-       "tensors prefetched"], rows)
+  for model in offload_study.model_order(found):
+    searches = found[model]
+    # Files from before the search ran `both` searched with `prefetch`.
+    with_offload = next(v for v in (offload_study.WITH_OFFLOAD, "prefetch")
+                        if v in searches)
+    rows.append([
+        where, model,
+        offload_study.describe_largest_batch(
+            searches[offload_study.WITHOUT_OFFLOAD]),
+        f"`{with_offload}`",
+        offload_study.describe_largest_batch(searches[with_offload]),
+        str(searches.get("host_memory_cap", DASH))])
+  return rows
+
+
+@table("offload_h200_batch")
+def offload_h200_batch() -> str:
+  rows = [row for name in OFFLOAD_BATCH_RUNS
+          for row in offload_batch_rows(name)]
+  return markdown(["results file (image side)", "model",
+                   "largest batch without offload (`baseline`)",
+                   "offload variant searched",
+                   "largest batch with offload",
+                   "host-memory cap of the offload search"], rows)
 
 
 # ---- 10. all_reduce_sizes -------------------------------------------------

@@ -25,6 +25,7 @@ MODELS = {
     "resnet18": ModelSpec(CLASSIFICATION, 1),
     "resnet50": ModelSpec(CLASSIFICATION, 1),
     "vgg16": ModelSpec(CLASSIFICATION, 32),
+    "vgg19": ModelSpec(CLASSIFICATION, 32),
     "inception_v3": ModelSpec(CLASSIFICATION, 75),
     "wide_resnet26_2": ModelSpec(CLASSIFICATION, 1),
     "wide_resnet50_2": ModelSpec(CLASSIFICATION, 1),

@@ -9,8 +9,10 @@ import sys
 import pytest
 
 from benchmarks import harness
+from benchmarks import offload_study
 from benchmarks import render
 from benchmarks import render_tables
+from benchmarks import render_tables_parallel
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -123,3 +125,55 @@ def test_other_processes_share_is_read_from_runs_and_from_the_harness():
                                   {"foreign_cpu_frac": 0.03}]}}}}
   assert render_tables.max_foreign_cpu_frac(harnessed, 2) == 0.03
   assert render_tables.max_foreign_cpu_frac({"runs": []}, 2) is None
+
+
+def test_offload_rows_follow_the_study_with_every_copy_statistic():
+  data = _results(render_tables_parallel.OFFLOAD_RUN)
+  rows = render_tables_parallel.offload_rows(data)
+  by_model = {}
+  for row in rows:
+    by_model.setdefault(row[0], []).append(row[1])
+  # The file keeps its keys sorted by name; the table does not.
+  study = list(offload_study.VARIANTS)
+  assert all(variants == study for variants in by_model.values())
+  assert list(by_model)[0] == "vgg16"  # VGG-19's stand-in, in its place
+  vgg_both = next(r for r in rows if r[:2] == ["vgg16", "both"])
+  stats = data["results"]["vgg16"]["both"]
+  assert vgg_both[2] == f"{stats['total_s']:.3f}"
+  # mean / max / min / median of one copy to the host, as the file has them.
+  assert vgg_both[6] == " / ".join(
+      f"{stats['to_host'][k]:.3f}" for k in ("mean", "max", "min", "median"))
+  # Tensors moved per step, not the prefetch count over all steps.
+  assert vgg_both[5].startswith("43 ")
+  prefetch = next(r for r in rows if r[:2] == ["vgg16", "prefetch"])
+  assert prefetch[-1] == "42"
+
+
+def test_a_capped_batch_search_renders_as_not_found():
+  rows = render_tables_parallel.offload_batch_rows(
+      "offload_h200_resnet50_batch")
+  assert len(rows) == 1
+  assert rows[0][2].startswith("≥ 2048: limit not found")
+  assert rows[0][4].startswith("≥ 2048: limit not found")
+  quick = render_tables_parallel.offload_batch_rows(
+      render_tables_parallel.OFFLOAD_RUN)
+  assert "not searched" in quick[0][2]
+
+
+def test_a_new_batch_search_renders_both_and_its_limits(tmp_path,
+                                                        monkeypatch):
+  found = {"largest_batch": 700, "first_oom": 720, "limit_found": True,
+           "cap": 4096, "cap_reason": "max_batch"}
+  capped = {"largest_batch": 3000, "first_oom": None, "limit_found": False,
+            "cap": 3000, "cap_reason": "host_memory"}
+  data = {"settings": {"image_size": 224, "max_batch": 4096},
+          "largest_batch": {"vgg19": {"baseline": found, "both": capped,
+                                      "host_memory_cap": 3000}}}
+  (tmp_path / "offload_new.json").write_text(json.dumps(data),
+                                             encoding="utf-8")
+  monkeypatch.setattr(render_tables, "RESULTS_DIR", str(tmp_path))
+  [row] = render_tables_parallel.offload_batch_rows("offload_new")
+  assert row[1:4] == ["vgg19", "700 (first out of memory: 720)", "`both`"]
+  assert row[4] == ("≥ 3000: limit not found (search capped at 3000 by "
+                    "the host-memory cap)")
+  assert row[5] == "3000"

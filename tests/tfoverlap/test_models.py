@@ -23,6 +23,7 @@ TORCHVISION_PARAMS = {
     "resnet18": 11_689_512,
     "resnet50": 25_557_032,
     "vgg16": 138_357_544,
+    "vgg19": 143_667_240,
     "wide_resnet50_2": 68_883_240,
     "wide_resnet101_2": 126_886_696,
     "inception_v3": INCEPTION_V3_WITH_AUX - INCEPTION_AUX_LOGITS,
@@ -185,6 +186,7 @@ def test_unknown_name_raises_naming_it():
 
 
 @pytest.mark.parametrize("name, image_size", [("vgg16", 31),
+                                              ("vgg19", 31),
                                               ("inception_v3", 74),
                                               ("edsr", 15)])
 def test_bad_image_size_raises_naming_it(name, image_size):

@@ -33,7 +33,7 @@ BATCH_SIZE = 2
 # what it costs there.
 KERAS_TEST_CASES = [
     *[(name, 224, 1000, 3) for name in (
-        "resnet18", "resnet50", "vgg16", "wide_resnet50_2",
+        "resnet18", "resnet50", "vgg16", "vgg19", "wide_resnet50_2",
         "wide_resnet101_2", "inception_v3")],
     ("wide_resnet26_2", 32, NUM_CLASSES, 3),
     ("mlp", 32, NUM_CLASSES, 3),
@@ -49,6 +49,7 @@ SMALL_SIZES = {
     "resnet18": 1,
     "resnet50": 1,
     "vgg16": 63,
+    "vgg19": 63,
     "inception_v3": 75,
     "wide_resnet26_2": 1,
     "wide_resnet50_2": 1,
@@ -233,6 +234,7 @@ def test_params_equal_keras_layer_by_layer(case):
     ("mlp", 12),
     ("small_cnn", 14),  # flattens a 3x3 map: the HWC/CHW order matters
     ("vgg16", 64),  # flattens a 2x2 map
+    ("vgg19", 64),  # and four convolutions in each of the last stages
     ("resnet18", 33),  # odd sides: torch's symmetric padding matters
     ("wide_resnet26_2", 35),
     ("inception_v3", 79),
@@ -379,6 +381,7 @@ def test_weights_start_from_keras_default_distributions():
 @pytest.mark.parametrize("name, image_size, num_classes, channels", [
     ("resnet19", 32, NUM_CLASSES, 3),
     ("vgg16", 31, NUM_CLASSES, 3),
+    ("vgg19", 31, NUM_CLASSES, 3),
     ("inception_v3", 74, NUM_CLASSES, 3),
     ("edsr", 15, NUM_CLASSES, 3),
     ("mlp", 32, 0, 3),

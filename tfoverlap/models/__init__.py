@@ -35,6 +35,7 @@ _BUILDERS = {
     "resnet18": resnet.build_resnet18,
     "resnet50": resnet.build_resnet50,
     "vgg16": vgg.build_vgg16,
+    "vgg19": vgg.build_vgg19,
     "inception_v3": inception.build_inception_v3,
     "wide_resnet26_2": resnet.build_wide_resnet26_2,
     "wide_resnet50_2": resnet.build_wide_resnet50_2,

@@ -1,8 +1,10 @@
-"""VGG-16 (configuration D, no BatchNorm), after torchvision.models.vgg16.
+"""VGG-16 and VGG-19 (configurations D and E, no BatchNorm), after
+torchvision.models.vgg16 and vgg19.
 
-Follows torchvision's `VGG(make_layers(cfgs["D"]))`:
+Follows torchvision's `VGG(make_layers(cfgs["D"]))` (and "E"):
   features: 3x3 convolutions (padding 1, with bias, ReLU) of
   64, 64, M, 128, 128, M, 256, 256, 256, M, 512, 512, 512, M, 512, 512, 512, M
+  (D; E has four convolutions in each of the last three stages)
   where M is 2x2/2 max pooling;
   classifier: Dense(4096) ReLU Dropout(0.5), Dense(4096) ReLU Dropout(0.5),
   Dense(num_classes).
@@ -10,10 +12,11 @@ One deliberate difference: torchvision pools the feature map to 7x7 with
 AdaptiveAvgPool2d before flattening; here the final (image_size // 32)^2 map
 is flattened as it is, so the first Dense has 512 * (image_size // 32)^2
 inputs. At 224 the map is already 7x7 and the pooling is the identity, so the
-model and its 138,357,544 trainable parameters (1000 classes) equal
-torchvision's; at other sizes the PyTorch mirror drops the adaptive pooling
-too. Keras flattens HWC and torch CHW, which permutes that Dense's rows but
-not its size. The input side must be at least 32 (five halvings).
+model and its trainable parameters (1000 classes: 138,357,544 for VGG-16,
+143,667,240 for VGG-19) equal torchvision's; at other sizes the PyTorch
+mirror drops the adaptive pooling too. Keras flattens HWC and torch CHW,
+which permutes that Dense's rows but not its size. The input side must be
+at least 32 (five halvings).
 Weights are initialized with Keras' defaults, not torchvision's.
 """
 
@@ -23,18 +26,22 @@ from tfoverlap.models import layers
 
 _CONFIG_D = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M",
              512, 512, 512, "M", 512, 512, 512, "M")
+_CONFIG_E = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M",
+             512, 512, 512, 512, "M", 512, 512, 512, 512, "M")
 _CLASSIFIER_WIDTH = 4096
 _DROPOUT_RATE = 0.5
 
 
-def build_vgg16(*, image_size: int, num_classes: int,
-                channels: int) -> keras.Model:
-  """Builds VGG-16 without BatchNorm and without adaptive pooling.
+def build_vgg(name: str, config, *, image_size: int, num_classes: int,
+              channels: int) -> keras.Model:
+  """Builds a VGG without BatchNorm and without adaptive pooling.
 
   Layer names follow torchvision's module paths with "_" for "." (for example
   "features_28", "classifier_6"), so weights can be matched by name.
 
   Args:
+    name: the model's name.
+    config: output channels of each convolution, "M" for each pooling.
     image_size: input side in pixels, at least 32.
     num_classes: number of output logits.
     channels: input channels.
@@ -48,7 +55,7 @@ def build_vgg16(*, image_size: int, num_classes: int,
   # torchvision numbers every module of `features`, ReLUs included; keeping
   # its indices keeps the names matchable.
   index = 0
-  for item in _CONFIG_D:
+  for item in config:
     if item == "M":
       x = keras.layers.MaxPooling2D(2, name=f"features_{index}")(x)
       index += 1
@@ -64,4 +71,18 @@ def build_vgg16(*, image_size: int, num_classes: int,
                          name="classifier_3")(x)
   x = keras.layers.Dropout(_DROPOUT_RATE, name="classifier_5")(x)
   x = keras.layers.Dense(num_classes, name="classifier_6")(x)
-  return keras.Model(inputs, layers.float32_output(x), name="vgg16")
+  return keras.Model(inputs, layers.float32_output(x), name=name)
+
+
+def build_vgg16(*, image_size: int, num_classes: int,
+                channels: int) -> keras.Model:
+  """VGG-16 (configuration D); arguments and result as `build_vgg`'s."""
+  return build_vgg("vgg16", _CONFIG_D, image_size=image_size,
+                   num_classes=num_classes, channels=channels)
+
+
+def build_vgg19(*, image_size: int, num_classes: int,
+                channels: int) -> keras.Model:
+  """VGG-19 (configuration E); arguments and result as `build_vgg`'s."""
+  return build_vgg("vgg19", _CONFIG_E, image_size=image_size,
+                   num_classes=num_classes, channels=channels)

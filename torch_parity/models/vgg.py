@@ -1,15 +1,18 @@
-"""VGG-16 (configuration D, no BatchNorm), as the Keras zoo defines it.
+"""VGG-16 and VGG-19 (configurations D and E, no BatchNorm), as the Keras zoo
+defines them.
 
 Mirrors `tfoverlap.models.vgg`: `features` is 3x3 convolutions (padding 1,
 with bias, ReLU) of 64, 64, M, 128, 128, M, 256, 256, 256, M, 512, 512, 512,
-M, 512, 512, 512, M, where M is MaxPool2d(2); `classifier` is Linear(4096)
+M, 512, 512, 512, M (VGG-16; VGG-19 has four convolutions in each of the
+last three stages), where M is MaxPool2d(2); `classifier` is Linear(4096)
 ReLU Dropout(0.5), Linear(4096) ReLU Dropout(0.5), Linear(num_classes).
 Like the Keras side, and unlike torchvision, there is no AdaptiveAvgPool2d
 to 7x7: the final (image_size // 32)^2 map is flattened as it is, so the
 first Linear has 512 * (image_size // 32)^2 inputs. At 224 the two layouts
-coincide (138,357,544 trainable parameters at 1000 classes). torch flattens
-CHW and Keras HWC, which permutes that Linear's input columns but not its
-size. The input side must be at least 32 (five halvings).
+coincide (138,357,544 trainable parameters for VGG-16 and 143,667,240 for
+VGG-19 at 1000 classes). torch flattens CHW and Keras HWC, which permutes
+that Linear's input columns but not its size. The input side must be at
+least 32 (five halvings).
 """
 
 import torch
@@ -19,17 +22,21 @@ from torch_parity.models import layers
 
 _CONFIG_D = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M",
              512, 512, 512, "M", 512, 512, 512, "M")
+_CONFIG_E = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M",
+             512, 512, 512, 512, "M", 512, 512, 512, 512, "M")
 _CLASSIFIER_WIDTH = 4096
 _DROPOUT_RATE = 0.5
 
 
-class VGG16(nn.Module):
-  """VGG-16; `features.i` and `classifier.i` are Keras' `features_i`, ..."""
+class VGG(nn.Module):
+  """VGG of one configuration; `features.i` and `classifier.i` are Keras'
+  `features_i`, ..."""
 
-  def __init__(self, *, image_size: int, num_classes: int, channels: int):
+  def __init__(self, config, *, image_size: int, num_classes: int,
+               channels: int):
     super().__init__()
     modules, in_channels, side = [], channels, image_size
-    for item in _CONFIG_D:
+    for item in config:
       if item == "M":
         modules.append(nn.MaxPool2d(2))
         side //= 2
@@ -56,7 +63,8 @@ class VGG16(nn.Module):
 
 def build_vgg16(*, image_size: int, num_classes: int,
                 channels: int) -> nn.Module:
-  """Builds VGG-16 without BatchNorm and without adaptive pooling.
+  """Builds VGG-16 (configuration D) without BatchNorm and without adaptive
+  pooling.
 
   Args:
     image_size: input side in pixels, at least 32.
@@ -68,4 +76,13 @@ def build_vgg16(*, image_size: int, num_classes: int,
     float32 logits [B, num_classes].
   """
   return layers.apply_keras_init(
-      VGG16(image_size=image_size, num_classes=num_classes, channels=channels))
+      VGG(_CONFIG_D, image_size=image_size, num_classes=num_classes,
+          channels=channels))
+
+
+def build_vgg19(*, image_size: int, num_classes: int,
+                channels: int) -> nn.Module:
+  """VGG-19 (configuration E); arguments and result as `build_vgg16`'s."""
+  return layers.apply_keras_init(
+      VGG(_CONFIG_E, image_size=image_size, num_classes=num_classes,
+          channels=channels))
