@@ -246,6 +246,11 @@ def _is_count(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def _is_id_list(value) -> bool:
+  return isinstance(value, list) and all(
+      isinstance(v, int) and not isinstance(v, bool) for v in value)
+
+
 def _dims(value, where: str, bad) -> Tuple[int, ...]:
   """inputDim/outputDim as a tuple: DeepPool writes a flat size as an int."""
   dims = [value] if _is_count(value) else value
@@ -288,17 +293,15 @@ def _load_job(job_text: str) -> dict:
       raise _job_bad(f"{where}.params={_short(d.get('params'))}; allowed: "
                      "an object")
     prev = d.get("prevLayers")
-    if (not isinstance(prev, list) or len(set(map(repr, prev))) != len(prev)
-        or not all(isinstance(p, int) and not isinstance(p, bool)
-                   and 0 <= p < i for p in prev)):
+    if (not _is_id_list(prev) or len(set(prev)) != len(prev)
+        or not all(0 <= p < i for p in prev)):
       raise _job_bad(f"{where}.prevLayers={_short(prev)}; allowed: distinct"
                      f" ids of earlier layers (0 .. {i - 1})")
     for p in prev:
       consumers[p].append(i)
   for i, d in enumerate(layers):
-    if "nextLayers" in d and (not isinstance(d["nextLayers"], list)
-                              or sorted(d["nextLayers"], key=repr)
-                              != consumers[i]):
+    if "nextLayers" in d and (not _is_id_list(d["nextLayers"])
+                              or sorted(d["nextLayers"]) != consumers[i]):
       raise _job_bad(f"layers[{i}].nextLayers={_short(d['nextLayers'])}; "
                      f"allowed: {consumers[i]}, the layers whose prevLayers"
                      f" name {i}")

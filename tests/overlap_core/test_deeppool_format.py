@@ -78,6 +78,27 @@ def test_a_repeated_key_keeps_its_last_line():
   assert profile.time_s("linear_6", 8) == pytest.approx(9e-3)
 
 
+def test_identical_layers_share_one_line_and_ids_pass_nine():
+  # Twelve equal ReLUs, one key: one line per batch times them all. Layer
+  # 8 feeds 9 and 10, which 11 joins: nextLayers [9, 10] must compare as
+  # numbers, not as text.
+  prev = {i: [i - 1] for i in range(1, 12)}
+  prev.update({0: [], 10: [8], 11: [9, 10]})
+  layers = [{"id": i, "name": "ReLU1d", "params": dp.RELU,
+             "prevLayers": prev[i],
+             "nextLayers": [j for j in range(12) if i in prev[j]],
+             "inputDim": 64, "outputDim": 64} for i in range(12)]
+  assert layers[8]["nextLayers"] == [9, 10]
+  job = json.dumps({"globalBatchSize": 4, "layers": layers})
+  table = "".join(f"{dp.key('ReLU1d', dp.RELU, b, 64)}  {b / 1e3:.3f}  "
+                  f"{b // 2}  {b - b // 2}\n" for b in (4, 2))
+  graph, profile = profile_formats.read_deeppool(job, table)
+  assert graph.nodes[11].inputs == ("ReLU1d_9", "ReLU1d_10")
+  # A decimal parse, a division and a split: a few ulps.
+  assert [profile.time_s(n.name, 2) for n in graph.nodes] == pytest.approx(
+      [2e-6] * 12, rel=1e-12)
+
+
 def _job_with(change):
   job = json.loads(dp.job_json())
   change(job)
@@ -98,6 +119,8 @@ def _set(index, field, value):
     (_job_with(_set(2, "name", "transformerLayer")),
      "layers[2].name='transformerLayer'"),
     (_job_with(_set(2, "prevLayers", [5])), "layers[2].prevLayers=[5]"),
+    (_job_with(_set(4, "prevLayers", [2, 2])),
+     "layers[4].prevLayers=[2, 2]; allowed: distinct ids"),
     (_job_with(_set(1, "nextLayers", [2])),
      "layers[1].nextLayers=[2]; allowed: [2, 3]"),
     (_job_with(_set(0, "inputDim", [3, 0, 8])), "layers[0].inputDim=[3, 0, 8]"),
