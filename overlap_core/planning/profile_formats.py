@@ -157,7 +157,8 @@ def read_deeppool(job_text: str, prof_text: str, *,
     forward + backward time in **milliseconds**, then the forward and the
     backward time in whole **microseconds**. A header line "#config ..."
     and a "SUM(avg) <ms>" line per batch are skipped. The table has no
-    device count: a width k reads the line of its per-device batch B / k.
+    device count: a width k reads the line of its largest per-device
+    batch, ceil(B / k).
     The planner plans on the millisecond column (and takes a missing key
     as 1 us); the microsecond pair only sets the forward/backward split.
     DeepPool later replaced the table with a cache keyed by TorchScript
