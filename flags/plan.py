@@ -29,7 +29,15 @@ def define_flags():
       "plan_output_dir", "",
       "Write graph.json, graph.dot, profile.json and plan.txt here.")
   flags.DEFINE_enum(
-      "plan_profile_format", "shared", ["shared", "per_layer_times"],
+      "plan_profile_format", "shared",
+      ["shared", "per_layer_times", "deeppool"],
       "The format of --plan_profile: shared (overlap_core/planning/"
-      "profile.py) or per_layer_times (the adapter in overlap_core/"
-      "planning/profile_formats.py, for other planners' tables).")
+      "profile.py), per_layer_times (this project's interchange table) or "
+      "deeppool (DeepPool's layer time table, with --plan_deeppool_job); "
+      "the last two are described in overlap_core/planning/"
+      "profile_formats.py and read by python -m torch_parity.burst_plan.")
+  flags.DEFINE_string(
+      "plan_deeppool_job", "",
+      "DeepPool's job description JSON (its layers, their params, "
+      "prevLayers and dims): the layer graph to plan with "
+      "--plan_profile_format=deeppool, in place of --model's.")

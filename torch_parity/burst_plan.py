@@ -3,10 +3,11 @@
 Reads the model's layer graph (torch.fx), profiles every layer forward and
 backward at the per-device batches the candidate widths give (or reads
 --plan_profile, in the shared schema or, with
---plan_profile_format=per_layer_times, the adapter's), and gives every layer
-its own number of devices within --amplification_limit (see
-overlap_core/planning/burst.py). Prints the plan's table with its predicted
-iteration time and GPU-seconds against data parallelism.
+--plan_profile_format=per_layer_times, this project's interchange table),
+and gives every layer its own number of devices within
+--amplification_limit (see overlap_core/planning/burst.py). Prints the
+plan's table with its predicted iteration time and GPU-seconds against data
+parallelism.
 
   python -m torch_parity.burst_plan --model=vgg16 --image_size=32 \\
       --batch_size=32 --strategy=mirrored --num_devices=4 \\
@@ -18,8 +19,19 @@ under mirrored); the global batch is --batch_size. With --plan_output_dir it
 writes graph.json, profile.json, burst_plan.json (what --burst_parallel
 reads), burst_plan.txt and burst_scaling.png (each layer's time against its
 device count; needs matplotlib). Nothing is trained.
+
+With --plan_profile_format=deeppool the graph and the times are DeepPool's
+(overlap_core/planning/profile_formats.py): --plan_deeppool_job is its job
+description, --plan_profile its layer time table, and no model is built or
+timed, so the plan can be set beside DeepPool's own for the same numbers:
+
+  python -m torch_parity.burst_plan --plan_profile_format=deeppool \\
+      --plan_deeppool_job=vgg16.json --plan_profile=A100_vgg.prof \\
+      --batch_size=64 --strategy=mirrored --num_devices=8 \\
+      --amplification_limit=2 --plan_bandwidth_gbps=10
 """
 
+import os
 import sys
 
 from absl import app
@@ -47,6 +59,63 @@ def _read_profile(path: str, fmt: str):
     tfo_flags.exit_with_usage_error(f"--plan_profile={path}: {e}")
 
 
+def _read_text(flag: str, path: str) -> str:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return f.read()
+  except OSError as e:
+    tfo_flags.exit_with_usage_error(f"--{flag}={path}: {e}")
+
+
+def _read_deeppool(values):
+  """DeepPool's graph and times; no model is built, nothing is timed."""
+  # pylint: disable=g-import-not-at-top
+  from overlap_core.planning import profile_formats
+  job, table = values.plan_deeppool_job, values.plan_profile
+  if not job or not table:
+    tfo_flags.exit_with_usage_error(
+        f"--plan_profile_format=deeppool with --plan_deeppool_job={job!r} "
+        f"and --plan_profile={table!r}: needs both, DeepPool's job "
+        "description JSON and its layer time table")
+  try:
+    return profile_formats.read_deeppool(
+        _read_text("plan_deeppool_job", job),
+        _read_text("plan_profile", table),
+        model=os.path.splitext(os.path.basename(job))[0])
+  except ValueError as e:
+    tfo_flags.exit_with_usage_error(
+        f"--plan_deeppool_job={job} --plan_profile={table}: {e}")
+
+
+def _measure(config, values, batches):
+  """The model's graph, and its profile (measured, or --plan_profile)."""
+  # pylint: disable=g-import-not-at-top
+  import torch
+  from torch_parity.models import build_model
+  from torch_parity.planning.graph import build_layer_graph
+  from torch_parity.planning.profiler import profile_layers
+
+  torch.manual_seed(config.run.seed)
+  model = build_model(config.model.name, image_size=config.data.image_size,
+                      num_classes=config.data.num_classes)
+  side = config.data.image_size // (2 if config.model.name == "edsr" else 1)
+
+  def make_input(b):
+    return torch.randn(b, 3, side, side)
+
+  graph = build_layer_graph(model, make_input(batches[0]),
+                            name=config.model.name)
+  if values.plan_profile:
+    return graph, _read_profile(values.plan_profile,
+                                values.plan_profile_format)
+  device = "cuda:0" if torch.cuda.is_available() else "cpu"
+  return graph, profile_layers(model, make_input, device=device,
+                               batch_sizes=batches,
+                               warmup=values.plan_warmup,
+                               repeats=values.plan_repeats,
+                               name=config.model.name)
+
+
 def main(argv):
   del argv
   values = tfo_flags.FLAGS
@@ -58,38 +127,25 @@ def main(argv):
         f"--plan_batch_sizes={','.join(values.plan_batch_sizes)}: the burst "
         "planner profiles the per-device batches of its widths itself; "
         "allowed: empty")
+  deeppool = values.plan_profile_format == "deeppool"
+  if values.plan_deeppool_job and not deeppool:
+    tfo_flags.exit_with_usage_error(
+        f"--plan_deeppool_job={values.plan_deeppool_job}: applies only "
+        "with --plan_profile_format=deeppool")
   # pylint: disable=g-import-not-at-top
-  import torch
   from overlap_core.planning import burst_report
   from overlap_core.planning.burst_costs import CommModel
-  from torch_parity.models import build_model
-  from torch_parity.planning.graph import build_layer_graph
-  from torch_parity.planning.profiler import profile_layers
 
   dist = config.distribute
   num_devices = dist.num_workers * (dist.num_devices
                                     if dist.strategy == "mirrored" else 1)
   batch = config.data.batch_size
-  torch.manual_seed(config.run.seed)
-  model = build_model(config.model.name, image_size=config.data.image_size,
-                      num_classes=config.data.num_classes)
-  side = config.data.image_size // (2 if config.model.name == "edsr" else 1)
-
-  def make_input(b):
-    return torch.randn(b, 3, side, side)
-
   batches = burst_report.batches_to_profile(global_batch=batch,
                                             num_devices=num_devices)
-  graph = build_layer_graph(model, make_input(batches[0]),
-                            name=config.model.name)
-  if values.plan_profile:
-    profile = _read_profile(values.plan_profile, values.plan_profile_format)
+  if deeppool:
+    graph, profile = _read_deeppool(values)
   else:
-    device = "cuda:0" if torch.cuda.is_available() else "cpu"
-    profile = profile_layers(model, make_input, device=device,
-                             batch_sizes=batches, warmup=values.plan_warmup,
-                             repeats=values.plan_repeats,
-                             name=config.model.name)
+    graph, profile = _measure(config, values, batches)
   comm = CommModel(bandwidth_bytes_per_s=values.plan_bandwidth_gbps * 1e9
                    or None)
   try:

@@ -26,5 +26,6 @@ torch_parity/parallelize.py).
               all-reduce, redistribution), burst_reduce (the exact minimum
               by series-parallel reduction), burst_report (the command's
               steps and files)
-  profile_formats  reads another planner's per-layer time table
+  profile_formats  reads DeepPool's job description and layer time
+              table, and this project's per-layer time table
 """

@@ -1,12 +1,15 @@
-"""python -m torch_parity.burst_plan: a plan, its files, the adapter, refusals."""
+"""python -m torch_parity.burst_plan: a plan, its files, the adapters,
+refusals."""
 
 import json
 
-from overlap_core.planning import profile_formats
+from overlap_core.planning import burst, profile_formats
+from overlap_core.planning.burst_costs import CommModel
 from overlap_core.planning.burst import BurstPlan
 from overlap_core.planning.graph import LayerGraph
 from overlap_core.planning.profile import Profile
 
+from tests import deeppool_files
 from tests.helpers import run_module
 
 ARGS = ("--model=small_cnn", "--batch_size=8", "--strategy=mirrored",
@@ -58,3 +61,40 @@ def test_plan_files_adapter_and_refusals(tmp_path):
   _one_error_line(run_module("torch_parity.burst_plan", *ARGS,
                              f"--plan_profile={holed}", timeout=600),
                   f"layer {dropped!r} has no profile")
+
+
+def test_a_plan_on_deeppool_files_builds_and_times_no_model(tmp_path):
+  job, prof = deeppool_files.write_files(tmp_path)
+  args = ("--plan_profile_format=deeppool", f"--plan_deeppool_job={job}",
+          f"--plan_profile={prof}", "--batch_size=8", "--strategy=mirrored",
+          "--num_devices=4", "--amplification_limit=2",
+          "--plan_bandwidth_gbps=1")
+  out = tmp_path / "plan"
+  result = run_module("torch_parity.burst_plan", *args,
+                      f"--plan_output_dir={out}", timeout=600)
+  assert result.returncode == 0, result.stderr
+  plan = BurstPlan.from_json((out / "burst_plan.json").read_text())
+  # The job's layers, not --model's, and the plan made in-process on them.
+  graph, profile = profile_formats.read_deeppool(
+      job.read_text(), prof.read_text(), model="job")
+  assert LayerGraph.from_json((out / "graph.json").read_text()) == graph
+  expected = burst.plan_burst(
+      graph, profile, global_batch=8, num_devices=4, amplification_limit=2.0,
+      comm=CommModel(bandwidth_bytes_per_s=1e9))
+  assert plan.model == "job"
+  assert plan.widths_by_layer() == expected.widths_by_layer()
+  assert len(set(plan.widths_by_layer().values())) > 1
+
+  # The job without its format, and the format without its table: exit 2.
+  _one_error_line(run_module("torch_parity.burst_plan", *args[1:],
+                             timeout=600),
+                  "applies only with --plan_profile_format=deeppool")
+  _one_error_line(run_module("torch_parity.burst_plan", *args[:2],
+                             *args[3:], timeout=600),
+                  "needs both")
+  broken = tmp_path / "broken.prof"
+  broken.write_text("conv2d 1 2 3\n")
+  _one_error_line(run_module("torch_parity.burst_plan", *args[:2],
+                             f"--plan_profile={broken}", *args[3:],
+                             timeout=600),
+                  "Invalid DeepPool layer profile: line 1")
