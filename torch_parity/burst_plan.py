@@ -70,7 +70,7 @@ def _read_text(flag: str, path: str) -> str:
 def _read_deeppool(values):
   """DeepPool's graph and times; no model is built, nothing is timed."""
   # pylint: disable=g-import-not-at-top
-  from overlap_core.planning import profile_formats
+  from overlap_core.planning import deeppool_format
   job, table = values.plan_deeppool_job, values.plan_profile
   if not job or not table:
     tfo_flags.exit_with_usage_error(
@@ -78,7 +78,7 @@ def _read_deeppool(values):
         f"and --plan_profile={table!r}: needs both, DeepPool's job "
         "description JSON and its layer time table")
   try:
-    return profile_formats.read_deeppool(
+    return deeppool_format.read_deeppool(
         _read_text("plan_deeppool_job", job),
         _read_text("plan_profile", table),
         model=os.path.splitext(os.path.basename(job))[0])

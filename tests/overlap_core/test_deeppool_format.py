@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from overlap_core.planning import burst, profile_formats
+from overlap_core.planning import burst, deeppool_format
 from overlap_core.planning.burst_costs import CommModel
 
 from tests import deeppool_files as dp
@@ -19,7 +19,7 @@ PLAN_ARGS = dict(global_batch=dp.GLOBAL_BATCH, num_devices=dp.NUM_DEVICES,
 
 
 def _read(job_text=None, prof_text=None):
-  return profile_formats.read_deeppool(
+  return deeppool_format.read_deeppool(
       dp.job_json() if job_text is None else job_text,
       dp.prof_text() if prof_text is None else prof_text)
 
@@ -92,7 +92,7 @@ def test_identical_layers_share_one_line_and_ids_pass_nine():
   job = json.dumps({"globalBatchSize": 4, "layers": layers})
   table = "".join(f"{dp.key('ReLU1d', dp.RELU, b, 64)}  {b / 1e3:.3f}  "
                   f"{b // 2}  {b - b // 2}\n" for b in (4, 2))
-  graph, profile = profile_formats.read_deeppool(job, table)
+  graph, profile = deeppool_format.read_deeppool(job, table)
   assert graph.nodes[11].inputs == ("ReLU1d_9", "ReLU1d_10")
   # A decimal parse, a division and a split: a few ulps.
   assert [profile.time_s(n.name, 2) for n in graph.nodes] == pytest.approx(

@@ -3,7 +3,7 @@ refusals."""
 
 import json
 
-from overlap_core.planning import burst, profile_formats
+from overlap_core.planning import burst, deeppool_format, profile_formats
 from overlap_core.planning.burst_costs import CommModel
 from overlap_core.planning.burst import BurstPlan
 from overlap_core.planning.graph import LayerGraph
@@ -75,7 +75,7 @@ def test_a_plan_on_deeppool_files_builds_and_times_no_model(tmp_path):
   assert result.returncode == 0, result.stderr
   plan = BurstPlan.from_json((out / "burst_plan.json").read_text())
   # The job's layers, not --model's, and the plan made in-process on them.
-  graph, profile = profile_formats.read_deeppool(
+  graph, profile = deeppool_format.read_deeppool(
       job.read_text(), prof.read_text(), model="job")
   assert LayerGraph.from_json((out / "graph.json").read_text()) == graph
   expected = burst.plan_burst(
