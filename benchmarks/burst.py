@@ -118,7 +118,7 @@ def _rank_worker(argv) -> int:
   if background_job != "none" and rank == 0:
     runner = background.BackgroundRunner(
         background_job, out_path + ".bg.json", start_after_step=steps // 2,
-        warmup_steps=2)
+        warmup_steps=2, global_batch_size=RUNTIME_BATCH)
   times = []
   try:
     for step in range(1, steps + 1):

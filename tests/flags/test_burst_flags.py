@@ -86,12 +86,9 @@ def test_more_devices_than_the_host_has_is_refused():
   cfg = BurstConfig(plan_path="p.json", num_devices=64)
   with pytest.raises(ConfigError, match="needs 64 devices and this host has "
                      "2 CPU cores"):
-    check_burst_supported(cfg, "PyTorch", host_devices=2,
-                          device_kind="CPU cores", runs_plans=True,
-                          runs_background=True)
+    check_burst_supported(cfg, host_devices=2, device_kind="CPU cores")
   check_burst_supported(BurstConfig(plan_path="p.json", num_devices=2),
-                        "PyTorch", host_devices=2, device_kind="CPU cores",
-                        runs_plans=True, runs_background=True)
+                        host_devices=2, device_kind="CPU cores")
 
 
 @pytest.mark.parametrize("module, extra", [
