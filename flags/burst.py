@@ -3,7 +3,7 @@ and `build_config`, which checks a plan against the run it is given to."""
 
 from absl import flags
 
-from overlap_core.planning.burst import BurstPlan
+from overlap_core.planning import burst_report
 from overlap_core.runtime.config import BurstConfig, ConfigError
 
 # The small training jobs --background_job can run beside the foreground.
@@ -30,21 +30,6 @@ def define_flags():
       "into run.json.")
 
 
-def _read_burst_plan(path: str) -> BurstPlan:
-  try:
-    with open(path, encoding="utf-8") as f:
-      return BurstPlan.from_json(f.read())
-  except OSError as e:
-    raise ConfigError("burst_parallel", path,
-                      f"cannot read it ({e.strerror}); allowed: off or a "
-                      "burst plan JSON") from None
-  except (ValueError, KeyError, TypeError) as e:
-    raise ConfigError("burst_parallel", path,
-                      f"not a burst plan ({' '.join(str(e).split())}); "
-                      "allowed: off or a burst plan JSON from python -m "
-                      "torch_parity.burst_plan") from None
-
-
 def build_config(values) -> BurstConfig:
   """--burst_parallel and its bound: the plan must fit this run."""
   path = values.burst_parallel.strip()
@@ -52,7 +37,12 @@ def build_config(values) -> BurstConfig:
   if path in ("", "off"):
     return BurstConfig(amplification_limit=limit,
                        background_job=values.background_job)
-  plan = _read_burst_plan(path)
+  try:
+    plan = burst_report.read_plan(path)
+  except ValueError as e:
+    raise ConfigError("burst_parallel", path,
+                      f"{e}; allowed: off or a burst plan JSON from python "
+                      "-m torch_parity.burst_plan") from None
   replicas = values.num_workers
   if values.strategy == "mirrored":
     replicas *= values.num_devices
