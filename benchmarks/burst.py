@@ -2,6 +2,8 @@
 
   python -m benchmarks.burst --quick          # smoke: small batch, 2 models
   python -m benchmarks.burst                  # the table for BENCHMARKS.md
+  python -m benchmarks.burst --gpu_multiplex  # one GPU, with and without
+                                              # the CUDA background job
 
 Part 1, plans. For VGG-16, a WideResNet (wide_resnet101_2; 26_2 with
 --quick) and Inception-V3, the layers are profiled here (PyTorch, the first
@@ -21,6 +23,11 @@ background's samples/s when it ran. The variants run through
 data parallel throughput is the median of the per-repeat ratios. On a 2-core
 CPU host this shows the runtime's overheads, not DeepPool's gains: the
 ranks share the cores with each other and with the background job.
+
+GPU multiplexing (--gpu_multiplex, a CUDA host only; without CUDA it exits
+2 with one line): one foreground on the first GPU, alone and beside the
+CUDA background job; see `benchmarks/burst_multiplex.py`. The other parts
+do not run then.
 
 Both parts run under `--host_allocator=retain`, the trainers' default
 (section 16 of BENCHMARKS.md): the profiles are timed in this process and
@@ -220,6 +227,11 @@ def _runtime(args) -> dict:
           "host": record["host"]}
 
 
+def _cuda_missing() -> bool:
+  import torch  # pylint: disable=g-import-not-at-top
+  return not torch.cuda.is_available()
+
+
 def main(argv) -> int:
   if argv[1:2] == ["--rank_worker"]:
     return _rank_worker(argv[2:])
@@ -233,7 +245,12 @@ def main(argv) -> int:
   parser.add_argument("--runtime_ranks", type=int, default=2)
   parser.add_argument("--steps", type=int, default=None)
   parser.add_argument("--repeats", type=int, default=None)
+  parser.add_argument("--gpu_multiplex", action="store_true")
   args = parser.parse_args(argv[1:])
+  if args.gpu_multiplex and _cuda_missing():
+    print("benchmarks.burst: --gpu_multiplex needs a CUDA device; this host "
+          "has none", file=sys.stderr)
+    return 2
   args.global_batch = args.global_batch or (16 if args.quick else 64)
   args.steps = args.steps or (8 if args.quick else 60)
   # Five repeats: the fewest whose order-statistics interval of a median
@@ -247,6 +264,12 @@ def main(argv) -> int:
   allocator = host_allocator.apply(HOST_ALLOCATOR)
   machine = common.describe_machine()  # the load average before the runs
   start = time.perf_counter()
+  if args.gpu_multiplex:
+    # pylint: disable=g-import-not-at-top
+    from benchmarks import burst_multiplex
+    return burst_multiplex.write_results(args, machine=machine,
+                                         host_allocator=allocator,
+                                         start_s=start)
   # The plans rest on profiles measured here, so the host's load over the
   # profiling is recorded as the runtime's is.
   before = harness.host_snapshot()
