@@ -25,9 +25,10 @@ def define_flags():
   flags.DEFINE_enum(
       "background_job", "none", list(BACKGROUND_JOBS),
       "A small training job run beside the foreground at the lowest "
-      "priority (a separate process under SCHED_IDLE, or nice 19 where that "
-      "is not allowed); both throughputs and the foreground's slowdown go "
-      "into run.json.")
+      "priority: on the CPU a separate process under SCHED_IDLE (nice 19 "
+      "where that is not allowed); on a CUDA device (PyTorch only) a CUDA "
+      "graph replayed on the lowest-priority stream. Both throughputs and "
+      "the foreground's slowdown go into run.json.")
 
 
 def build_config(values) -> BurstConfig:
