@@ -2,6 +2,8 @@
 
   python -m benchmarks.burst --quick          # smoke: small batch, 2 models
   python -m benchmarks.burst                  # the table for BENCHMARKS.md
+  python -m benchmarks.burst --gpu_multiplex  # one GPU, with and without
+                                              # the CUDA background job
 
 Part 1, plans. For VGG-16, a WideResNet (wide_resnet101_2; 26_2 with
 --quick) and Inception-V3, the layers are profiled here (PyTorch, the first
@@ -21,6 +23,16 @@ background's samples/s when it ran. The variants run through
 data parallel throughput is the median of the per-repeat ratios. On a 2-core
 CPU host this shows the runtime's overheads, not DeepPool's gains: the
 ranks share the cores with each other and with the background job.
+
+GPU multiplexing (--gpu_multiplex, a CUDA host only; without CUDA it exits
+2 with one line): one foreground on the first GPU, alone and beside the
+CUDA background job; see `benchmarks/burst_multiplex.py`. The other parts
+do not run then.
+
+Both parts run under `--host_allocator=retain`, the trainers' default
+(section 16 of BENCHMARKS.md): the profiles are timed in this process and
+the ranks are processes of their own, so each applies it, and the results
+record what each got.
 
 Results go to benchmarks/results/burst.json (burst.quick.json with --quick).
 """
@@ -42,6 +54,9 @@ QUICK_MODELS = {"vgg16": 32, "wide_resnet26_2": 32}
 LIMITS = (1.5, 2.0, 3.0, 5.0)
 RUNTIME_BATCH = 32
 RANK_TIMEOUT_S = 900
+# The trainers' default (--host_allocator): the plans' layers are timed,
+# and the runtime's ranks run, under the policy a training run has.
+HOST_ALLOCATOR = "retain"
 
 
 def _plan_rows(args):
@@ -96,6 +111,8 @@ def _rank_worker(argv) -> int:
   """One rank of a runtime variant; writes its step times as JSON."""
   out_path, widths_json, steps, background_job = argv
   # pylint: disable=g-import-not-at-top
+  from overlap_core.runtime import host_allocator
+  allocator = host_allocator.apply(HOST_ALLOCATOR)  # before any tensor
   import torch
   from torch import nn
   from overlap_core.runtime import background
@@ -118,7 +135,7 @@ def _rank_worker(argv) -> int:
   if background_job != "none" and rank == 0:
     runner = background.BackgroundRunner(
         background_job, out_path + ".bg.json", start_after_step=steps // 2,
-        warmup_steps=2)
+        warmup_steps=2, global_batch_size=RUNTIME_BATCH)
   times = []
   try:
     for step in range(1, steps + 1):
@@ -141,7 +158,7 @@ def _rank_worker(argv) -> int:
   # the job's, and a second writer would interleave with it in one file.
   if rank == 0:
     with open(out_path, "w", encoding="utf-8") as f:
-      json.dump({"step_s": times,
+      json.dump({"step_s": times, "host_allocator": allocator,
                  "background": runner.stats() if runner else None}, f)
   torch.distributed.destroy_process_group()
   return 0
@@ -165,7 +182,8 @@ def _run_variant(widths, *, ranks, steps, background_job, workdir):
   with open(out, encoding="utf-8") as f:
     result = json.load(f)
   measured = result["step_s"][2:]  # two warm-up steps
-  row = {"samples_per_second": RUNTIME_BATCH * len(measured) / sum(measured)}
+  row = {"samples_per_second": RUNTIME_BATCH * len(measured) / sum(measured),
+         "host_allocator": result["host_allocator"]}
   if result["background"]:
     bg = result["background"]
     row.update(background_samples_per_second=bg["samples_per_second"],
@@ -209,6 +227,11 @@ def _runtime(args) -> dict:
           "host": record["host"]}
 
 
+def _cuda_missing() -> bool:
+  import torch  # pylint: disable=g-import-not-at-top
+  return not torch.cuda.is_available()
+
+
 def main(argv) -> int:
   if argv[1:2] == ["--rank_worker"]:
     return _rank_worker(argv[2:])
@@ -222,7 +245,12 @@ def main(argv) -> int:
   parser.add_argument("--runtime_ranks", type=int, default=2)
   parser.add_argument("--steps", type=int, default=None)
   parser.add_argument("--repeats", type=int, default=None)
+  parser.add_argument("--gpu_multiplex", action="store_true")
   args = parser.parse_args(argv[1:])
+  if args.gpu_multiplex and _cuda_missing():
+    print("benchmarks.burst: --gpu_multiplex needs a CUDA device; this host "
+          "has none", file=sys.stderr)
+    return 2
   args.global_batch = args.global_batch or (16 if args.quick else 64)
   args.steps = args.steps or (8 if args.quick else 60)
   # Five repeats: the fewest whose order-statistics interval of a median
@@ -230,8 +258,18 @@ def main(argv) -> int:
   args.repeats = args.repeats or (1 if args.quick else 5)
   if args.quick:
     args.profile_repeats, args.warmup = 1, 0
+  # pylint: disable=g-import-not-at-top
+  from overlap_core.runtime import host_allocator
+  # Before the profiles' first tensor: this process times the layers.
+  allocator = host_allocator.apply(HOST_ALLOCATOR)
   machine = common.describe_machine()  # the load average before the runs
   start = time.perf_counter()
+  if args.gpu_multiplex:
+    # pylint: disable=g-import-not-at-top
+    from benchmarks import burst_multiplex
+    return burst_multiplex.write_results(args, machine=machine,
+                                         host_allocator=allocator,
+                                         start_s=start)
   # The plans rest on profiles measured here, so the host's load over the
   # profiling is recorded as the runtime's is.
   before = harness.host_snapshot()
@@ -241,6 +279,7 @@ def main(argv) -> int:
   payload = {"benchmark": "burst", "machine": machine,
              "command": common.command_line(), "quick": args.quick,
              "repeats": args.repeats, "settings": vars(args),
+             "host_allocator": allocator,
              "plans": plans, "runtime": runtime["summary"],
              "runs": runtime["runs"],
              "total_wall_s": time.perf_counter() - start,

@@ -3,7 +3,7 @@ and `build_config`, which checks a plan against the run it is given to."""
 
 from absl import flags
 
-from overlap_core.planning.burst import BurstPlan
+from overlap_core.planning import burst_report
 from overlap_core.runtime.config import BurstConfig, ConfigError
 
 # The small training jobs --background_job can run beside the foreground.
@@ -25,24 +25,10 @@ def define_flags():
   flags.DEFINE_enum(
       "background_job", "none", list(BACKGROUND_JOBS),
       "A small training job run beside the foreground at the lowest "
-      "priority (a separate process under SCHED_IDLE, or nice 19 where that "
-      "is not allowed); both throughputs and the foreground's slowdown go "
-      "into run.json.")
-
-
-def _read_burst_plan(path: str) -> BurstPlan:
-  try:
-    with open(path, encoding="utf-8") as f:
-      return BurstPlan.from_json(f.read())
-  except OSError as e:
-    raise ConfigError("burst_parallel", path,
-                      f"cannot read it ({e.strerror}); allowed: off or a "
-                      "burst plan JSON") from None
-  except (ValueError, KeyError, TypeError) as e:
-    raise ConfigError("burst_parallel", path,
-                      f"not a burst plan ({' '.join(str(e).split())}); "
-                      "allowed: off or a burst plan JSON from python -m "
-                      "torch_parity.burst_plan") from None
+      "priority: on the CPU a separate process under SCHED_IDLE (nice 19 "
+      "where that is not allowed); on a CUDA device (PyTorch only) a CUDA "
+      "graph replayed on the lowest-priority stream. Both throughputs and "
+      "the foreground's slowdown go into run.json.")
 
 
 def build_config(values) -> BurstConfig:
@@ -52,7 +38,12 @@ def build_config(values) -> BurstConfig:
   if path in ("", "off"):
     return BurstConfig(amplification_limit=limit,
                        background_job=values.background_job)
-  plan = _read_burst_plan(path)
+  try:
+    plan = burst_report.read_plan(path)
+  except ValueError as e:
+    raise ConfigError("burst_parallel", path,
+                      f"{e}; allowed: off or a burst plan JSON from python "
+                      "-m torch_parity.burst_plan") from None
   replicas = values.num_workers
   if values.strategy == "mirrored":
     replicas *= values.num_devices

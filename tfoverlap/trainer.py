@@ -48,9 +48,16 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
   distribute.check_strategy(config.distribute, num_gpus=num_gpus)
   offload.check_offload(config)
   check_burst_supported(
-      config.burst, "TensorFlow", host_devices=num_gpus or os.cpu_count(),
-      device_kind="GPUs" if num_gpus else "CPU cores", runs_plans=True,
-      runs_background=not num_gpus)
+      config.burst, host_devices=num_gpus or os.cpu_count(),
+      device_kind="GPUs" if num_gpus else "CPU cores")
+  if config.burst.background and num_gpus:
+    # The idle-class process would share the CPU, not the GPU the
+    # foreground runs on: it would say nothing about multiplexing a GPU.
+    raise ConfigError("background_job", config.burst.background_job,
+                      "TensorFlow exposes no CUDA stream priority, so a job "
+                      "on this host's GPUs could not be ranked below the "
+                      "foreground's kernels; allowed on a GPU host: none "
+                      "(the PyTorch trainer runs it)")
   check_burst_combinations(config)
   check_steps_per_execution(config)
 
@@ -333,7 +340,8 @@ def train(config: TrainConfig) -> dict:
         global_batch_size=config.data.batch_size,
         background=(background.make_runner(
             config.burst.background_job, out_dir,
-            first_step=restored_step + 1, last_step=config.run.train_steps)
+            first_step=restored_step + 1, last_step=config.run.train_steps,
+            global_batch_size=config.data.batch_size)
                     if config.burst.background and worker_index == 0
                     else None))
     try:

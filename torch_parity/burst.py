@@ -85,7 +85,10 @@ class _Redistribute(torch.autograd.Function):
 
   @staticmethod
   def forward(ctx, local, anchor, src, dst, rank, tag):
-    del anchor  # only makes the output require grad on every rank
+    # The anchor only makes the output require grad on every rank. Its
+    # gradient must live where it does: autograd refuses a CPU gradient
+    # for a CUDA input.
+    ctx.anchor_like = (anchor.device, anchor.dtype)
     ctx.layout = (src, dst, rank, tag)
     return _exchange(local, src, dst, rank, tag)
 
@@ -93,7 +96,9 @@ class _Redistribute(torch.autograd.Function):
   def backward(ctx, grad):
     src, dst, rank, tag = ctx.layout
     back = _exchange(grad.contiguous(), dst, src, rank, tag + 1)
-    return back, torch.zeros(()), None, None, None, None
+    device, dtype = ctx.anchor_like
+    anchor_grad = torch.zeros((), device=device, dtype=dtype)
+    return back, anchor_grad, None, None, None, None
 
 
 def build_groups(widths: List[int], world_size: int) -> Dict[int, object]:
@@ -123,7 +128,7 @@ class BurstModel(nn.Module):
     self.traced = fx.symbolic_trace(module)
     self._names = layer_names(self.traced)
     self._widths = self._check_widths(widths_by_layer)
-    self._per_sample = self._per_sample_shapes(example_input)
+    self._per_sample, self._dtypes = self._per_sample_shapes(example_input)
     self._ranges = {k: self._padded_ranges(k)
                     for k in set(self._widths.values())}
     self._groups = build_groups(list(self._widths.values()), self.world_size)
@@ -152,7 +157,10 @@ class BurstModel(nn.Module):
     widths[MODEL_INPUT] = widths[self._names[first]]
     return widths
 
-  def _per_sample_shapes(self, example_input) -> Dict[str, torch.Size]:
+  def _per_sample_shapes(self, example_input
+                         ) -> Tuple[Dict[str, torch.Size],
+                                    Dict[str, torch.dtype]]:
+    """Each layer's output shape past the batch, and its dtype."""
     was_training = self.traced.training
     self.traced.eval()
     try:
@@ -160,7 +168,7 @@ class BurstModel(nn.Module):
         ShapeProp(self.traced).propagate(example_input)
     finally:
       self.traced.train(was_training)
-    shapes = {}
+    shapes, dtypes = {}, {}
     for node in self.traced.graph.nodes:
       meta = node.meta.get("tensor_meta")
       if node.op == "output":
@@ -171,7 +179,8 @@ class BurstModel(nn.Module):
                          "batch-first tensor; the burst runtime needs every "
                          "layer to")
       shapes[self._names[node]] = meta.shape[1:]
-    return shapes
+      dtypes[self._names[node]] = meta.dtype
+    return shapes, dtypes
 
   def _padded_ranges(self, k: int) -> List[Tuple[int, int]]:
     """Each rank's sample range at width k; empty beyond the k-th rank."""
@@ -205,7 +214,10 @@ class BurstModel(nn.Module):
 
   def forward(self, local_input: torch.Tensor) -> torch.Tensor:
     env: Dict[fx.Node, torch.Tensor] = {}
-    anchor = torch.zeros((), requires_grad=True)
+    # On the input's device: on CUDA every part, empty or not, must be a
+    # CUDA tensor, or NCCL would be handed a host buffer.
+    device = local_input.device
+    anchor = torch.zeros((), device=device, requires_grad=True)
     modules = dict(self.traced.named_modules())
     tag = 0
     for node in self.traced.graph.nodes:
@@ -234,7 +246,7 @@ class BurstModel(nn.Module):
       if self.rank < k:
         env[node] = self._run(node, modules, args, kwargs)
       else:
-        env[node] = self._idle_output(node, args, kwargs)
+        env[node] = self._idle_output(node, args, kwargs, device)
     raise ValueError("the traced graph has no output")
 
   @staticmethod
@@ -245,13 +257,21 @@ class BurstModel(nn.Module):
       return getattr(args[0], node.target)(*args[1:], **kwargs)
     return node.target(*args, **kwargs)
 
-  def _idle_output(self, node, args, kwargs) -> torch.Tensor:
-    """An empty part, tied in autograd to this rank's empty inputs."""
-    shape = (0,) + tuple(self._per_sample[self._names[node]])
-    empty = torch.zeros(shape)
+  def _idle_output(self, node, args, kwargs,
+                   device: torch.device) -> torch.Tensor:
+    """An empty part, tied in autograd to this rank's empty inputs.
+
+    It has the dtype the layer gave the example input (an embedding's
+    output is not its input's dtype), on the device of the input.
+    """
+    name = self._names[node]
+    shape = (0,) + tuple(self._per_sample[name])
+    empty = torch.zeros(shape, device=device, dtype=self._dtypes[name])
     for value in list(args) + list(kwargs.values()):
       if isinstance(value, torch.Tensor) and value.requires_grad:
-        empty = empty + value.sum() * 0  # sum of an empty part: 0
+        # The sum of an empty part is 0; cast, so that a tie to an input
+        # of another dtype does not promote the part's.
+        empty = empty + (value.sum() * 0).to(empty.dtype)
     return empty
 
   def allreduce_gradients(self) -> None:

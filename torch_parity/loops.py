@@ -6,6 +6,7 @@ step (forward, backward with the overlapped all-reduce, update), the
 checkpoint. PyTorch has no `model.fit`, so there is one loop.
 """
 
+import contextlib
 import sys
 import types
 from typing import Optional
@@ -17,13 +18,36 @@ from overlap_core.runtime.loop_context import (LoopContext, ScalarWindows,
                                                after_step, compute_phase)
 
 
-def _wait_for_device(device: torch.device) -> None:
-  if device.type == "cuda":
+def _wait_for_step(device: torch.device,
+                   stream: Optional["torch.cuda.Stream"]) -> None:
+  if stream is not None:
+    # Not the whole device: it also runs the background job's kernels,
+    # which are no part of the step.
+    stream.synchronize()
+  elif device.type == "cuda":
     torch.cuda.synchronize(device)
 
 
+@contextlib.contextmanager
+def _on_stream(stream: Optional["torch.cuda.Stream"]):
+  """Makes `stream` current for the enclosed steps, ordered after the work
+  already queued (the model, a resident batch) and before what follows
+  (evaluation, the final checkpoint)."""
+  if stream is None:
+    yield
+    return
+  before = torch.cuda.current_stream(stream.device)
+  stream.wait_stream(before)
+  try:
+    with torch.cuda.stream(stream):
+      yield
+  finally:
+    before.wait_stream(stream)
+
+
 def run_custom_loop(ctx: LoopContext, *, train_step, iterator,
-                    device: torch.device, split_compute=None) -> float:
+                    device: torch.device, split_compute=None,
+                    stream: Optional["torch.cuda.Stream"] = None) -> float:
   """Runs steps first_step..last_step; returns the last step's loss.
 
   Args:
@@ -31,19 +55,22 @@ def run_custom_loop(ctx: LoopContext, *, train_step, iterator,
       [(phase, start_s, end_s), ...], the spans that replace the step's
       compute span in the ledger (`StageRecorder.end_step`); None records
       one compute span.
+    stream: a CUDA stream to run every step on (the CUDA background job's
+      highest-priority foreground stream), or None for the current one.
   """
   loss = float("nan")
-  for step in range(ctx.first_step, ctx.last_step + 1):
-    with ctx.ledger.phase(ledger_lib.DATA_WAIT):
-      batch = next(iterator)
-    with compute_phase(ctx.ledger, split_compute):
-      loss_tensor = train_step(batch)
-      # CUDA runs the step asynchronously: waiting here makes the span
-      # cover the device work and not only its launch, as TensorFlow's
-      # loop does by reading the loss.
-      _wait_for_device(device)
-      loss = float(loss_tensor)
-    after_step(ctx, step, loss)
+  with _on_stream(stream):
+    for step in range(ctx.first_step, ctx.last_step + 1):
+      with ctx.ledger.phase(ledger_lib.DATA_WAIT):
+        batch = next(iterator)
+      with compute_phase(ctx.ledger, split_compute):
+        loss_tensor = train_step(batch)
+        # CUDA runs the step asynchronously: waiting here makes the span
+        # cover the device work and not only its launch, as TensorFlow's
+        # loop does by reading the loss.
+        _wait_for_step(device, stream)
+        loss = float(loss_tensor)
+      after_step(ctx, step, loss)
   return loss
 
 

@@ -24,9 +24,9 @@ from overlap_core.runtime.config import (ConfigError, TrainConfig,
                                          check_burst_supported)
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
-from torch_parity import (checkpoint, data, distribute, loops, models,
-                          offload, parallelize, pipeline, pipeline_timing,
-                          steps)
+from torch_parity import (background_cuda, checkpoint, data, distribute,
+                          loops, models, offload, parallelize, pipeline,
+                          pipeline_timing, steps)
 
 FRAMEWORK = "pytorch"
 
@@ -73,9 +73,8 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
   distribute.check_strategy(config.distribute, num_gpus=num_gpus)
   offload.check_offload(config, num_gpus=num_gpus)
   check_burst_supported(
-      config.burst, "PyTorch", host_devices=num_gpus or os.cpu_count(),
-      device_kind="GPUs" if num_gpus else "CPU cores", runs_plans=True,
-      runs_background=not num_gpus)
+      config.burst, host_devices=num_gpus or os.cpu_count(),
+      device_kind="GPUs" if num_gpus else "CPU cores")
   check_burst_combinations(config)
 
 
@@ -248,6 +247,33 @@ def _make_train_step(config: TrainConfig, spec, strategy, parallel):
                                precision=config.model.precision)
 
 
+def _make_background(config: TrainConfig, strategy, out_dir: str, *,
+                     first_step: int, last_step: int):
+  """--background_job's runner, on rank 0 only (one job per run), or None.
+
+  On a CUDA device the job shares the GPU as DeepPool's does: a thread of
+  this process replaying its step on the lowest-priority stream, the
+  foreground on the highest (`background_cuda`). On the CPU it is a
+  separate process in the idle scheduling class.
+  """
+  if not config.burst.background or strategy.rank != 0:
+    return None
+  split = dict(first_step=first_step, last_step=last_step,
+               global_batch_size=config.data.batch_size)
+  if strategy.device.type == "cuda":
+    return background_cuda.make_runner(config.burst.background_job,
+                                       strategy.device, **split)
+  return background.make_runner(config.burst.background_job, out_dir,
+                                **split)
+
+
+def _foreground_stream(runner):
+  """The stream the steps run on beside the CUDA job; None otherwise."""
+  if isinstance(runner, background_cuda.CudaBackgroundRunner):
+    return runner.foreground_stream
+  return None
+
+
 def _phases_measured(parallel) -> list:
   """The ledger phases this run times: a pipelined step's compute is its
   stage_compute, bubble and transfer instead; an offloading step's is
@@ -355,11 +381,9 @@ def train(config: TrainConfig):
         first_step=restored_step + 1,
         last_step=config.run.train_steps,
         global_batch_size=config.data.batch_size,
-        background=(background.make_runner(
-            config.burst.background_job, out_dir,
-            first_step=restored_step + 1, last_step=config.run.train_steps)
-                    if config.burst.background and strategy.rank == 0
-                    else None))
+        background=_make_background(
+            config, strategy, out_dir, first_step=restored_step + 1,
+            last_step=config.run.train_steps))
     train_loss = float("nan")
     if ctx.first_step <= ctx.last_step:
       # The loader draws its workers' seed from torch's generator; forked,
@@ -372,7 +396,8 @@ def train(config: TrainConfig):
             ctx,
             train_step=_make_train_step(config, spec, strategy, parallel),
             iterator=batches, device=strategy.device,
-            split_compute=_split_compute(parallel))
+            split_compute=_split_compute(parallel),
+            stream=_foreground_stream(ctx.background))
       except BaseException:
         if checkpointer:
           # The running persist completes or is dropped whole, never half;

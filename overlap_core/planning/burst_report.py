@@ -98,9 +98,21 @@ def plot_scaling(plan_path: str, png_path: str) -> Optional[str]:
 
 
 def read_plan(path: str) -> burst.BurstPlan:
-  """The plan a trainer runs (flags/burst.py has already checked it)."""
-  with open(path, encoding="utf-8") as f:
-    return burst.BurstPlan.from_json(f.read())
+  """A burst plan from its JSON file: what --burst_parallel checks and a
+  trainer then runs.
+
+  Raises:
+    ValueError: one line, saying whether the file could not be read or
+      does not hold a burst plan.
+  """
+  try:
+    with open(path, encoding="utf-8") as f:
+      return burst.BurstPlan.from_json(f.read())
+  except OSError as e:
+    raise ValueError(f"cannot read it ({e.strerror})") from None
+  except (ValueError, KeyError, TypeError) as e:
+    raise ValueError(f"not a burst plan ({' '.join(str(e).split())})"
+                     ) from None
 
 
 def plan_against_run(plan: burst.BurstPlan, plan_path: str,

@@ -1,20 +1,25 @@
 """The foreground's side of --background_job: start it, measure what it costs.
 
-Halfway through the foreground's steps, `BackgroundRunner` starts the
-background job (`background_job.py`, a separate process in the idle
-scheduling class) and waits until the job reports its first step. The
-foreground's **slowdown** is measured against its own steps before the job
-started (warm-up steps left out): mean step with the job running over mean
-step before it, minus 1. The same run therefore measures both, on the same
-host minutes, with no second run to align.
+Halfway through the foreground's steps, a runner starts the background job
+and waits until the job reports its first step. On a CPU device the job is
+`BackgroundRunner`'s: a separate process in the idle scheduling class
+(`background_job.py`). On a CUDA device it is the PyTorch trainer's
+`torch_parity.background_cuda.CudaBackgroundRunner`: a thread of the
+trainer's process replaying the job's step on the lowest-priority stream.
+Both file the foreground's steps here (`JobRunner`), so run.json's
+`background` section has one schema.
+
+The foreground's **slowdown** is measured against its own steps before the
+job started (warm-up steps left out): mean step with the job running over
+mean step before it, minus 1. Its samples/s are given over the same two
+spans. The same run therefore measures both, on the same host minutes,
+with no second run to align.
 
   runner = BackgroundRunner("small_mlp", "run/background.json",
-                            start_after_step=50, warmup_steps=10)
+                            start_after_step=50, warmup_steps=10,
+                            global_batch_size=64)
   ...after each step: runner.on_step_end(step, step_s)
   runner.stop(); record["background"] = runner.stats()
-
-On CUDA, DeepPool puts the background job on a low-priority stream; that
-path is `torch_parity/background_cuda.py`, refused on hosts without CUDA.
 """
 
 import json
@@ -24,7 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 JOB_MODULE = "overlap_core.runtime.background_job"
 START_TIMEOUT_S = 120.0  # interpreter and NumPy start-up at idle priority
@@ -41,32 +46,34 @@ def read_stats(path: str) -> Optional[dict]:
     return None
 
 
-class BackgroundRunner:
-  """Starts the background job mid-run and records both sides' numbers."""
+class JobRunner:
+  """Starts a job after `start_after_step`; files the foreground's steps
+  before the job and with it.
 
-  def __init__(self, job: str, stats_path: str, *, start_after_step: int,
-               warmup_steps: int = 0,
-               start_timeout_s: float = START_TIMEOUT_S):
+  Subclasses start and stop the job (`_launch`, `_halt`) and say what it
+  did (`_job_stats`: the `background` section's keys besides `job` and
+  `foreground`).
+  """
+
+  def __init__(self, job: str, *, start_after_step: int,
+               global_batch_size: int, warmup_steps: int = 0):
     if start_after_step < 1:
       raise ValueError("Invalid value for argument `start_after_step`. "
                        f"Received: {start_after_step}; allowed: >= 1")
-    self._job, self._stats_path = job, stats_path
+    if global_batch_size < 1:
+      raise ValueError("Invalid value for argument `global_batch_size`. "
+                       f"Received: {global_batch_size}; allowed: >= 1")
+    self._job = job
     self._start_after_step, self._warmup_steps = start_after_step, warmup_steps
-    self._start_timeout_s = start_timeout_s
+    self._global_batch_size = global_batch_size
     self._before_s: List[float] = []
     self._with_s: List[float] = []
-    self._process: Optional[subprocess.Popen] = None
-    self._final: Optional[dict] = None
+    self._started = False
     self._skipped_first = False
-    self._policy_seen: Optional[str] = None
-
-  @property
-  def pid(self) -> Optional[int]:
-    return self._process.pid if self._process else None
 
   def on_step_end(self, step: int, step_s: float) -> None:
     """Files the step's time; starts the job after `start_after_step`."""
-    if self._process is None:
+    if not self._started:
       if step > self._warmup_steps:
         self._before_s.append(step_s)
       if step >= self._start_after_step:
@@ -79,7 +86,75 @@ class BackgroundRunner:
       self._skipped_first = True
 
   def start(self) -> None:
-    """Starts the job and waits (bounded) for its first reported step."""
+    """Starts the job and waits (bounded) for its first step."""
+    self._started = True
+    self._launch()
+
+  def stop(self) -> None:
+    """Stops the job, if it runs, and keeps its final numbers."""
+    if self._started:
+      self._halt()
+
+  def stats(self) -> dict:
+    """run.json's `background` section."""
+    return {"job": self._job, **self._job_stats(),
+            "foreground": self._foreground_stats()}
+
+  def _foreground_stats(self) -> dict:
+    before = statistics.mean(self._before_s) if self._before_s else None
+    during = statistics.mean(self._with_s) if self._with_s else None
+    slowdown = (during / before - 1.0) if before and during else None
+    return {
+        "baseline": "the foreground's own steps before the job started, "
+                    "warm-up left out",
+        "started_after_step": self._start_after_step,
+        "steps_before": len(self._before_s),
+        "steps_with": len(self._with_s),
+        "step_s_before": before,
+        "step_s_with": during,
+        "slowdown_frac": slowdown,
+        # Over the same steps as the step times: the run-wide samples/s
+        # in run.json mixes steps with and without the job.
+        "samples_per_second_before": self._throughput(self._before_s),
+        "samples_per_second_with": self._throughput(self._with_s),
+    }
+
+  def _throughput(self, steps_s: List[float]) -> Optional[float]:
+    total_s = sum(steps_s)
+    if not steps_s or total_s <= 0:
+      return None
+    return self._global_batch_size * len(steps_s) / total_s
+
+  def _launch(self) -> None:
+    raise NotImplementedError
+
+  def _halt(self) -> None:
+    raise NotImplementedError
+
+  def _job_stats(self) -> dict:
+    raise NotImplementedError
+
+
+class BackgroundRunner(JobRunner):
+  """The job as a separate process in the idle scheduling class."""
+
+  def __init__(self, job: str, stats_path: str, *, start_after_step: int,
+               global_batch_size: int, warmup_steps: int = 0,
+               start_timeout_s: float = START_TIMEOUT_S):
+    super().__init__(job, start_after_step=start_after_step,
+                     global_batch_size=global_batch_size,
+                     warmup_steps=warmup_steps)
+    self._stats_path = stats_path
+    self._start_timeout_s = start_timeout_s
+    self._process: Optional[subprocess.Popen] = None
+    self._final: Optional[dict] = None
+    self._policy_seen: Optional[str] = None
+
+  @property
+  def pid(self) -> Optional[int]:
+    return self._process.pid if self._process else None
+
+  def _launch(self) -> None:
     if os.path.exists(self._stats_path):
       os.remove(self._stats_path)  # a previous run's report is not ours
     self._process = subprocess.Popen(
@@ -101,7 +176,7 @@ class BackgroundRunner:
     print(f"background job {self._job} started: pid {self._process.pid}, "
           f"{self._policy_seen}", flush=True)
 
-  def stop(self) -> None:
+  def _halt(self) -> None:
     """SIGTERM, then its final report; SIGKILL if it does not end in time."""
     if self._process is None or self._process.poll() is not None:
       return
@@ -113,14 +188,9 @@ class BackgroundRunner:
       self._process.wait()
     self._final = read_stats(self._stats_path)
 
-  def stats(self) -> dict:
-    """run.json's `background` section."""
+  def _job_stats(self) -> dict:
     job = self._final or read_stats(self._stats_path) or {}
-    before = statistics.mean(self._before_s) if self._before_s else None
-    during = statistics.mean(self._with_s) if self._with_s else None
-    slowdown = (during / before - 1.0) if before and during else None
     return {
-        "job": self._job,
         "pid": self.pid,
         "policy": job.get("policy"),
         "policy_seen_by_foreground": self._policy_seen,
@@ -130,16 +200,6 @@ class BackgroundRunner:
         "first_loss": job.get("first_loss"),
         "last_loss": job.get("last_loss"),
         "finished": job.get("finished", False),
-        "foreground": {
-            "baseline": "the foreground's own steps before the job started, "
-                        "warm-up left out",
-            "started_after_step": self._start_after_step,
-            "steps_before": len(self._before_s),
-            "steps_with": len(self._with_s),
-            "step_s_before": before,
-            "step_s_with": during,
-            "slowdown_frac": slowdown,
-        },
     }
 
 
@@ -155,14 +215,27 @@ def policy_name(pid: int) -> str:
   return f"nice {os.getpriority(os.PRIO_PROCESS, pid)}"
 
 
-def make_runner(job: str, model_dir: str, *, first_step: int,
-                last_step: int) -> Optional[BackgroundRunner]:
-  """The runner a trainer starts halfway through its steps; None when the
-  run has fewer than 4 steps left to split into before and with."""
+def split_steps(*, first_step: int, last_step: int
+                ) -> Optional[Tuple[int, int]]:
+  """(start_after_step, warmup_steps) for a job started halfway through
+  first_step..last_step; None when fewer than 4 steps are left to split
+  into before and with."""
   num_steps = last_step - first_step + 1
   if num_steps < 4:
     return None
   warmup = first_step - 1 + max(1, min(10, num_steps // 10))
-  start_after = max(warmup + 1, first_step - 1 + num_steps // 2)
+  return max(warmup + 1, first_step - 1 + num_steps // 2), warmup
+
+
+def make_runner(job: str, model_dir: str, *, first_step: int,
+                last_step: int, global_batch_size: int
+                ) -> Optional[BackgroundRunner]:
+  """The process runner a trainer starts halfway through its steps; None
+  when the run is too short to split (`split_steps`)."""
+  split = split_steps(first_step=first_step, last_step=last_step)
+  if split is None:
+    return None
+  start_after, warmup = split
   return BackgroundRunner(job, os.path.join(model_dir, "background.json"),
-                          start_after_step=start_after, warmup_steps=warmup)
+                          start_after_step=start_after, warmup_steps=warmup,
+                          global_batch_size=global_batch_size)

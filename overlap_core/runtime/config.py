@@ -304,17 +304,14 @@ class TrainConfig:
     return dataclasses.asdict(self)
 
 
-def check_burst_supported(cfg: BurstConfig, framework: str, *,
-                          host_devices: int, device_kind: str,
-                          runs_plans: bool, runs_background: bool) -> None:
-  """Refuses a plan this host cannot run, and what is not built yet.
+def check_burst_supported(cfg: BurstConfig, *, host_devices: int,
+                          device_kind: str) -> None:
+  """Refuses a plan for more devices than this host has.
 
   Args:
     cfg: the burst settings.
-    framework: named in the message.
     host_devices: GPUs, or CPU cores on a host without GPUs.
     device_kind: "GPUs" or "CPU cores", for the message.
-    runs_plans, runs_background: whether this trainer runs them.
 
   Raises:
     ConfigError: naming the flag.
@@ -323,13 +320,3 @@ def check_burst_supported(cfg: BurstConfig, framework: str, *,
     raise ConfigError("burst_parallel", cfg.plan_path,
                       f"the plan needs {cfg.num_devices} devices and this "
                       f"host has {host_devices} {device_kind}")
-  if cfg.enabled and not runs_plans:
-    raise ConfigError("burst_parallel", cfg.plan_path,
-                      f"the {framework} trainer does not run burst plans "
-                      "yet (the runtime is a library, see the README); "
-                      "allowed: off")
-  if cfg.background and not runs_background:
-    raise ConfigError("background_job", cfg.background_job,
-                      f"the {framework} trainer does not run a background "
-                      "job on this host yet (GPU hosts need the "
-                      "low-priority stream path); allowed: none")

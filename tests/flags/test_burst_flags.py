@@ -86,12 +86,29 @@ def test_more_devices_than_the_host_has_is_refused():
   cfg = BurstConfig(plan_path="p.json", num_devices=64)
   with pytest.raises(ConfigError, match="needs 64 devices and this host has "
                      "2 CPU cores"):
-    check_burst_supported(cfg, "PyTorch", host_devices=2,
-                          device_kind="CPU cores", runs_plans=True,
-                          runs_background=True)
+    check_burst_supported(cfg, host_devices=2, device_kind="CPU cores")
   check_burst_supported(BurstConfig(plan_path="p.json", num_devices=2),
-                        "PyTorch", host_devices=2, device_kind="CPU cores",
-                        runs_plans=True, runs_background=True)
+                        host_devices=2, device_kind="CPU cores")
+
+
+def test_a_plan_for_more_devices_than_the_host_has_exits_2(tmp_path):
+  cores = os.cpu_count()
+  # A power of two above the cores, so the batch divides over it.
+  devices = 1 << cores.bit_length()
+  batch = max(64, 2 * devices)
+  path, _ = _write_plan(tmp_path, num_devices=devices, batch=batch,
+                        limit=2.0)
+  result = run_module("torch_parity.train", f"--burst_parallel={path}",
+                      "--strategy=mirrored", f"--num_devices={devices}",
+                      f"--batch_size={batch}",
+                      f"--model_dir={tmp_path / 'run'}", timeout=300)
+  assert result.returncode == 2, result.stderr
+  errors = [l for l in result.stderr.splitlines() if ": error: " in l]
+  assert len(errors) == 1, result.stderr
+  assert (f"the plan needs {devices} devices and this host has {cores} "
+          "CPU cores") in errors[0], errors[0]
+  assert "Traceback" not in result.stderr
+  assert not (tmp_path / "run").exists()  # refused before any process ran
 
 
 @pytest.mark.parametrize("module, extra", [

@@ -28,3 +28,7 @@ def test_background_job_beside_the_trainer(tmp_path):
   assert (fg["started_after_step"], fg["steps_before"], fg["steps_with"]) == (
       12, 10, 11)
   assert fg["slowdown_frac"] is not None
+  # The foreground's own throughput over the steps the job overlapped:
+  # 16 samples a step.
+  assert fg["samples_per_second_with"] == pytest.approx(
+      16 / fg["step_s_with"])

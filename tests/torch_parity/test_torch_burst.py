@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from overlap_core.runtime import processes
+from torch_parity import burst
 from torch_parity.launch import torchrun_env
 
 from tests.helpers import REPO_ROOT, subprocess_env
@@ -80,3 +81,33 @@ def test_two_ranks_train_like_one_process(tmp_path):
                               "4": [half, half], "5": [half, half]}
   assert ranks[0]["seen"]["3"] == [burst_rank.BATCH] * 2
   assert ranks[0]["seen"]["0"] == [half, half]
+
+
+def _idle_rank(dtype: torch.dtype, device: str):
+  """Rank 1 of 2 under a plan that puts every layer on rank 0 alone: it
+  runs no layer and holds only idle parts. No layer changes width, so no
+  exchange runs and this process needs no process group."""
+  module = burst_rank.build_model().to(device=device, dtype=dtype)
+  x = burst_rank.batch()[0].to(device=device, dtype=dtype)
+  model = burst.BurstModel(module, {name: 1 for name in burst_rank.WIDTHS},
+                           global_batch=burst_rank.BATCH,
+                           example_input=x[:2], rank=1, world_size=2)
+  return model, x
+
+
+def test_an_idle_rank_holds_parts_of_the_layers_dtype():
+  model, x = _idle_rank(torch.float64, "cpu")
+  out = model(model.local_input(x))
+  # The next exchange receives into a buffer shaped like this part: a
+  # float32 part would take float64 rows in the wrong dtype.
+  assert out.shape == (0, 10)
+  assert out.dtype == torch.float64
+  assert out.device == x.device
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_an_idle_rank_on_cuda_holds_cuda_parts():
+  model, x = _idle_rank(torch.float32, "cuda:0")
+  out = model(model.local_input(x))
+  # NCCL sends and receives device buffers only.
+  assert out.device == x.device and out.is_cuda
