@@ -12,8 +12,10 @@ def define_flags():
       "world is pipeline stages x data-parallel replicas.", lower_bound=1)
   flags.DEFINE_integer(
       "pipeline_microbatches", 1,
-      "Micro-batches each replica's batch is split into; must divide it. "
-      "GPipe's idle bubble is (S-1)/(M+S-1).", lower_bound=1)
+      "Micro-batches each pipeline's batch is split into; must divide it. "
+      "A pipeline's batch is the global batch over the data-parallel "
+      "replicas (world / stages): the whole batch when the stages fill the "
+      "world. GPipe's idle bubble is (S-1)/(M+S-1).", lower_bound=1)
   flags.DEFINE_enum(
       "pipeline_schedule", "gpipe", list(SCHEDULES),
       "gpipe: all forwards, then all backwards. 1f1b: one forward, one "
