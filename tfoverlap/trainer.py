@@ -229,7 +229,7 @@ def _run_pipelined_loop(ctx: LoopContext, config: TrainConfig, spec, runtime,
   loss_fn = steps.make_microbatch_loss(spec.task, config.data.batch_size)
   inputs, targets = steps.example_batch(runtime.model, spec.task,
                                         config.data.batch_size)
-  runtime.measure_stages(inputs, targets, loss_fn)
+  runtime.measure_stages(inputs, targets, loss_fn, optimizer=optimizer)
   return loops.run_custom_loop(
       ctx, train_step=runtime.make_train_step(optimizer, loss_fn),
       iterator=iterator, split_compute=runtime.record_step)

@@ -180,12 +180,26 @@ def test_measurements_partition_the_compute_span(two_cpu_devices):
                                   num_microbatches=MICROBATCHES)
   loss_fn = steps.make_microbatch_loss("classification", BATCH)
   inputs, targets = steps.example_batch(model, "classification", BATCH)
-  before = [v.numpy() for v in model.weights]
-  runtime.measure_stages(inputs, targets, loss_fn, repeats=1)
-  for old, new in zip(before, model.weights):
+  # An optimizer with state of its own (a step count, momentum slots) that
+  # a zero-gradient update would change.
+  optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+  optimizer.build(model.trainable_variables)
+  optimizer.iterations.assign(5)
+  for slot in optimizer.variables:
+    if slot.path.endswith("_momentum"):
+      slot.assign(tf.fill(slot.shape, 0.5))
+  before = [v.numpy() for v in model.weights + optimizer.variables]
+  runtime.measure_stages(inputs, targets, loss_fn, optimizer=optimizer,
+                         repeats=1)
+  for old, new in zip(before, model.weights + optimizer.variables):
     np.testing.assert_array_equal(old, new.numpy())
   compute_s, transfer_s = runtime.stage_seconds()
+  update_s = runtime.update_seconds()
   assert len(compute_s) == 2 and all(s > 0 for s in compute_s)
+  # Each stage's update is timed and counted in its compute, as PyTorch
+  # counts optimizer.step() in stage_compute.
+  assert len(update_s) == 2 and all(0 < u < c
+                                    for u, c in zip(update_s, compute_s))
   span_end = 10.0 + sum(compute_s) + sum(transfer_s)  # a span they fit in
   parts = runtime.record_step(10.0, span_end)
   assert [p for p, _, _ in parts] == [pipeline_stats.STAGE_COMPUTE,
@@ -195,9 +209,14 @@ def test_measurements_partition_the_compute_span(two_cpu_devices):
   assert all(a[2] == b[1] for a, b in zip(parts, parts[1:]))
   section = runtime.describe(CONFIG)
   assert section["bubble_fraction_theory"] == pytest.approx(1 / 5)
-  assert [s["device"] for s in section["per_stage"]] == two_cpu_devices
-  assert section["per_stage"][0]["predicted_ms"] is None  # no profile
+  rows = section["per_stage"]
+  assert [s["device"] for s in rows] == two_cpu_devices
+  assert rows[0]["predicted_ms"] is None  # no profile
+  for row, compute, update in zip(rows, compute_s, update_s):
+    assert row["compute_ms"] == pytest.approx(1e3 * compute)
+    assert row["update_ms"] == pytest.approx(1e3 * update)
   assert "derived" in section["sources"]["bubble"]
+  assert "update" in section["sources"][pipeline_stats.UPDATE]
 
 
 def test_a_pipelined_checkpoint_resumes_unpipelined(tmp_path):
