@@ -144,9 +144,19 @@ def build_stage_models(model: keras.Model,
   its variables are the model's.
 
   Raises:
-    ValueError: a cut layer is not a layer of the model, or not a place
-      where exactly one tensor crosses.
+    ValueError: a model with other than one input and one output, or a
+      cut layer that is not a layer of the model, or not a place where
+      exactly one tensor crosses.
   """
+  num_inputs = len(getattr(model, "inputs", None) or ())
+  num_outputs = len(getattr(model, "outputs", None) or ())
+  if num_inputs != 1 or num_outputs != 1:
+    # A stage hands one tensor to the next; the first stage would drop all
+    # inputs but one, the last all outputs but one.
+    raise ValueError(f"Invalid value for argument `model`. Received: "
+                     f"{model.name!r} with {num_inputs} inputs and "
+                     f"{num_outputs} outputs; allowed: a functional model "
+                     "with one input and one output")
   nodes = ordered_nodes(model)
   names = node_names(nodes)
   by_name = {names[id(node)]: node for node in nodes}
