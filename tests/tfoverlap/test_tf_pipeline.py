@@ -13,6 +13,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+# Run metadata of eager functions (the partition graphs each device ran)
+# has no public API.
+from tensorflow.python.eager import context
 
 from overlap_core.runtime import pipeline_stats, run_record
 from overlap_core.runtime.config import ConfigError, PipelineConfig
@@ -176,6 +179,32 @@ def test_each_stage_runs_forward_and_backward_on_its_own_device(
     # Every convolution of stage k, forward and weight gradient, once per
     # micro-batch, on device k and nowhere else.
     assert found == [MICROBATCHES * c for c in convs_per_stage], op_type
+
+  # That is where the trace asked for them. Where they ran: TensorFlow
+  # places the function's ops, rewrites them (grappler; oneDNN fuses a
+  # convolution with its bias into _MklNativeFusedConv2D on this host)
+  # and cuts the result into one partition graph per device, which that
+  # device's executor runs. Run metadata holds those partitions for a
+  # function's first call. (Per-op step stats, which would time each
+  # kernel, stay empty for eager functions outside the profiler.)
+  context.enable_run_metadata()
+  try:
+    step((tf.random.normal((BATCH, IMAGE_SIZE, IMAGE_SIZE, 3)),
+          tf.zeros((BATCH,), tf.int32)))
+    metadata = context.export_run_metadata()
+  finally:
+    context.disable_run_metadata()
+  ran = {"forward": [0, 0], "weight gradient": [0, 0]}
+  for function in metadata.function_graphs:
+    for partition in function.partition_graphs:
+      for node in partition.node:
+        kind = ("weight gradient" if "Conv2DBackpropFilter" in node.op
+                else "forward" if ("Conv2D" in node.op and
+                                   "Backprop" not in node.op) else None)
+        if kind:
+          ran[kind][tf.DeviceSpec.from_string(node.device).device_index] += 1
+  for kind, found in ran.items():
+    assert found == [MICROBATCHES * c for c in convs_per_stage], (kind, ran)
 
 
 def test_stage_models_share_the_models_layers_and_refuse_a_non_cut():
