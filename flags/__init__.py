@@ -272,8 +272,9 @@ def _parse_pipeline(values) -> PipelineConfig:
     split = "explicit"
   if profile and not os.path.isfile(profile):
     raise ConfigError("plan_profile", profile, "no such file; allowed: a "
-                      "profile JSON, e.g. python -m torch_parity.plan "
-                      "--plan_output_dir=DIR writes DIR/profile.json")
+                      "profile JSON, e.g. python -m tfoverlap.plan (or "
+                      "torch_parity.plan) --plan_output_dir=DIR writes "
+                      "DIR/profile.json")
   return PipelineConfig(stages=stages, microbatches=micro, schedule=schedule,
                         split=split, cut_layers=cut_layers,
                         virtual_stages=virtual, profile=profile)

@@ -8,6 +8,7 @@ are built inside its scope so their variables are replicated.
 import contextlib
 import dataclasses
 import os
+import sys
 import time
 
 import keras
@@ -157,16 +158,32 @@ def _build_model_and_optimizer(strategy, config: TrainConfig, num_classes,
       burst=_burst_spec(config, plan))
 
 
+def foreign_profile_warning(path: str, profile) -> str:
+  """One line for a --plan_profile another framework measured, or ""."""
+  if profile is None or profile.framework.lower().startswith(FRAMEWORK):
+    return ""
+  return (f"pipeline: warning: --plan_profile={path} was measured in "
+          f"{profile.framework}, not TensorFlow, so the split and the "
+          "predicted stage times follow that framework's layer costs; "
+          "python -m tfoverlap.plan --plan_output_dir=DIR measures "
+          "DIR/profile.json here")
+
+
 def _pipeline_spec(config: TrainConfig):
   """How parallelize cuts the model, or None when it is not pipelined."""
   cfg = config.pipeline
   if cfg.stages == 1:
     return None
+  profile = split_lib.load_profile(cfg.profile)
+  # Kinder than a refusal: another framework's costs still rank a split,
+  # but the user should know whose costs they are.
+  warning = foreign_profile_warning(cfg.profile, profile)
+  if warning:
+    print(warning, file=sys.stderr, flush=True)
   # One pipeline takes the whole batch (no data parallelism with stages).
   return parallelize.PipelineSpec(
       cfg, microbatch_size=config.data.batch_size // cfg.microbatches,
-      devices=distribute.mirrored_devices(cfg.stages),
-      profile=split_lib.load_profile(cfg.profile))
+      devices=distribute.mirrored_devices(cfg.stages), profile=profile)
 
 
 def _build_strategy(config: TrainConfig) -> tf.distribute.Strategy:

@@ -7,6 +7,7 @@ runs pipelined jobs whose checkpoints pipelined and unpipelined runs
 resume.
 """
 
+import dataclasses
 import json
 
 import keras
@@ -343,16 +344,33 @@ def test_auto_split_from_a_profile_puts_predictions_beside_measurements(
                            repeats=1, name="small_cnn")
   profile_path = tmp_path / "profile.json"
   profile_path.write_text(profile.to_json(), encoding="utf-8")
-  result = run_module(
-      "tfoverlap.train", "--model=small_cnn", "--image_size=8",
-      "--batch_size=16", "--train_steps=2", "--evaluate=false",
-      "--trace=false", "--tensorboard=false", "--strategy=mirrored",
-      "--num_devices=2", "--pipeline_stages=2", "--pipeline_microbatches=4",
-      "--pipeline_split=auto", f"--plan_profile={profile_path}",
-      f"--model_dir={tmp_path / 'run'}", timeout=600)
-  assert result.returncode == 0, result.stderr[-4000:]
+
+  def train(path, model_dir):
+    result = run_module(
+        "tfoverlap.train", "--model=small_cnn", "--image_size=8",
+        "--batch_size=16", "--train_steps=2", "--evaluate=false",
+        "--trace=false", "--tensorboard=false", "--strategy=mirrored",
+        "--num_devices=2", "--pipeline_stages=2",
+        "--pipeline_microbatches=4", "--pipeline_split=auto",
+        f"--plan_profile={path}", f"--model_dir={model_dir}", timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return [l for l in result.stderr.splitlines()
+            if l.startswith("pipeline: warning:")]
+
+  assert not train(profile_path, tmp_path / "run")
   section = run_record.load_run_record(str(tmp_path / "run"))["pipeline"]
   assert section["split"] == "auto" and len(section["cut_layers"]) == 1
   for row in section["per_stage"]:
     assert row["predicted_ms"] > 0 and row["predicted_memory_mb"] > 0, row
     assert row["compute_ms"] > 0, row
+    # The update is timed and predicted inside the stage's compute.
+    assert row["predicted_update_ms"] is not None, row
+    assert 0 < row["update_ms"] < row["compute_ms"], row
+  # The same costs, said to be PyTorch's: the run goes on, with one line.
+  foreign_path = tmp_path / "torch_profile.json"
+  foreign_path.write_text(dataclasses.replace(
+      profile, framework="torch 2.9.0").to_json(), encoding="utf-8")
+  warnings = train(foreign_path, tmp_path / "foreign")
+  assert len(warnings) == 1, warnings
+  assert "measured in torch 2.9.0, not TensorFlow" in warnings[0]
+  assert "python -m tfoverlap.plan" in warnings[0]
