@@ -19,9 +19,9 @@ if not tfo_flags.FLAGS.is_parsed():
 def test_each_micro_batch_holds_the_size_asked(framework, stages,
                                                microbatch_size):
   args = argparse.Namespace(image_size=32, microbatch_size=microbatch_size)
+  build_flags = tf_pipeline._flags  # pylint: disable=protected-access
   for microbatches in (stages, 8 * stages):
-    argv = tf_pipeline._flags(framework, stages, microbatches, args,  # pylint: disable=protected-access
-                              train_steps=20)
+    argv = build_flags(framework, stages, microbatches, args, train_steps=20)
     parsed = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "true")
                   for a in argv)
     with flagsaver.as_parsed(**parsed):
