@@ -196,10 +196,24 @@ def _check_data(values) -> None:
                       f"{spec.upscale} (its upscale factor)")
 
 
-def _check_distribute(values) -> None:
-  replicas = values.num_workers
+def _data_parallel_replicas(values) -> int:
+  """The replicas the global batch is split over.
+
+  The world (--num_devices mirrored devices, or --num_workers processes)
+  is pipeline stages x data-parallel replicas, and every stage of one
+  replica reads the same batch: a TensorFlow pipeline's S devices are one
+  replica, and a PyTorch world of 4 ranks in 2 stages is 2. A world the
+  stages do not divide counts as one replica here; each trainer refuses it
+  with its own reason.
+  """
+  world = values.num_workers
   if values.strategy == "mirrored":
-    replicas *= values.num_devices
+    world *= values.num_devices
+  return max(1, world // values.pipeline_stages)
+
+
+def _check_distribute(values) -> None:
+  replicas = _data_parallel_replicas(values)
   if values.num_workers > 1 and values.strategy not in ("multi_worker",
                                                          "horovod"):
     raise ConfigError("num_workers", values.num_workers,
@@ -224,13 +238,12 @@ def _parse_pipeline(values) -> PipelineConfig:
       if value != default:
         raise ConfigError(flag, value, "applies only with "
                           "--pipeline_stages of 2 or more")
-  replicas = values.num_workers
-  if values.strategy == "mirrored":
-    replicas *= values.num_devices
-  per_replica = values.batch_size // replicas
-  if per_replica % micro:
+  # Each pipeline splits its replica's batch, which for a TensorFlow
+  # pipeline (its stages are the devices) is the whole batch.
+  per_pipeline = values.batch_size // _data_parallel_replicas(values)
+  if per_pipeline % micro:
     raise ConfigError("pipeline_microbatches", micro,
-                      f"must divide each replica's batch of {per_replica}")
+                      f"must divide each pipeline's batch of {per_pipeline}")
   if schedule != "gpipe" and micro < stages:
     raise ConfigError("pipeline_microbatches", micro,
                       f"--pipeline_schedule={schedule} needs at least as "
@@ -259,8 +272,9 @@ def _parse_pipeline(values) -> PipelineConfig:
     split = "explicit"
   if profile and not os.path.isfile(profile):
     raise ConfigError("plan_profile", profile, "no such file; allowed: a "
-                      "profile JSON, e.g. python -m torch_parity.plan "
-                      "--plan_output_dir=DIR writes DIR/profile.json")
+                      "profile JSON, e.g. python -m tfoverlap.plan (or "
+                      "torch_parity.plan) --plan_output_dir=DIR writes "
+                      "DIR/profile.json")
   return PipelineConfig(stages=stages, microbatches=micro, schedule=schedule,
                         split=split, cut_layers=cut_layers,
                         virtual_stages=virtual, profile=profile)

@@ -12,8 +12,10 @@ def define_flags():
       "world is pipeline stages x data-parallel replicas.", lower_bound=1)
   flags.DEFINE_integer(
       "pipeline_microbatches", 1,
-      "Micro-batches each replica's batch is split into; must divide it. "
-      "GPipe's idle bubble is (S-1)/(M+S-1).", lower_bound=1)
+      "Micro-batches each pipeline's batch is split into; must divide it. "
+      "A pipeline's batch is the global batch over the data-parallel "
+      "replicas (world / stages): the whole batch when the stages fill the "
+      "world. GPipe's idle bubble is (S-1)/(M+S-1).", lower_bound=1)
   flags.DEFINE_enum(
       "pipeline_schedule", "gpipe", list(SCHEDULES),
       "gpipe: all forwards, then all backwards. 1f1b: one forward, one "
@@ -25,16 +27,18 @@ def define_flags():
       "Where stages end. auto: the split whose slowest stage is fastest "
       "under the fitted per-layer cost model. even: about equal layer "
       "counts at the nearest cut points. Or the comma-separated layer "
-      "names the first S-1 stages end with (see python -m "
-      "torch_parity.plan for the cut points).")
+      "names the first S-1 stages end with (python -m tfoverlap.plan and "
+      "python -m torch_parity.plan print each framework's cut points).")
   flags.DEFINE_integer(
       "pipeline_virtual_stages", 1,
       "Stages per rank for interleaved_1f1b and zero_bubble (2 or more).",
       lower_bound=1)
   flags.DEFINE_string(
       "plan_profile", "",
-      "A layer profile JSON (the shared schema; python -m torch_parity.plan "
-      "--plan_output_dir writes profile.json). The planning command reads "
-      "it instead of measuring; a pipelined trainer fits the cost model on "
-      "it to split with --pipeline_split=auto and records each stage's "
-      "predicted time beside the measured one.")
+      "A layer profile JSON (the shared schema; python -m tfoverlap.plan "
+      "or python -m torch_parity.plan with --plan_output_dir writes "
+      "profile.json, measured in that framework). The planning command "
+      "reads it instead of measuring; a pipelined trainer fits the cost "
+      "model on it to split with --pipeline_split=auto and records each "
+      "stage's predicted time beside the measured one (the TensorFlow "
+      "trainer warns about a profile measured in PyTorch).")

@@ -11,7 +11,8 @@ through their command lines.
   plan             flags per cell, run order, run directories
   trainer_runs     one trainer run as a subprocess
   comparison       runs gathered per cell and group
-  metrics          per-cell medians, speed-ups, overlap efficiency
+  metrics          per-cell medians, speed-ups, overlap efficiency,
+                   each pipelined run's stages
   findings         the findings in words
   report           report.md, results.csv, runs.csv
   plots            the PNG plots (needs the `compare` extra: matplotlib)

@@ -343,7 +343,10 @@ def main(argv):
                 frameworks=_FRAMEWORKS.value, repeats=_REPEATS.value,
                 trainer_args=trainer_args)
     validate_plan(plan, trainers)
-    max_steps = check_trainer_args(trainer_args).train_steps
+    # Every cell passed above; the common flags alone are a one-stage run
+    # when the stages are an axis, without the flags only stages take.
+    max_steps = check_trainer_args(
+        compare_plan.applicable_args(trainer_args)).train_steps
     if _AUTOTUNE.value:
       compare_autotune.check_plan(plan, min_steps=_AUTOTUNE_MIN_STEPS.value,
                                   max_steps=max_steps)

@@ -62,7 +62,7 @@ Definitions (the report prints them too):
 import dataclasses
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from overlap_core.runtime import intervals
+from overlap_core.runtime import intervals, pipeline_stats
 from overlap_core.runtime.ledger import (CHECKPOINT_STALL, COMPUTE,
                                         COMPUTE_PARTS, DATA_WAIT, OTHER)
 from overlap_compare.matrix import Cell
@@ -92,6 +92,62 @@ _ROUNDING = 1e-9
 
 
 @dataclasses.dataclass(frozen=True)
+class PipelineStats:
+  """A pipelined run's `pipeline` section, as the report compares it.
+
+  The step phases fold stage_compute, bubble and transfer back into
+  compute so that every cell's phases add up; this keeps them apart, per
+  stage, with the schedule's own arithmetic beside the measured bubble.
+
+  Attributes:
+    schedule, stages, micro_batches, virtual_stages, replicas: as run.
+    bubble_fraction: measured bubble over the stages' whole step time
+      (`pipeline_stats.measured_bubble_fraction`), or None.
+    bubble_fraction_theory: the schedule's (S-1)/(M+S-1), or None.
+    compute_ms, update_ms, transfer_ms, bubble_ms: per stage, ms per step
+      (update_ms is the optimizer's share of compute_ms); None where the
+      runtime did not record it.
+    bubble_source: how the bubble was had, from the section's `sources`
+      ("measured" or "derived"), or "" when the run did not say.
+  """
+  schedule: str
+  stages: int
+  micro_batches: int
+  virtual_stages: int
+  replicas: int
+  bubble_fraction: Optional[float]
+  bubble_fraction_theory: Optional[float]
+  compute_ms: Tuple[Optional[float], ...]
+  update_ms: Tuple[Optional[float], ...]
+  transfer_ms: Tuple[Optional[float], ...]
+  bubble_ms: Tuple[Optional[float], ...]
+  bubble_source: str = ""
+
+
+def pipeline_stats_of(record: dict) -> Optional[PipelineStats]:
+  """The run's PipelineStats, or None when it was not pipelined."""
+  section = record.get("pipeline")
+  if not section:
+    return None
+  rows = sorted(section.get("per_stage") or (), key=lambda r: r["stage"])
+
+  def column(key):
+    return tuple(row.get(key) for row in rows)
+
+  source = (section.get("sources") or {}).get(pipeline_stats.BUBBLE, "")
+  return PipelineStats(
+      schedule=section["schedule"], stages=section["stages"],
+      micro_batches=section["micro_batches"],
+      virtual_stages=section.get("virtual_stages", 1),
+      replicas=section.get("replicas", 1),
+      bubble_fraction=section.get("bubble_fraction"),
+      bubble_fraction_theory=section.get("bubble_fraction_theory"),
+      compute_ms=column("compute_ms"), update_ms=column("update_ms"),
+      transfer_ms=column("transfer_ms"), bubble_ms=column("bubble_ms"),
+      bubble_source=source.split(":", 1)[0].strip())
+
+
+@dataclasses.dataclass(frozen=True)
 class CellStats:
   """One cell's measurements: those of its median repeat.
 
@@ -113,6 +169,7 @@ class CellStats:
       repeats are not known.
     work_s_by_repeat: ((repeat, work_s), ...) alike, for the repeats that
       recorded CPU times.
+    pipeline: the median repeat's pipeline, or None when not pipelined.
   """
   num_runs: int
   samples_per_second: float
@@ -125,6 +182,7 @@ class CellStats:
   cores: Optional[int] = None
   step_s_by_repeat: Tuple[Tuple[int, float], ...] = ()
   work_s_by_repeat: Tuple[Tuple[int, float], ...] = ()
+  pipeline: Optional[PipelineStats] = None
 
   @property
   def phase_fractions(self) -> Dict[str, float]:
@@ -300,7 +358,8 @@ def _step_phases_s(phases: Mapping[str, dict]) -> Dict[str, float]:
   """Mean seconds per step of each of STEP_PHASES. A pipelined run records
   its compute as stage_compute, bubble and transfer (they partition it),
   an offloading run as offload_copy and compute: here they are its compute
-  again, so every cell's phases add up and compare with a plain run's."""
+  again, so every cell's phases add up and compare with a plain run's; the
+  split per stage is `CellStats.pipeline`."""
   means = {p: phases.get(p, {}).get("mean", 0.0) for p in STEP_PHASES}
   means[COMPUTE] += sum(phases.get(p, {}).get("mean", 0.0)
                         for p in COMPUTE_PARTS)
@@ -338,7 +397,8 @@ def summarize_records(records: Sequence[dict],
       step_s_by_repeat=() if repeats is None else tuple(
           (int(n), s) for n, s in zip(repeats, steps)),
       work_s_by_repeat=() if repeats is None else tuple(
-          (int(n), w) for n, w in zip(repeats, works) if w is not None))
+          (int(n), w) for n, w in zip(repeats, works) if w is not None),
+      pipeline=pipeline_stats_of(median))
 
 
 def _work_s(record: dict) -> Optional[float]:

@@ -27,6 +27,12 @@ RUNS_NAME = "runs.csv"
 # Written by compare_plots; the report links the ones that exist.
 PLOT_NAMES = ("throughput.png", "breakdown.png", "efficiency.png")
 PHASE_COLUMNS = overlap_metrics.STEP_PHASES
+# results.csv's pipeline columns, blank for a cell not pipelined.
+PIPELINE_COLUMNS = (
+    "pipeline_schedule", "pipeline_stages", "pipeline_micro_batches",
+    "pipeline_virtual_stages", "pipeline_replicas", "bubble_fraction",
+    "bubble_fraction_theory", "bubble_source", "stage_compute_ms",
+    "stage_update_ms", "stage_transfer_ms", "stage_bubble_ms")
 
 DEFINITIONS = """\
 - **Cell numbers** are those of the cell's median repeat: the successful
@@ -82,6 +88,13 @@ DEFINITIONS = """\
   **interference**: the combination lost to one of its parts. "All parts"
   marks a combination slower than every cell that drops one of its
   settings. Phases named grew by at least a fifth of the step's growth.
+- **Pipelines.** A pipelined run splits its compute into stage compute,
+  transfer and bubble per stage (run.json `pipeline`); the cell tables
+  count all three as compute, and "Pipelines side by side" shows them
+  apart, ms per step of each stage in stage order. The bubble is the
+  stages' summed bubble over their summed step time, beside the
+  schedule's own (S-1)/(M+S-1); "derived" marks a bubble that is the
+  step's remainder after parts timed alone, not waits timed in the step.
 """
 
 
@@ -167,6 +180,7 @@ def format_report(comparison: Comparison, output_dir: str) -> str:
   out.write("\n## Definitions\n\n" + DEFINITIONS)
   if len(comparison.frameworks) > 1:
     out.write(_frameworks_section(comparison))
+  out.write(_pipelines_section(comparison))
   for key in comparison.groups():
     out.write(_group_section(comparison, key))
   out.write(_problems_section(comparison))
@@ -216,6 +230,69 @@ def _frameworks_section(comparison: Comparison) -> str:
       rows.append(row)
     out.write(_table(headers, rows) + "\n\n")
   return out.getvalue()
+
+
+def _pipelines_section(comparison: Comparison) -> str:
+  """Each framework's pipeline beside the other's, per pipelined cell;
+  "" when no run was pipelined."""
+  out = io.StringIO()
+  for workload in comparison.workloads.cells():
+    results = {f: comparison.results.get((f, workload), {})
+               for f in comparison.frameworks}
+    cells = [c for c in comparison.matrix.cells() if any(
+        r.get(c) is not None and r[c].stats is not None and
+        r[c].stats.pipeline is not None for r in results.values())]
+    if not cells:
+      continue
+    if comparison.workloads.axes:
+      out.write(f"**{comparison.workloads.full_label(workload)}**\n\n")
+    headers = ["cell"]
+    for framework in comparison.frameworks:
+      headers += [f"{framework} S×M schedule",
+                  f"{framework} bubble (theory)",
+                  f"{framework} stage compute ms",
+                  f"{framework} of which update ms",
+                  f"{framework} transfer ms"]
+    rows = []
+    for cell in cells:
+      row = [comparison.matrix.label(cell)]
+      for framework in comparison.frameworks:
+        row += _pipeline_cells(results[framework].get(cell))
+      rows.append(row)
+    out.write(_table(headers, rows) + "\n\n")
+  if not out.getvalue():
+    return ""
+  return ("\n## Pipelines side by side (median repeat)\n\n"
+          "Per stage, ms per step, in stage order; the bubble is measured "
+          "(theory: (S-1)/(M+S-1)).\n\n" + out.getvalue())
+
+
+def _per_stage_ms(values) -> str:
+  if not values or any(v is None for v in values):
+    return "n/a"
+  return " / ".join(f"{v:.1f}" for v in values)
+
+
+def _pipeline_cells(result) -> List[str]:
+  """One framework's five pipeline columns for one cell."""
+  pipe = result.stats.pipeline if result and result.stats else None
+  if pipe is None:
+    text = ("not pipelined" if result is not None and result.stats
+            else _throughput_text(result))
+    return [text] + [""] * 4
+  schedule = pipe.schedule + (f", V={pipe.virtual_stages}"
+                              if pipe.virtual_stages > 1 else "")
+  if pipe.replicas > 1:
+    schedule += f", {pipe.replicas} replicas"
+  bubble = ("n/a" if pipe.bubble_fraction is None
+            else f"{100 * pipe.bubble_fraction:.1f}%")
+  if pipe.bubble_fraction_theory is not None:
+    bubble += f" ({100 * pipe.bubble_fraction_theory:.1f}%)"
+  if pipe.bubble_source == "derived":
+    bubble += ", derived"
+  return [f"{pipe.stages}×{pipe.micro_batches} {schedule}", bubble,
+          _per_stage_ms(pipe.compute_ms), _per_stage_ms(pipe.update_ms),
+          _per_stage_ms(pipe.transfer_ms)]
 
 
 def _throughput_text(result, with_range=True) -> str:
@@ -375,6 +452,23 @@ def _num(value: Optional[float], digits: int = 6) -> str:
   return "" if value is None else f"{value:.{digits}g}"
 
 
+def _pipeline_csv(pipe: Optional[overlap_metrics.PipelineStats]
+                  ) -> List[str]:
+  """The PIPELINE_COLUMNS of one cell; per-stage lists joined by ';'."""
+  if pipe is None:
+    return [""] * len(PIPELINE_COLUMNS)
+
+  def per_stage(values):
+    return ";".join(_num(v) for v in values)
+
+  return [pipe.schedule, _num(pipe.stages), _num(pipe.micro_batches),
+          _num(pipe.virtual_stages), _num(pipe.replicas),
+          _num(pipe.bubble_fraction), _num(pipe.bubble_fraction_theory),
+          pipe.bubble_source, per_stage(pipe.compute_ms),
+          per_stage(pipe.update_ms), per_stage(pipe.transfer_ms),
+          per_stage(pipe.bubble_ms)]
+
+
 def format_results_csv(comparison: Comparison) -> str:
   """One row per cell: the medians and metrics the report shows."""
   headers = (["framework", "group", "cell", "num_optimizations"] +
@@ -387,7 +481,7 @@ def format_results_csv(comparison: Comparison) -> str:
               "checkpoint_interval_s", "work_cpu_ms", "cores",
               "resource_bound_ms", "resource_efficiency",
               "step_over_bound_low", "step_over_bound_high",
-              "resource_verdict", "error"])
+              "resource_verdict"] + list(PIPELINE_COLUMNS) + ["error"])
   rows = []
   for key in comparison.groups():
     analysis = comparison.analyses[key]
@@ -419,6 +513,7 @@ def format_results_csv(comparison: Comparison) -> str:
                 _num(bound.efficiency if bound else None),
                 _num(ratio.get("low")), _num(ratio.get("high")),
                 bound.verdict if bound else ""]
+        row += _pipeline_csv(s.pipeline)
       row.append(" / ".join(result.errors))
       rows.append(row)
   return _csv_text(headers, rows)

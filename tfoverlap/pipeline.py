@@ -15,7 +15,8 @@ it has:
   micro-batches; every micro-batch goes forward through every stage, each
   stage under a gradient tape of its own, then backward stage by stage,
   handing the gradient of the crossing tensor to the stage before. Weight
-  gradients are summed over micro-batches and applied once. TensorFlow's
+  gradients are summed over micro-batches and applied once, after the
+  pipeline has drained. TensorFlow's
   executor runs any op whose inputs are ready, so stage k on micro-batch i
   overlaps stage k+1 on micro-batch i-1: the schedule is the data flow.
 
@@ -143,9 +144,19 @@ def build_stage_models(model: keras.Model,
   its variables are the model's.
 
   Raises:
-    ValueError: a cut layer is not a layer of the model, or not a place
-      where exactly one tensor crosses.
+    ValueError: a model with other than one input and one output, or a
+      cut layer that is not a layer of the model, or not a place where
+      exactly one tensor crosses.
   """
+  num_inputs = len(getattr(model, "inputs", None) or ())
+  num_outputs = len(getattr(model, "outputs", None) or ())
+  if num_inputs != 1 or num_outputs != 1:
+    # A stage hands one tensor to the next; the first stage would drop all
+    # inputs but one, the last all outputs but one.
+    raise ValueError(f"Invalid value for argument `model`. Received: "
+                     f"{model.name!r} with {num_inputs} inputs and "
+                     f"{num_outputs} outputs; allowed: a functional model "
+                     "with one input and one output")
   nodes = ordered_nodes(model)
   names = node_names(nodes)
   by_name = {names[id(node)]: node for node in nodes}
@@ -200,6 +211,7 @@ class GPipeRuntime:
                             for stage in self.stages]
     self._stage_s: Optional[List[float]] = None
     self._transfer_s: Optional[List[float]] = None
+    self._update_s: Optional[List[float]] = None
     # The plan the stages were cut by, set when a profile predicted it:
     # run.json puts its stage times beside the measured ones.
     self.predicted_by: Optional[partition_lib.StagePlan] = None
@@ -287,19 +299,34 @@ class GPipeRuntime:
     return train_step
 
   def measure_stages(self, example_inputs, example_targets,
-                     loss_fn: Callable, *, repeats: int = 3) -> None:
-    """Times every stage and cut alone (`pipeline_timing.time_stages`);
-    `record_step` splits each step's span with these times."""
+                     loss_fn: Callable, *,
+                     optimizer: Optional[keras.optimizers.Optimizer] = None,
+                     repeats: int = 3) -> None:
+    """Times every stage and cut alone (`pipeline_timing.time_stages`),
+    and with `optimizer` each stage's update (`time_updates`);
+    `record_step` splits each step's span with these times. Without an
+    optimizer the update is left in the derived bubble."""
     self._stage_s, self._transfer_s = pipeline_timing.time_stages(
         self, example_inputs, example_targets, loss_fn, repeats=repeats)
+    self._update_s = (None if optimizer is None else
+                      pipeline_timing.time_updates(self, optimizer,
+                                                   repeats=repeats))
 
   def stage_seconds(self) -> Tuple[List[float], List[float]]:
     """Per stage, (compute, transfer) seconds of one step: M times one
-    micro-batch's, as `measure_stages` timed them."""
+    micro-batch's, as `measure_stages` timed them, the compute with the
+    stage's update when it was timed."""
     if self._stage_s is None:
       raise RuntimeError("measure_stages() has not run")
     m = self.num_microbatches
-    return ([m * s for s in self._stage_s], [m * s for s in self._transfer_s])
+    update_s = self.update_seconds() or [0.0] * self.num_stages
+    return ([m * s + u for s, u in zip(self._stage_s, update_s)],
+            [m * s for s in self._transfer_s])
+
+  def update_seconds(self) -> Optional[List[float]]:
+    """Per stage, the seconds of its update in a step, or None when
+    `measure_stages` was given no optimizer."""
+    return None if self._update_s is None else list(self._update_s)
 
   def record_step(self, start_s: float, end_s: float
                   ) -> List[Tuple[str, float, float]]:
@@ -307,14 +334,19 @@ class GPipeRuntime:
     three phases partitioning it (the mean stage's view).
 
     Each stage's step is taken as the schedule implies: its own compute
-    (measured alone) first, then its transfers (measured alone), waiting
-    for the rest of the span (derived).
+    (measured alone, the update included when timed) first, then its
+    transfers (measured alone), waiting for the rest of the span (derived).
     """
     compute_s, transfer_s = self.stage_seconds()
+    update_s = self.update_seconds()
     for k, recorder in enumerate(self.recorders):
       for interval in _derived_intervals(start_s, end_s, compute_s[k],
                                          transfer_s[k]):
         recorder.record(*interval)
+      if update_s is not None:
+        # Its duration is what counts (a part of stage_compute); the
+        # update runs at the step's end, after the pipeline drains.
+        recorder.record_update(end_s - update_s[k], end_s)
       recorder.end_step(start_s, end_s)
     return pipeline_stats.partition_span(start_s, end_s, _derived_intervals(
         start_s, end_s, statistics.mean(compute_s),
@@ -324,23 +356,30 @@ class GPipeRuntime:
     """run.json's `pipeline` section, with `sources`: which figures are
     measured and which derived."""
     per_stage = []
+    # The measured compute holds the update only where it was timed; the
+    # prediction it is held against does the same.
+    with_update = self._update_s is not None
     for k, layers in enumerate(self.stage_layers()):
-      # The stage figures here are forward + backward timed alone; the
-      # step applies every stage's gradients at once after the pipeline,
-      # so the prediction they are held against leaves the update out.
-      predicted_ms, _, predicted_mb = split_lib.stage_predictions(
-          self.predicted_by.stages[k:k + 1] if self.predicted_by else (),
-          num_microbatches=self.num_microbatches, with_update=False)
+      predicted_ms, predicted_update_ms, predicted_mb = (
+          split_lib.stage_predictions(
+              self.predicted_by.stages[k:k + 1] if self.predicted_by else (),
+              num_microbatches=self.num_microbatches,
+              with_update=with_update))
       per_stage.append(pipeline_stats.stage_entry(
           k, layers=layers, device=self.devices[k],
           medians_ms=self.recorders[k].medians_ms(skip_steps),
-          predicted_ms=predicted_ms, predicted_memory_mb=predicted_mb))
+          predicted_ms=predicted_ms,
+          predicted_update_ms=(predicted_update_ms if with_update
+                               else None),
+          predicted_memory_mb=predicted_mb))
     section = pipeline_stats.pipeline_section(
         schedule=cfg.schedule, stages=self.num_stages,
         micro_batches=self.num_microbatches,
         virtual_stages=cfg.virtual_stages, replicas=1, split=cfg.split,
         cut_layers=self.cut_layers, per_stage=per_stage)
-    section["sources"] = dict(pipeline_timing.MEASUREMENT_SOURCES)
+    section["sources"] = dict(pipeline_timing.MEASUREMENT_SOURCES
+                              if with_update else
+                              pipeline_timing.SOURCES_WITHOUT_UPDATE)
     return section
 
 

@@ -2,13 +2,19 @@
 
 Inside one `tf.function` the host cannot see when each stage runs, so the
 parts are timed alone, before training: each stage's forward + backward of
-one micro-batch, traced on its device, and each cut's activation copy to
-the next stage's device and gradient copy back (medians of repeats). The
-bubble is then what is left of a step (see `MEASUREMENT_SOURCES`, which
-run.json repeats so that nobody mistakes a derived figure for a measured
-one).
+one micro-batch, traced on its device, each cut's activation copy to the
+next stage's device and gradient copy back, and the optimizer's update of
+each stage's variables (medians of repeats). The bubble is then what is
+left of a step (see `MEASUREMENT_SOURCES`, which run.json repeats so that
+nobody mistakes a derived figure for a measured one).
+
+The update is timed apart so that the bubble is measured as PyTorch's is:
+there, `optimizer.step()` is timed on the host inside stage_compute; here
+the step applies every stage's gradients after the pipeline drains, and
+without its own timing the update would fall into the derived bubble.
 
   stage_s, transfer_s = time_stages(runtime, inputs, targets, loss_fn)
+  update_s = time_updates(runtime, optimizer)
 """
 
 import statistics
@@ -22,14 +28,34 @@ from overlap_core.runtime import pipeline_stats
 MEASUREMENT_SOURCES = {
     pipeline_stats.STAGE_COMPUTE:
         "measured: the stage's forward + backward of one micro-batch, "
-        "traced and timed alone on its device (median of repeats), times M",
+        "traced and timed alone on its device (median of repeats), times M, "
+        "plus the stage's update (as PyTorch counts optimizer.step() in "
+        "stage_compute)",
+    pipeline_stats.UPDATE:
+        "measured: the optimizer's update of the stage's variables, traced "
+        "and timed alone with zero gradients (median of repeats; weights "
+        "and optimizer state put back after)",
     pipeline_stats.TRANSFER:
         "measured: the copy of one micro-batch's crossing activation to the "
         "next stage's device and of its gradient back, timed alone, times M",
     pipeline_stats.BUBBLE:
         "derived: the step's compute span minus the stage's own compute "
-        "and transfer (the stages run inside one tf.function, so the host "
-        "cannot time a stage's waits)",
+        "(update included) and transfer (the stages run inside one "
+        "tf.function, so the host cannot time a stage's waits)",
+}
+# For a runtime given no optimizer to time: its step's update is in no
+# measured part, so the derived bubble holds it.
+SOURCES_WITHOUT_UPDATE = {
+    pipeline_stats.STAGE_COMPUTE:
+        "measured: the stage's forward + backward of one micro-batch, "
+        "traced and timed alone on its device (median of repeats), times M; "
+        "the optimizer's update not timed",
+    pipeline_stats.TRANSFER: MEASUREMENT_SOURCES[pipeline_stats.TRANSFER],
+    pipeline_stats.BUBBLE:
+        "derived: the step's compute span minus the stage's own compute "
+        "and transfer, so it holds the optimizer's update too (the stages "
+        "run inside one tf.function, so the host cannot time a stage's "
+        "waits)",
 }
 
 
@@ -71,6 +97,46 @@ def time_stages(runtime, example_inputs, example_targets, loss_fn: Callable,
     for variable, value in zip(model.non_trainable_variables, saved):
       variable.assign(value)
   return compute_s, transfer_s
+
+
+def time_updates(runtime, optimizer, *, repeats: int = 3) -> List[float]:
+  """Per stage, seconds of the optimizer's update of its variables.
+
+  Zero gradients run the same kernels as real ones; the model's variables
+  and the optimizer's (its step count, slots) are put back afterwards, so
+  timing does not change what training computes.
+
+  Args:
+    runtime: a `tfoverlap.pipeline.GPipeRuntime`.
+    optimizer: the step's optimizer; built on the model's trainable
+      variables here if it is not yet (as the trainer builds it).
+    repeats: timed runs per stage, after one untimed (the trace).
+  """
+  model = runtime.model
+  if not optimizer.built:
+    optimizer.build(model.trainable_variables)
+  variables = list(model.variables) + list(optimizer.variables)
+  saved = [v.numpy() for v in variables]
+  try:
+    return [_median_s(_update_probe(optimizer, stage.trainable_variables),
+                      repeats) for stage in runtime.stages]
+  finally:
+    for variable, value in zip(variables, saved):
+      variable.assign(value)
+
+
+def _update_probe(optimizer, variables):
+  zeros = [tf.zeros_like(v) for v in variables]
+
+  @tf.function
+  def probe():
+    optimizer.apply_gradients(zip(zeros, variables))
+    # One element of each updated variable: reading them waits for every
+    # update and no more.
+    return tf.add_n([tf.cast(tf.reshape(v, [-1])[0], tf.float32)
+                     for v in variables])
+
+  return probe
 
 
 def _stage_probe(stage, device: str, stage_input, targets, loss_fn,

@@ -42,8 +42,8 @@ class PipelinedModel(keras.Model):
     num_microbatches: M; every training batch must divide by it.
 
   Raises:
-    ValueError: a cut layer that is no cut point, or one device too many
-      or too few.
+    ValueError: a model with several inputs or outputs, a cut layer that
+      is no cut point, or one device too many or too few.
   """
 
   def __init__(self, model: keras.Model, *, cut_layers: Sequence[str],

@@ -8,6 +8,7 @@ are built inside its scope so their variables are replicated.
 import contextlib
 import dataclasses
 import os
+import sys
 import time
 
 import keras
@@ -166,16 +167,32 @@ def _build_model_and_optimizer(strategy, config: TrainConfig, num_classes,
       time_offload_copies=not config.run.deterministic)
 
 
+def foreign_profile_warning(path: str, profile) -> str:
+  """One line for a --plan_profile another framework measured, or ""."""
+  if profile is None or profile.framework.lower().startswith(FRAMEWORK):
+    return ""
+  return (f"pipeline: warning: --plan_profile={path} was measured in "
+          f"{profile.framework}, not TensorFlow, so the split and the "
+          "predicted stage times follow that framework's layer costs; "
+          "python -m tfoverlap.plan --plan_output_dir=DIR measures "
+          "DIR/profile.json here")
+
+
 def _pipeline_spec(config: TrainConfig):
   """How parallelize cuts the model, or None when it is not pipelined."""
   cfg = config.pipeline
   if cfg.stages == 1:
     return None
+  profile = split_lib.load_profile(cfg.profile)
+  # Kinder than a refusal: another framework's costs still rank a split,
+  # but the user should know whose costs they are.
+  warning = foreign_profile_warning(cfg.profile, profile)
+  if warning:
+    print(warning, file=sys.stderr, flush=True)
   # One pipeline takes the whole batch (no data parallelism with stages).
   return parallelize.PipelineSpec(
       cfg, microbatch_size=config.data.batch_size // cfg.microbatches,
-      devices=distribute.mirrored_devices(cfg.stages),
-      profile=split_lib.load_profile(cfg.profile))
+      devices=distribute.mirrored_devices(cfg.stages), profile=profile)
 
 
 def _build_strategy(config: TrainConfig) -> tf.distribute.Strategy:
@@ -244,7 +261,7 @@ def _run_pipelined_loop(ctx: LoopContext, config: TrainConfig, spec, runtime,
   loss_fn = steps.make_microbatch_loss(spec.task, config.data.batch_size)
   inputs, targets = steps.example_batch(runtime.model, spec.task,
                                         config.data.batch_size)
-  runtime.measure_stages(inputs, targets, loss_fn)
+  runtime.measure_stages(inputs, targets, loss_fn, optimizer=optimizer)
   return loops.run_custom_loop(
       ctx, train_step=runtime.make_train_step(optimizer, loss_fn),
       iterator=iterator, split_compute=runtime.record_step)

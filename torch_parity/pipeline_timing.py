@@ -36,11 +36,28 @@ import torch.distributed as dist
 from torch.distributed.pipelining import schedules as _schedules
 
 from overlap_core.planning import split as split_lib
-from overlap_core.runtime.pipeline_stats import (BUBBLE, TRANSFER,
+from overlap_core.runtime.pipeline_stats import (BUBBLE, STAGE_COMPUTE,
+                                                 TRANSFER, UPDATE,
                                                  StageRecorder,
                                                  pipeline_section,
                                                  stage_entry)
 
+# run.json repeats these, as the TensorFlow side does its own, so that a
+# comparison can tell a timed figure from a derived one.
+MEASUREMENT_SOURCES = {
+    STAGE_COMPUTE:
+        "measured: the step's time outside timed sends and waits, on the "
+        "stage's own rank: its forward and backward chunks, the loss and "
+        "the update",
+    UPDATE: "measured: optimizer.step() timed on the host",
+    TRANSFER:
+        "measured: posting sends and receives, and waits on sends, timed "
+        "in the step",
+    BUBBLE:
+        "measured: waits on receives timed in the step (a received "
+        "tensor's wire time included), and the wait for the last stage's "
+        "loss",
+}
 _BATCH = "_batch_p2p"
 _WAIT = "_wait_batch_p2p"
 # One schedule step at a time per process: the stand-ins are globals.
@@ -151,8 +168,10 @@ def gather_pipeline_section(runtime, cfg, device, *,
                            predicted_update_ms=r["predicted_update_ms"],
                            predicted_memory_mb=r["predicted_memory_mb"])
                for r in rows if r["replica"] == 0]
-  return pipeline_section(
+  section = pipeline_section(
       schedule=cfg.schedule, stages=cfg.stages,
       micro_batches=cfg.microbatches, virtual_stages=cfg.virtual_stages,
       replicas=runtime.mesh.dims.data_parallel, split=cfg.split,
       cut_layers=runtime.cut_layers, per_stage=per_stage)
+  section["sources"] = dict(MEASUREMENT_SOURCES)
+  return section

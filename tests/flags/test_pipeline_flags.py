@@ -12,7 +12,9 @@ tfo_flags.define_flags()
 if not tfo_flags.FLAGS.is_parsed():
   tfo_flags.FLAGS.mark_as_parsed()
 
-# Defaults: batch 64 over --strategy=mirrored x 2 devices, 32 per replica.
+# Defaults: batch 64 over --strategy=mirrored x 2 devices: 32 per replica
+# unpipelined; with 2 stages the 2 devices are one pipeline, which splits
+# the whole batch.
 
 
 def test_defaults_are_not_pipelined():
@@ -30,9 +32,35 @@ def test_a_valid_pipeline_becomes_a_frozen_config():
                                cut_layers=("layer1.1.relu_4",))
 
 
+@pytest.mark.parametrize("parsed, microbatch_size", [
+    # A TensorFlow pipeline: its 2 stages are the 2 devices, one replica
+    # that splits the whole batch of 8 into 8 micro-batches of 1.
+    (dict(batch_size="8", num_devices="2", pipeline_stages="2",
+          pipeline_microbatches="8"), 1),
+    # A PyTorch world of 4 ranks in 2 stages: 2 replicas of 4 samples.
+    (dict(batch_size="8", num_devices="4", pipeline_stages="2",
+          pipeline_microbatches="4"), 1),
+    (dict(batch_size="6", num_devices="2", pipeline_stages="2",
+          pipeline_microbatches="3"), 2),
+])
+def test_micro_batches_divide_each_pipelines_batch(parsed, microbatch_size):
+  with flagsaver.as_parsed(**parsed):
+    config = tfo_flags.to_config()
+  pipelines = config.distribute.num_devices // config.pipeline.stages
+  assert (config.data.batch_size // pipelines //
+          config.pipeline.microbatches) == microbatch_size
+
+
 @pytest.mark.parametrize("parsed, message", [
     (dict(pipeline_stages="2", pipeline_microbatches="5"),
-     "--pipeline_microbatches=5: must divide each replica's batch of 32"),
+     "--pipeline_microbatches=5: must divide each pipeline's batch of 64"),
+    # 4 ranks in 2 stages are 2 replicas of 4 samples each.
+    (dict(pipeline_stages="2", pipeline_microbatches="8", batch_size="8",
+          num_devices="4"),
+     "--pipeline_microbatches=8: must divide each pipeline's batch of 4"),
+    (dict(pipeline_stages="2", pipeline_microbatches="1", batch_size="5",
+          num_devices="4"),
+     "--batch_size=5: must divide evenly over 2 replicas"),
     (dict(pipeline_stages="4", pipeline_microbatches="2",
           pipeline_schedule="1f1b"),
      "--pipeline_schedule=1f1b needs at least as many micro-batches as "

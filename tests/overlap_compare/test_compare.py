@@ -98,6 +98,56 @@ def test_tiny_matrix_in_both_frameworks(tmp_path):
   assert (out / "report.md").read_text() == before
 
 
+def _stage_ms(values):
+  return " / ".join(f"{v:.1f}" for v in values)
+
+
+def test_pipelines_of_both_frameworks_side_by_side(tmp_path):
+  out = tmp_path / "report"
+  result = run_module(
+      "tfoverlap.compare", "--matrix=pipeline_stages=1,2",
+      "--frameworks=tensorflow,pytorch", "--repeats=1",
+      f"--output_dir={out}", "--", "--model=mlp", "--dataset=synthetic",
+      "--image_size=8", "--batch_size=32", "--train_steps=8",
+      "--strategy=mirrored", "--num_devices=2", "--pipeline_microbatches=4",
+      "--pipeline_split=even", "--checkpoint=none", "--evaluate=false",
+      timeout=900)
+  assert result.returncode == 0, result.stderr[-4000:]
+  runs = {(r["framework"], r["cell"]): r for r in read_csv(out / "runs.csv")}
+  cells = {(r["framework"], r["cell"]): r
+           for r in read_csv(out / "results.csv")}
+  report = (out / "report.md").read_text()
+  assert "## Pipelines side by side" in report
+  table = report.split("## Pipelines side by side")[1].split("\n## ")[0]
+  # The unpipelined baseline has no row; the pipelined cell has one, with
+  # each framework's columns read from its own run.json.
+  assert "| baseline |" not in table
+  row = "| pipeline_stages=2 |"
+  for framework in ("tensorflow", "pytorch"):
+    record = run_record.load_run_record(
+        str(out / runs[(framework, "pipeline_stages=2")]["run_dir"]))
+    section = record["pipeline"]
+    stages = section["per_stage"]
+    assert (section["stages"], section["micro_batches"]) == (2, 4)
+    assert section["bubble_fraction_theory"] == pytest.approx(1 / 5)
+    # Both runtimes time the update apart and count it in stage_compute.
+    assert all(0 < s["update_ms"] < s["compute_ms"] for s in stages), stages
+    derived = section["sources"]["bubble"].startswith("derived")
+    assert derived == (framework == "tensorflow")
+    row += (f" 2×4 gpipe | {100 * section['bubble_fraction']:.1f}% (20.0%)"
+            f"{', derived' if derived else ''} | "
+            f"{_stage_ms(s['compute_ms'] for s in stages)} | "
+            f"{_stage_ms(s['update_ms'] for s in stages)} | "
+            f"{_stage_ms(s['transfer_ms'] for s in stages)} |")
+    csv_row = cells[(framework, "pipeline_stages=2")]
+    assert float(csv_row["bubble_fraction"]) == pytest.approx(
+        section["bubble_fraction"], rel=1e-5)
+    assert [float(v) for v in csv_row["stage_compute_ms"].split(";")] == (
+        pytest.approx([s["compute_ms"] for s in stages], rel=1e-5))
+    assert cells[(framework, "baseline")]["bubble_fraction"] == ""
+  assert row in table, table
+
+
 def _pid_running_with(argument, timeout_s):
   """The pid of a process whose command line holds `argument`."""
   deadline = time.monotonic() + timeout_s
