@@ -11,11 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from overlap_core.runtime import run_record, trace
+from overlap_core.runtime import run_record
 from overlap_core.runtime.config import OffloadConfig
 from torch_parity import offload
 
 from tests.helpers import run_module
+from tests.record_checks import copied_ms, offload_copy_spans_us
 
 BATCH = 2
 CPU = torch.device("cpu")
@@ -213,18 +214,10 @@ def _run(tmp_path, name, *args):
 def _assert_copy_phase(record, section):
   """The ledger's offload_copy phase holds the run's copies: on the CPU
   all of them, each step's within its compute span."""
-  assert "offload_copy" in record["phases_measured"]
-  phases = record["phases"]
-  assert phases["offload_copy"]["mean"] > 0
-  assert sum(phases[p]["mean"] for p in phases if p != "step") == (
-      pytest.approx(phases["step"]["mean"]))
-  events = trace.load_trace(record["outputs"]["trace"])["traceEvents"]
-  spans_us = [e["dur"] for e in events if e.get("name") == "offload_copy"]
-  assert len(spans_us) == record["steps"]
-  copied_ms = sum(section[d]["copy_ms"]["total"]
-                  for d in ("to_host", "to_device"))
+  spans_us = offload_copy_spans_us(record)
+  assert record["phases"]["offload_copy"]["mean"] > 0
   # The trace rounds each span to a nanosecond.
-  assert sum(spans_us) / 1e3 == pytest.approx(copied_ms,
+  assert sum(spans_us) / 1e3 == pytest.approx(copied_ms(section),
                                               abs=1e-6 * len(spans_us))
 
 
