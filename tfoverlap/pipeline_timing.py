@@ -33,7 +33,7 @@ MEASUREMENT_SOURCES = {
         "stage_compute)",
     pipeline_stats.UPDATE:
         "measured: the optimizer's update of the stage's variables, traced "
-        "and timed alone with zero gradients (median of repeats; weights "
+        "and timed alone on random gradients (median of repeats; weights "
         "and optimizer state put back after)",
     pipeline_stats.TRANSFER:
         "measured: the copy of one micro-batch's crossing activation to the "
@@ -102,9 +102,11 @@ def time_stages(runtime, example_inputs, example_targets, loss_fn: Callable,
 def time_updates(runtime, optimizer, *, repeats: int = 3) -> List[float]:
   """Per stage, seconds of the optimizer's update of its variables.
 
-  Zero gradients run the same kernels as real ones; the model's variables
-  and the optimizer's (its step count, slots) are put back afterwards, so
-  timing does not change what training computes.
+  The gradients are random, not zero: an update's time depends on their
+  values (the PyTorch profiler saw one thread's Adam step take 1.8 times
+  as long on all-zero gradients). The model's variables and the
+  optimizer's (its step count, slots) are put back afterwards, so timing
+  does not change what training computes.
 
   Args:
     runtime: a `tfoverlap.pipeline.GPipeRuntime`.
@@ -126,11 +128,13 @@ def time_updates(runtime, optimizer, *, repeats: int = 3) -> List[float]:
 
 
 def _update_probe(optimizer, variables):
-  zeros = [tf.zeros_like(v) for v in variables]
+  gradients = [tf.random.stateless_normal(v.shape, seed=[0, i],
+                                          dtype=v.dtype)
+               for i, v in enumerate(variables)]
 
   @tf.function
   def probe():
-    optimizer.apply_gradients(zip(zeros, variables))
+    optimizer.apply_gradients(zip(gradients, variables))
     # One element of each updated variable: reading them waits for every
     # update and no more.
     return tf.add_n([tf.cast(tf.reshape(v, [-1])[0], tf.float32)

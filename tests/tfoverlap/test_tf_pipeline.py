@@ -230,7 +230,7 @@ def test_measurements_partition_the_compute_span(two_cpu_devices):
   loss_fn = steps.make_microbatch_loss("classification", BATCH)
   inputs, targets = steps.example_batch(model, "classification", BATCH)
   # An optimizer with state of its own (a step count, momentum slots) that
-  # a zero-gradient update would change.
+  # an update would change.
   optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
   optimizer.build(model.trainable_variables)
   optimizer.iterations.assign(5)
