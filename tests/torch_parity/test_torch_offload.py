@@ -28,21 +28,28 @@ def _tiny_model():
                        nn.Linear(8, 3, bias=False))
 
 
+def _run_steps(model, optimizer, sample_shape, num_steps) -> float:
+  """`num_steps` of training on seeded random 3-class batches; the last
+  loss."""
+  generator = torch.Generator().manual_seed(1)
+  for _ in range(num_steps):
+    inputs = torch.randn(BATCH, *sample_shape, generator=generator)
+    targets = torch.randint(0, 3, (BATCH,), generator=generator)
+    optimizer.zero_grad()
+    loss = nn.functional.cross_entropy(model(inputs), targets)
+    loss.backward()
+    optimizer.step()
+  return loss.item()
+
+
 def _train(config, num_steps=3):
   """(last loss, state_dict, Offloader or None) after num_steps of SGD."""
   model = _tiny_model()
   optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
   offloader = (offload.apply_offload(model, optimizer, config, CPU)
                if config else None)
-  generator = torch.Generator().manual_seed(1)
-  for _ in range(num_steps):
-    inputs = torch.randn(BATCH, 4, generator=generator)
-    targets = torch.randint(0, 3, (BATCH,), generator=generator)
-    optimizer.zero_grad()
-    loss = nn.functional.cross_entropy(model(inputs), targets)
-    loss.backward()
-    optimizer.step()
-  return loss.item(), model.state_dict(), offloader
+  loss = _run_steps(model, optimizer, (4,), num_steps)
+  return loss, model.state_dict(), offloader
 
 
 def _assert_same_training(state, loss):
@@ -98,15 +105,8 @@ def _train_chain(config, watch=None):
                if config else None)
   if watch is not None:
     watch(offloader)
-  generator = torch.Generator().manual_seed(1)
-  for _ in range(2):
-    inputs = torch.randn(BATCH, 2, 4, 4, generator=generator)
-    targets = torch.randint(0, 3, (BATCH,), generator=generator)
-    optimizer.zero_grad()
-    loss = nn.functional.cross_entropy(model(inputs), targets)
-    loss.backward()
-    optimizer.step()
-  return loss.item(), model.state_dict(), offloader
+  loss = _run_steps(model, optimizer, (2, 4, 4), num_steps=2)
+  return loss, model.state_dict(), offloader
 
 
 def test_prefetch_stays_one_layer_ahead_of_backward():
