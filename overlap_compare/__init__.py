@@ -1,6 +1,6 @@
 """overlap_compare: overlap combinations x frameworks, measured side by side.
 
-`python -m overlap_compare` (also `python -m tfoverlap.compare`) runs a
+`python -m overlap_compare` (also the `tfoverlap-compare` command) runs a
 matrix of trainer flag settings in each framework, each run its own trainer
 subprocess, and writes a report of where combining overlaps stops paying.
 It imports neither TensorFlow nor PyTorch: the trainers are reached only

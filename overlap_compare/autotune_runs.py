@@ -1,4 +1,4 @@
-"""`python -m tfoverlap.compare --autotune`: the search, run as subprocesses.
+"""`python -m overlap_compare --autotune`: the search, run as subprocesses.
 
 For every framework and workload of the plan, successive halving
 (`overlap_compare.autotune`) over the matrix's cells, each trial being

@@ -1,6 +1,6 @@
-"""python -m tfoverlap.compare: overlap combinations x frameworks, side by side.
+"""python -m overlap_compare: overlap combinations x frameworks, side by side.
 
-  python -m tfoverlap.compare \\
+  python -m overlap_compare \\
       --matrix="prefetch=0,2;checkpoint=sync,async;strategy=default,mirrored" \\
       --workloads="preprocess_cost_ms=0,1" --frameworks=tensorflow,pytorch \\
       --repeats=3 --output_dir=report -- --model=small_cnn --train_steps=60
@@ -53,7 +53,7 @@ from overlap_compare.matrix import Cell, MatrixSpecError
 
 tfo_flags.define_flags()
 
-PROGRAM = "tfoverlap.compare"
+PROGRAM = "overlap_compare"
 PLAN_NAME = "compare.json"
 OUTCOMES_NAME = "outcomes.jsonl"
 
@@ -361,7 +361,7 @@ def main(argv):
         f"--output_dir={output_dir} already holds runs ({runs_root}); "
         "allowed: a new --output_dir, or --report_only to rewrite its report")
   os.makedirs(output_dir, exist_ok=True)
-  header = {"command": "python -m tfoverlap.compare " +
+  header = {"command": "python -m overlap_compare " +
                        shlex.join(sys.argv[1:]),
             "date": time.strftime("%Y-%m-%d"),
             **describe_machine()}

@@ -1,6 +1,6 @@
 """A comparison's runs, gathered per cell and analyzed per group.
 
-`tfoverlap.compare` runs every (framework, workload, cell, repeat) as a
+`overlap_compare` runs every (framework, workload, cell, repeat) as a
 trainer subprocess and keeps one `RunOutcome` each. This module turns those
 into per-cell results (`CellResult`: ok, failed or not supported, with the
 medians of the successful repeats) and per-group analyses (one group is one

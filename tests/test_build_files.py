@@ -124,29 +124,24 @@ def test_import_cycle_between_libraries_is_reported(tmp_path):
              for p in problems)
 
 
-def test_an_import_that_runs_back_up_is_reported(tmp_path):
+def test_visibility_follows_the_layering_table(tmp_path):
   root = str(tmp_path)
   _small_tree(root)
-  # No cycle, but the PyTorch side reaching into the TensorFlow side, even
-  # lazily inside a function, ties the two together.
-  _write(root, "tfoverlap/data.py")
-  _write(root, "torch_parity/data.py",
-         "def read():\n  from tfoverlap import data\n")
+  _write(root, "tests/test_layering.py",
+         "ALLOWED_DEPS = {'overlap_core': (), 'flags': ('overlap_core',),\n"
+         "                'tfoverlap': ('overlap_core', 'flags')}\n")
   update_build.write(root)
-  problems = update_build.find_problems(root)
-  assert any(p.startswith("torch_parity/data.py imports tfoverlap")
-             and "not tfoverlap" in p for p in problems), problems
+  assert ('visibility = [\n        "//flags:__pkg__",\n'
+          '        "//tfoverlap:__pkg__",\n        "//tests:__pkg__",\n    ]'
+          in _build_text_at(root, "overlap_core"))
+  assert ('visibility = ["//tests:__pkg__"]'
+          in _build_text_at(root, "tfoverlap"))
 
 
-def test_the_neutral_core_importing_a_framework_is_reported(tmp_path):
-  root = str(tmp_path)
-  _small_tree(root)
-  _write(root, "overlap_core/runtime/zoo.py", "import torch\n")
-  update_build.write(root)
-  problems = update_build.find_problems(root)
-  assert problems == [
-      "overlap_core/runtime/zoo.py imports torch, which overlap_core must "
-      "not: it stays free of tensorflow, keras, torch, horovod, matplotlib"]
+def test_the_real_libraries_are_visible_only_as_the_table_allows():
+  assert '"//torch_parity:__pkg__"' not in _build_text("tfoverlap")
+  assert '"//overlap_compare:__pkg__"' not in _build_text("tfoverlap")
+  assert '"//torch_parity:__pkg__"' in _build_text("overlap_core")
 
 
 def test_hand_edited_or_stray_build_file_is_reported(tmp_path):

@@ -18,28 +18,10 @@ from typing import Dict, Iterator, List, Sequence
 # The packages that setup.py installs, each one py_library named after it.
 LIBRARIES = ("overlap_core", "flags", "tfoverlap", "torch_parity",
              "overlap_compare")
-# Which libraries each may import: dependencies run one way, from the
-# framework sides and the comparison down to the neutral core. An import
-# that runs back up (overlap_core importing flags, torch_parity importing
-# tfoverlap) is a problem even where Bazel would accept it, because it ties
-# a layer to one that should be free to change above it.
-ALLOWED_DEPS = {
-    "overlap_core": (),
-    "flags": ("overlap_core",),
-    "tfoverlap": ("overlap_core", "flags",
-                  # Only the `python -m tfoverlap.compare` alias.
-                  "overlap_compare"),
-    "torch_parity": ("overlap_core", "flags"),
-    "overlap_compare": ("overlap_core", "flags"),
-}
-# Third-party modules a library must never import at module level. The
-# neutral core is shared by both frameworks and every trainer install; the
-# comparison reaches the trainers only through their command lines.
-FORBIDDEN_IMPORTS = {
-    "overlap_core": ("tensorflow", "keras", "torch", "horovod", "matplotlib"),
-    "flags": ("tensorflow", "keras", "torch", "horovod", "matplotlib"),
-    "overlap_compare": ("tensorflow", "keras", "torch", "horovod"),
-}
+# The layering (which library may import which) is one table, held by the
+# test that enforces it; the generator reads it as data, without importing
+# the test, to write each library's Bazel visibility.
+LAYERING_FILE = os.path.join("tests", "test_layering.py")
 TESTS_DIR = "tests"
 TOOLS_DIR = "tools"
 # Directories that hold Python but are deliberately not built, and why.
@@ -203,35 +185,33 @@ def find_cycle(deps: Dict[str, Sequence[str]]) -> List[str]:
   return []
 
 
-def layering_problems(root: str, targets: Dict[str, List[str]]) -> List[str]:
-  """Imports that break ALLOWED_DEPS or FORBIDDEN_IMPORTS, one line each.
+def read_allowed_deps(root: str) -> Dict[str, tuple]:
+  """ALLOWED_DEPS from LAYERING_FILE, read as a literal; {} without it."""
+  path = os.path.join(root, LAYERING_FILE)
+  if not os.path.exists(path):
+    return {}
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read(), filename=path)
+  for node in tree.body:
+    if (isinstance(node, ast.Assign) and len(node.targets) == 1
+        and getattr(node.targets[0], "id", None) == "ALLOWED_DEPS"):
+      return ast.literal_eval(node.value)
+  raise ValueError(f"{LAYERING_FILE} has no ALLOWED_DEPS table")
 
-  Imports inside functions count too: a lazy import still ties the layers.
+
+def library_visibility(lib: str, allowed_deps: Dict[str, tuple]) -> List[str]:
+  """Who may depend on `lib`: the libraries the table allows, and the tests.
+
+  Without a table every library is public, as Bazel's default would be.
   """
-  owner = {f: label for label, files in targets.items() for f in files}
-  problems = []
-  for label, files in sorted(targets.items()):
-    lib = label.lstrip("/")
-    allowed = {_library_label(d) for d in ALLOWED_DEPS.get(lib, ())}
-    forbidden = FORBIDDEN_IMPORTS.get(lib, ())
-    for f in files:
-      for module in sorted(imported_modules(os.path.join(root, f))):
-        top = module.split(".")[0]
-        if top in forbidden:
-          problems.append(f"{f} imports {module}, which {lib} must not: "
-                          f"it stays free of {', '.join(forbidden)}")
-        for dep in {owner[m] for m in module_files(root, module)
-                    if m in owner} - {label} - allowed:
-          problems.append(
-              f"{f} imports {module}: {lib} may depend only on "
-              f"{', '.join(ALLOWED_DEPS.get(lib, ())) or 'nothing first-party'}"
-              f", not {dep.lstrip('/')} (see ALLOWED_DEPS in "
-              "tools/update_build.py)")
-  return sorted(set(problems))
+  if not allowed_deps:
+    return ["//visibility:public"]
+  users = sorted(other for other, deps in allowed_deps.items() if lib in deps)
+  return [f"//{user}:__pkg__" for user in users] + [f"//{TESTS_DIR}:__pkg__"]
 
 
 def _library_build(lib: str, targets: Dict[str, List[str]],
-                   deps: Dict[str, list]) -> str:
+                   deps: Dict[str, list], visibility: List[str]) -> str:
   rules = {}
   for label in (t for t in targets if t.split(":")[0] == f"//{lib}"):
     name = label.rsplit(":", 1)[-1].lstrip("/")
@@ -241,7 +221,7 @@ def _library_build(lib: str, targets: Dict[str, List[str]],
     rules[name] = _rule(
         "py_library", name,
         srcs=[os.path.relpath(f, lib) for f in targets[label]],
-        visibility=["//visibility:public"], deps=_sorted_labels(local))
+        visibility=visibility, deps=_sorted_labels(local))
   return HEADER + "".join("\n" + rules[name] for name in sorted(rules))
 
 
@@ -304,9 +284,11 @@ def generate(root: str) -> Dict[str, str]:
   libraries = existing_libraries(root)
   targets = library_targets(root, libraries)
   deps = library_deps(root, targets)
+  allowed_deps = read_allowed_deps(root)
   builds = {"BUILD": _top_build(root)}
   for lib in libraries:
-    builds[os.path.join(lib, "BUILD")] = _library_build(lib, targets, deps)
+    builds[os.path.join(lib, "BUILD")] = _library_build(
+        lib, targets, deps, library_visibility(lib, allowed_deps))
   builds[os.path.join(TESTS_DIR, "BUILD")] = _tests_build(root, libraries)
   if python_files(root, TOOLS_DIR):
     builds[os.path.join(TOOLS_DIR, "BUILD")] = _tools_build(root)
@@ -348,7 +330,6 @@ def find_problems(root: str) -> List[str]:
   if cycle:
     problems.append("the libraries import each other in a cycle, which Bazel "
                     "refuses: " + " -> ".join(cycle))
-  problems.extend(layering_problems(root, targets))
   expected = generate(root)
   for path, text in sorted(expected.items()):
     full = os.path.join(root, path)

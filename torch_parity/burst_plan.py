@@ -17,8 +17,9 @@ parallelism.
 The devices are the run's replicas (--num_workers, times --num_devices
 under mirrored); the global batch is --batch_size. With --plan_output_dir it
 writes graph.json, profile.json, burst_plan.json (what --burst_parallel
-reads), burst_plan.txt and burst_scaling.png (each layer's time against its
-device count; needs matplotlib). Nothing is trained.
+reads) and burst_plan.txt, and prints the command that draws
+burst_scaling.png (each layer's time against its device count; needs
+matplotlib). Nothing is trained.
 
 With --plan_profile_format=deeppool the graph and the times are DeepPool's
 (overlap_core/planning/profile_formats.py): --plan_deeppool_job is its job

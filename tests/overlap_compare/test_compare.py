@@ -1,4 +1,4 @@
-"""python -m tfoverlap.compare end to end: real trainer subprocesses, real run.json.
+"""python -m overlap_compare end to end: real trainer subprocesses, real run.json.
 
 Kept small for 2-core machines: an MLP on synthetic 8x8 images, a dozen
 steps, one repeat.
@@ -30,7 +30,7 @@ def read_csv(path):
 def test_tiny_matrix_in_both_frameworks(tmp_path):
   out = tmp_path / "report"
   result = run_module(
-      "tfoverlap.compare", "--matrix=prefetch=0,2;checkpoint=sync,tf_async",
+      "overlap_compare", "--matrix=prefetch=0,2;checkpoint=sync,tf_async",
       "--frameworks=tensorflow,pytorch", "--repeats=1",
       f"--output_dir={out}", "--", *TINY, timeout=900)
   assert result.returncode == 0, result.stderr[-4000:]
@@ -92,7 +92,7 @@ def test_tiny_matrix_in_both_frameworks(tmp_path):
   # The report can be rewritten from what the runs left, unchanged.
   before = report
   (out / "report.md").unlink()
-  again = run_module("tfoverlap.compare", "--report_only",
+  again = run_module("overlap_compare", "--report_only",
                      f"--output_dir={out}")
   assert again.returncode == 0, again.stderr[-2000:]
   assert (out / "report.md").read_text() == before
@@ -105,7 +105,7 @@ def _stage_ms(values):
 def test_pipelines_of_both_frameworks_side_by_side(tmp_path):
   out = tmp_path / "report"
   result = run_module(
-      "tfoverlap.compare", "--matrix=pipeline_stages=1,2",
+      "overlap_compare", "--matrix=pipeline_stages=1,2",
       "--frameworks=tensorflow,pytorch", "--repeats=1",
       f"--output_dir={out}", "--", "--model=mlp", "--dataset=synthetic",
       "--image_size=8", "--batch_size=32", "--train_steps=8",
@@ -167,7 +167,7 @@ def _pid_running_with(argument, timeout_s):
 def test_a_killed_run_is_a_failed_cell_and_the_rest_go_on(tmp_path):
   out = tmp_path / "report"
   compare = subprocess.Popen(
-      [sys.executable, "-m", "tfoverlap.compare", "--matrix=prefetch=0,2",
+      [sys.executable, "-m", "overlap_compare", "--matrix=prefetch=0,2",
        "--frameworks=tensorflow", "--repeats=1", f"--output_dir={out}",
        "--", *TINY],
       cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.PIPE,
@@ -212,7 +212,7 @@ def test_a_killed_run_is_a_failed_cell_and_the_rest_go_on(tmp_path):
      "must divide evenly over 2 replicas"),
 ])
 def test_bad_specs_exit_2_with_one_line_before_any_run(tmp_path, args, says):
-  result = run_module("tfoverlap.compare", f"--output_dir={tmp_path}/r",
+  result = run_module("overlap_compare", f"--output_dir={tmp_path}/r",
                       *args, timeout=120)
   assert result.returncode == 2
   lines = result.stderr.strip().splitlines()
@@ -224,7 +224,7 @@ def test_bad_specs_exit_2_with_one_line_before_any_run(tmp_path, args, says):
 def test_an_output_dir_that_holds_runs_is_refused(tmp_path):
   # Its trainers would resume from the checkpoints there, not measure.
   (tmp_path / "runs" / "tensorflow").mkdir(parents=True)
-  result = run_module("tfoverlap.compare", "--matrix=prefetch=0,2",
+  result = run_module("overlap_compare", "--matrix=prefetch=0,2",
                       f"--output_dir={tmp_path}", timeout=120)
   assert result.returncode == 2
   assert "already holds runs" in result.stderr
@@ -236,7 +236,7 @@ def test_autotune_picks_a_cell_that_meets_the_constraint(tmp_path):
   # Without checkpoints a cell breaks "a checkpoint at least every 600 s",
   # whatever its speed: the search must pick checkpoint=sync.
   result = run_module(
-      "tfoverlap.compare", "--autotune", "--matrix=checkpoint=none,sync",
+      "overlap_compare", "--autotune", "--matrix=checkpoint=none,sync",
       "--frameworks=tensorflow", "--repeats=1", "--autotune_min_steps=6",
       "--max_checkpoint_interval_s=600", f"--output_dir={out}", "--", *TINY,
       timeout=900)

@@ -440,7 +440,7 @@ def _comparison(records, tmp_path):
   return comparison.Comparison(
       matrix=Matrix(AXES), workloads=Matrix([]),
       frameworks=["tensorflow", "pytorch"], outcomes=outcomes,
-      meta={"title": "Hand-made", "command": "python -m tfoverlap.compare"})
+      meta={"title": "Hand-made", "command": "python -m overlap_compare"})
 
 
 def test_report_and_csv_hold_the_computed_numbers(tmp_path):

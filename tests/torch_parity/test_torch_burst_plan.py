@@ -36,6 +36,12 @@ def test_plan_files_adapter_and_refusals(tmp_path):
   assert [lp.layer for lp in plan.layers] == [n.name for n in graph.nodes]
   assert (plan.num_devices, plan.global_batch) == (2, 8)
   assert all(lp.amplification <= 2 + 1e-9 for lp in plan.layers)
+  # The plot is drawn by the command the planner prints.
+  plot = next(l for l in result.stdout.splitlines()
+              if l.startswith("scaling plot: python -m "))
+  module, *plot_args = plot.split("python -m ", 1)[1].split()
+  drawn = run_module(module, *plot_args, timeout=300)
+  assert drawn.returncode == 0, drawn.stderr
   assert (out / "burst_scaling.png").read_bytes()[:4] == b"\x89PNG"
 
   # The same numbers through the adapter's format give the same plan.
