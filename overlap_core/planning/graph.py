@@ -34,7 +34,7 @@ JSON schema (schema_version 1):
 
   g = LayerGraph.from_json(text)
   g.cut_points()        # (3, 7, ...): indices i with a cut after nodes[i]
-  g.neutral_names()     # {"features.0": "features_0", ...}: what plans name
+  g.neutral_names()     # {"features.0": "features_0"}: what plans say
   print(g.summary()); open("g.dot", "w").write(g.to_dot())
 """
 

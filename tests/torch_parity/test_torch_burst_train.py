@@ -131,6 +131,7 @@ def test_a_plan_for_another_model_is_refused(command_plan, tmp_path):
                       f"--model_dir={tmp_path}", timeout=120)
   assert result.returncode == 2, result.stderr[-3000:]
   errors = [l for l in result.stderr.splitlines() if ": error: " in l]
-  assert any("the plan is for model 'small_cnn', not --model=mlp" in l
-             for l in errors), result.stderr[-3000:]
+  assert len(errors) == 1 and (
+      "the plan is for model 'small_cnn', not --model=mlp" in errors[0]), (
+          result.stderr[-3000:])
   assert "Traceback" not in result.stderr
