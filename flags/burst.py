@@ -44,6 +44,11 @@ def build_config(values) -> BurstConfig:
     raise ConfigError("burst_parallel", path,
                       f"{e}; allowed: off or a burst plan JSON from python "
                       "-m torch_parity.burst_plan") from None
+  if plan.model != values.model:
+    raise ConfigError("burst_parallel", path,
+                      f"the plan is for model {plan.model!r}, not "
+                      f"--model={values.model}; allowed: a plan made with "
+                      f"--model={values.model}")
   replicas = values.num_workers
   if values.strategy == "mirrored":
     replicas *= values.num_devices

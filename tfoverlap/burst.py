@@ -9,7 +9,7 @@ device. The layers' variables are shared, so the gradient of each
 variable is already the sum over the parts: no all-reduce is needed in one
 process. TensorFlow moves the parts between devices itself.
 
-  forward = make_burst_forward(model, plan.widths_by_layer(),
+  forward = make_burst_forward(model, widths_for_model(model, plan),
                                ["/cpu:0", "/cpu:1"])
   with tf.GradientTape() as tape:
     loss = loss_fn(y, forward(x, training=True))
@@ -19,12 +19,16 @@ mechanics and their overhead, not a speed-up. BatchNorm normalizes over
 each part, as unsynchronized data parallelism does.
 """
 
-from typing import Callable, Mapping, Optional, Sequence
+import re
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import keras
 import tensorflow as tf
+from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
 
+from overlap_core.planning.burst import BurstPlan
 from overlap_core.planning.burst_costs import split_samples
+from overlap_core.planning.graph import neutral_names
 
 
 def chain_layers(model: keras.Model) -> list:
@@ -45,28 +49,50 @@ def chain_layers(model: keras.Model) -> list:
   return layers
 
 
-def widths_for_model(model: keras.Model,
-                     widths_by_layer: Mapping[str, int]) -> dict:
-  """A plan's widths (named after the PyTorch graph) for a Keras model.
+# PyTorch traces these as nodes of their own, and the zoo's Keras layers
+# hold them: a ReLU is its Conv2D's or Dense's activation, the float32 cast
+# is the float32_output layer. A plan entry of any other kind with no Keras
+# layer means the plan is for another model.
+HELD_OP_TYPES = ("relu", "float")
 
-  The zoo's PyTorch modules carry the Keras layer names; what PyTorch
-  traces as separate functions (a ReLU, the float32 cast) is part of a
-  Keras layer or a layer of its own. So a Keras layer the plan names takes
-  its width; one it does not name runs at the width of the layer before
-  it, where its input already is; plan entries with no Keras layer run
-  inside the Keras layer that holds them.
+
+def widths_for_model(model: keras.Model, plan: BurstPlan) -> dict:
+  """A plan's widths for a Keras model, by Keras layer name.
+
+  Plans name layers neutrally (`neutral_layer_name`), and the zoo's Keras
+  layers carry those names. A Keras layer the plan names takes its width;
+  one it does not name runs at the width of the layer before it, where its
+  input already is; a plan entry PyTorch traces apart (HELD_OP_TYPES) runs
+  inside the Keras layer that holds it.
 
   Raises:
-    ValueError: the plan names none of the model's layers, or not its
-      first one.
+    ValueError: one line: the plan does not name the model's first layer,
+      or names a layer the model lacks, or lacks a layer with weights.
   """
   layers = chain_layers(model)
-  if layers[0].name not in widths_by_layer:
+  neutral = neutral_names(layer.name for layer in layers)
+  by_name = {neutral[layer.name]: layer for layer in layers}
+  foreign = [lp for lp in plan.layers
+             if lp.layer not in by_name and lp.op_type not in HELD_OP_TYPES]
+  if foreign:
+    raise ValueError(f"the plan names layer {foreign[0].layer!r} "
+                     f"({foreign[0].op_type}), which model {model.name!r} "
+                     f"lacks ({len(foreign)} such layers); allowed: a plan "
+                     "made for this model by python -m "
+                     "torch_parity.burst_plan")
+  widths_by_layer = plan.widths_by_layer()
+  first = neutral[layers[0].name]
+  if first not in widths_by_layer:
     raise ValueError(f"the plan has no width for the model's first layer "
-                     f"{layers[0].name!r}; is it a plan for this model?")
+                     f"{first!r}; is it a plan for this model?")
+  unplanned = [layer.name for layer in layers if layer.trainable_weights
+               and neutral[layer.name] not in widths_by_layer]
+  if unplanned:
+    raise ValueError(f"layer {unplanned[0]!r} of the model has weights and "
+                     f"no width in the plan ({len(unplanned)} such layers)")
   widths, k = {}, None
   for layer in layers:
-    k = widths_by_layer.get(layer.name, k)
+    k = widths_by_layer.get(neutral[layer.name], k)
     widths[layer.name] = k
   return widths
 
@@ -112,16 +138,16 @@ def make_burst_forward(model: keras.Model,
   layers = chain_layers(model)
 
   def forward(x, training: bool = False):
-    for layer in layers:
+    for index, layer in enumerate(layers):
       k = widths_by_layer[layer.name]
       if k == 1:
-        with tf.device(devices[0]):
+        with tf.device(devices[0]), tf.name_scope(_part_scope(index, 0)):
           x = layer(x, training=training)
         continue
       parts = tf.split(x, list(split_samples(int(x.shape[0]), k)), axis=0)
       outs = []
-      for device, part in zip(devices, parts):
-        with tf.device(device):
+      for part_index, (device, part) in enumerate(zip(devices, parts)):
+        with tf.device(device), tf.name_scope(_part_scope(index, part_index)):
           outs.append(layer(part, training=training))
         if placements is not None and tf.executing_eagerly():
           placements.append((layer.name, int(part.shape[0]),
@@ -131,3 +157,73 @@ def make_burst_forward(model: keras.Model,
     return x
 
   return forward
+
+
+# Every part of a layer runs under its own name scope, so the ops of an
+# executed step tell which layer and part they computed, wherever they ran.
+_PART_OP = re.compile(r"^burst(\d+)_(\d+)/")
+# Ops that move or read tensors around a part's compute, not the compute.
+_NOT_COMPUTE = ("_Send", "_Recv", "_Arg", "_Retval", "ReadVariableOp",
+                "Identity", "Const", "NoOp")
+
+
+def _part_scope(layer_index: int, part_index: int) -> str:
+  return f"burst{layer_index}_{part_index}"
+
+
+def placements_of_step(model: keras.Model, run_metadata) -> Dict[str, list]:
+  """Where each layer's parts computed in an executed step, forward only.
+
+  Args:
+    model: the model the burst forward ran.
+    run_metadata: the `RunMetadata` of a step that ran it (its functions'
+      partition graphs: the graphs as TensorFlow placed them).
+
+  Returns:
+    layer name -> per part, the sorted devices ("CPU:1") of its forward
+    compute ops. A step that did not run the burst forward gives {}.
+  """
+  layers = chain_layers(model)
+  found: Dict[Tuple[int, int], set] = {}
+  for function in run_metadata.function_graphs:
+    for graph in function.partition_graphs:
+      for node in graph.node:
+        match = _PART_OP.match(node.name)
+        if match is None or node.op in _NOT_COMPUTE or not node.device:
+          continue
+        spec = tf.DeviceSpec.from_string(node.device)
+        key = (int(match.group(1)), int(match.group(2)))
+        found.setdefault(key, set()).add(
+            f"{spec.device_type}:{spec.device_index}")
+  placements: Dict[str, list] = {}
+  for (index, part), where in sorted(found.items()):
+    placements.setdefault(layers[index].name, []).append(sorted(where))
+  return placements
+
+
+def record_first_step_placements(train_step: Callable, model: keras.Model,
+                                 placements: dict) -> Callable:
+  """train_step, whose first call fills `placements` (placements_of_step).
+
+  Only the first call collects run metadata: it costs time on every op.
+  """
+
+  measured = False
+
+  def step(batch):
+    nonlocal measured
+    if measured:
+      return train_step(batch)
+    measured = True
+    # tf.function exposes no public per-call RunMetadata in TF2; the eager
+    # context's is the one that holds the partition graphs.
+    context.enable_run_metadata()
+    try:
+      loss = train_step(batch)
+    finally:
+      metadata = context.export_run_metadata()
+      context.disable_run_metadata()
+    placements.update(placements_of_step(model, metadata))
+    return loss
+
+  return step

@@ -21,7 +21,7 @@ planned devices (`tfoverlap.burst`). The variables are not mirrored: each
 part reads the same variables, so their gradients are already summed.
 """
 
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Callable, Dict, NamedTuple, Optional, Sequence
 
 import keras
 import tensorflow as tf
@@ -50,6 +50,9 @@ class Parallelized(NamedTuple):
       model's layers; the train step runs its schedule), else None.
     burst: the forward that runs a burst plan (forward(x, training)), or
       None; then the train step calls it in place of `train_model`.
+    burst_placements: with `burst`, a dict the first burst step that runs
+      fills: where each layer's parts computed
+      (`tfoverlap.burst.placements_of_step`); else None.
   """
   model: keras.Model
   train_model: keras.Model
@@ -58,6 +61,7 @@ class Parallelized(NamedTuple):
   offload: Optional[offload_lib.Offloader] = None
   pipeline: Optional[pipeline_lib.GPipeRuntime] = None
   burst: Optional[Callable] = None
+  burst_placements: Optional[Dict[str, list]] = None
 
 
 class PipelineSpec(NamedTuple):
@@ -186,9 +190,10 @@ def apply_burst(strategy: tf.distribute.Strategy,
   optimizer = build_optimizer()
   optimizer.build(model.trainable_variables)
   try:
-    widths = burst_lib.widths_for_model(model, spec.plan.widths_by_layer())
+    widths = burst_lib.widths_for_model(model, spec.plan)
     forward = burst_lib.make_burst_forward(model, widths, spec.devices)
   except ValueError as e:
     raise ConfigError("burst_parallel", spec.plan_path, str(e)) from None
   dims = ParallelDims.data_parallel_only(1)
-  return Parallelized(model, model, optimizer, dims, burst=forward)
+  return Parallelized(model, model, optimizer, dims, burst=forward,
+                      burst_placements={})

@@ -242,9 +242,11 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
         take_offload_copy_s=(timed_offload.take_copy_s if timed_offload
                              else None))
   if built.burst:
-    train_step = steps.make_burst_train_step(
-        built.burst, model, optimizer, task=spec.task,
-        global_batch_size=config.data.batch_size)
+    train_step = burst.record_first_step_placements(
+        steps.make_burst_train_step(
+            built.burst, model, optimizer, task=spec.task,
+            global_batch_size=config.data.batch_size),
+        model, built.burst_placements)
   else:
     train_step = steps.make_train_step(
         strategy, model, optimizer, task=spec.task,
@@ -279,10 +281,13 @@ def _describe_strategy(strategy, config: TrainConfig,
     described["devices"] = list(_burst_spec(config, plan).devices)
     described["burst"] = burst_report.plan_against_run(
         plan, config.burst.plan_path, ledger.summary())
-    # The plan names the PyTorch graph's layers; these are the Keras
-    # layers' widths that ran (tfoverlap.burst.widths_for_model).
+    # The plan names layers neutrally, PyTorch's traced functions
+    # included; these are the Keras layers' widths
+    # (tfoverlap.burst.widths_for_model), and where the first step's parts
+    # really computed.
     described["burst"]["widths_run"] = burst.widths_for_model(
-        built.model, plan.widths_by_layer())
+        built.model, plan)
+    described["burst"]["placements_run"] = dict(built.burst_placements)
   return described
 
 

@@ -40,7 +40,7 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from overlap_core.planning.burst_costs import sample_ranges
-from overlap_core.planning.graph import MODEL_INPUT
+from overlap_core.planning.graph import MODEL_INPUT, neutral_names
 from torch_parity.planning.graph import layer_names
 
 _LAYER_OPS = ("call_module", "call_function", "call_method")
@@ -126,7 +126,11 @@ class BurstModel(nn.Module):
                        else world_size)
     self.global_batch = global_batch
     self.traced = fx.symbolic_trace(module)
-    self._names = layer_names(self.traced)
+    # Plans name layers neutrally ("features_0" for "features.0"): one plan
+    # serves both trainers. Keys here are those names from the start.
+    names = layer_names(self.traced)
+    neutral = neutral_names(names.values())
+    self._names = {node: neutral[name] for node, name in names.items()}
     self._widths = self._check_widths(widths_by_layer)
     self._per_sample, self._dtypes = self._per_sample_shapes(example_input)
     self._ranges = {k: self._padded_ranges(k)
@@ -135,6 +139,12 @@ class BurstModel(nn.Module):
     self._modules_by_width = self._owned_modules()
 
   def _check_widths(self, widths_by_layer) -> Dict[str, int]:
+    """The plan's widths, refused unless they name exactly the model's
+    layers (neutral names), each at a width this world can run.
+
+    Raises:
+      ValueError: one line naming the first layer at fault.
+    """
     layers = [self._names[n] for n in self.traced.graph.nodes
               if n.op in _LAYER_OPS]
     missing = [l for l in layers if l not in widths_by_layer]

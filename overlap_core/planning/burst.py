@@ -33,6 +33,10 @@ are not counted: DeepPool lends them to a background job.
                     amplification_limit=2.0,
                     comm=CommModel(bandwidth_bytes_per_s=10e9))
   print(plan.table()); open("burst_plan.json", "w").write(plan.to_json())
+
+A plan names each layer by its neutral name (`graph.neutral_layer_name`,
+"features_0" for PyTorch's "features.0"), since one plan serves both
+trainers: each maps its own layer names through that function to match.
 """
 
 import dataclasses
@@ -229,7 +233,12 @@ class BurstPlan:
 
 def describe(problem: BurstProblem,
              widths_by_layer: Mapping[str, int]) -> BurstPlan:
-  """The plan of an assignment, with every predicted cost filled in."""
+  """The plan of an assignment, with every predicted cost filled in.
+
+  Raises:
+    ValueError: two layers go by the same neutral name.
+  """
+  neutral = problem.graph.neutral_names()
   transfer_in = {n: 0.0 for n in problem.layers}
   transfer_gpu_s = 0.0
   for u, v in problem.edges:
@@ -246,7 +255,7 @@ def describe(problem: BurstProblem,
     gpu_s += layer_gpu_s
     single_s += problem.compute_s(node.name, 1)
     layers.append(LayerPlan(
-        layer=node.name, op_type=node.op_type, num_devices=k,
+        layer=neutral[node.name], op_type=node.op_type, num_devices=k,
         samples_per_device=split_samples(problem.global_batch, k),
         compute_s=problem.compute_s(node.name, k),
         allreduce_s=problem.allreduce_s(node.name, k),
@@ -293,7 +302,8 @@ def plan_burst(graph: LayerGraph, profile: Profile, *, global_batch: int,
     widths: candidate widths (default: powers of two and num_devices).
 
   Raises:
-    ValueError: bad arguments, or a graph that is not series-parallel.
+    ValueError: bad arguments, a graph that is not series-parallel, or two
+      layers with one neutral name.
     KeyError: a layer without a profile, or a batch nothing can predict.
   """
   problem = BurstProblem(graph, LayerTimes(graph, profile, cost_model),

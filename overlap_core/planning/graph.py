@@ -34,6 +34,7 @@ JSON schema (schema_version 1):
 
   g = LayerGraph.from_json(text)
   g.cut_points()        # (3, 7, ...): indices i with a cut after nodes[i]
+  g.neutral_names()     # {"features.0": "features_0"}: what plans say
   print(g.summary()); open("g.dot", "w").write(g.to_dot())
 """
 
@@ -45,6 +46,41 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 SCHEMA_VERSION = 1
 MODEL_INPUT = "input"  # the producer name of the model's input tensor
+# PyTorch joins a module path with "."; Keras layer names are flat, and the
+# zoo names its Keras layers after the PyTorch paths with "_" for ".".
+_PATH_SEPARATOR, _NEUTRAL_SEPARATOR = ".", "_"
+
+
+def neutral_layer_name(framework_name: str) -> str:
+  """The name a layer goes by in a plan that both frameworks run.
+
+  A graph's node names are the framework's own ("features.0" in PyTorch,
+  "features_0" in Keras); a plan made from one framework's graph is read by
+  the other, so it names each layer by this spelling, and each side maps
+  its own layer names through this function before matching them.
+
+    neutral_layer_name("features.0") == neutral_layer_name("features_0")
+  """
+  return framework_name.replace(_PATH_SEPARATOR, _NEUTRAL_SEPARATOR)
+
+
+def neutral_names(framework_names) -> Dict[str, str]:
+  """framework name -> neutral name, for names of one model.
+
+  Raises:
+    ValueError: two layers go by the same neutral name (such as "a.b" and
+      "a_b"), so a plan could not tell them apart.
+  """
+  names, owner = {}, {}
+  for name in framework_names:
+    neutral = neutral_layer_name(name)
+    if neutral in owner:
+      raise ValueError(f"layers {owner[neutral]!r} and {name!r} both go by "
+                       f"the neutral name {neutral!r}; rename one so that a "
+                       "plan can tell them apart")
+    owner[neutral] = name
+    names[name] = neutral
+  return names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +177,14 @@ class LayerGraph:
     """[start, end) node ranges between consecutive cut points: the blocks."""
     bounds = [0] + [i + 1 for i in self.cut_points()] + [len(self.nodes)]
     return tuple(zip(bounds[:-1], bounds[1:]))
+
+  def neutral_names(self) -> Dict[str, str]:
+    """Node name -> the name plans give it (`neutral_layer_name`).
+
+    Raises:
+      ValueError: two nodes go by the same neutral name.
+    """
+    return neutral_names(n.name for n in self.nodes)
 
   @property
   def param_bytes(self) -> int:

@@ -18,11 +18,12 @@ tfo_flags.define_flags()
 if not tfo_flags.FLAGS.is_parsed():
   tfo_flags.FLAGS.mark_as_parsed()
 
-# Defaults: batch 64 over --strategy=mirrored x 2 devices.
+# Defaults: --model=small_cnn, batch 64 over --strategy=mirrored x 2 devices.
 
 
-def _write_plan(tmp_path, *, num_devices=2, batch=64, limit=4.0, name="p"):
-  graph = chain("tiny", [("a", "linear", {}), ("b", "relu", {})],
+def _write_plan(tmp_path, *, num_devices=2, batch=64, limit=4.0, name="p",
+                model="small_cnn"):
+  graph = chain(model, [("a", "linear", {}), ("b", "relu", {})],
                 batch_size=batch)
   timings = []
   for layer, fixed_s in (("a", 0.0), ("b", 1e-3)):
@@ -59,6 +60,7 @@ def test_a_plan_for_this_run_becomes_a_frozen_config(tmp_path):
     ("not_json", "not a burst plan"),
     ("devices", "the plan is for 4 devices and this run has 2 replicas"),
     ("batch", "the plan is for a global batch of 32, not --batch_size=64"),
+    ("model", "the plan is for model 'mlp', not --model=small_cnn"),
     ("limit", "of the plan amplifies"),
 ])
 def test_a_plan_that_does_not_fit_the_run_is_refused(tmp_path, case, message):
@@ -73,6 +75,8 @@ def test_a_plan_that_does_not_fit_the_run_is_refused(tmp_path, case, message):
     path, _ = _write_plan(tmp_path, num_devices=4, name="four")
   elif case == "batch":
     path, _ = _write_plan(tmp_path, batch=32, name="small")
+  elif case == "model":
+    path, _ = _write_plan(tmp_path, model="mlp", name="mlp")
   parsed = dict(burst_parallel=path,
                 amplification_limit="1.2" if case == "limit" else "4")
   with flagsaver.as_parsed(**parsed):

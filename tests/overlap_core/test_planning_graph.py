@@ -3,7 +3,7 @@
 import pytest
 
 from overlap_core.planning.graph import (MODEL_INPUT, LayerGraph, LayerNode,
-                                         chain)
+                                         chain, neutral_layer_name)
 from overlap_core.planning.profile import LayerTiming, Profile, UpdateTiming
 
 
@@ -97,3 +97,19 @@ def test_profile_carries_its_optimizer_updates_and_reads_version_1():
   assert read.updates == () and read.optimizer == "" and read.threads == 0
   with pytest.raises(ValueError, match="allowed: 1, 2"):
     Profile.from_dict({**old, "schema_version": 3})
+
+
+def test_both_frameworks_spellings_have_one_neutral_name():
+  assert (neutral_layer_name("features.0")
+          == neutral_layer_name("features_0") == "features_0")
+  g = chain("m", [("layer1.0.conv1", "conv2d", {}),
+                            ("fc", "linear", {})])
+  assert g.neutral_names() == {"layer1.0.conv1": "layer1_0_conv1",
+                               "fc": "fc"}
+
+
+def test_two_layers_with_one_neutral_name_are_refused():
+  g = chain("m", [("a.b", "linear", {}), ("a_b", "linear", {})])
+  with pytest.raises(ValueError, match="'a.b' and 'a_b' both go by the "
+                     "neutral name 'a_b'"):
+    g.neutral_names()

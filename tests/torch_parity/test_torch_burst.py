@@ -111,3 +111,33 @@ def test_an_idle_rank_on_cuda_holds_cuda_parts():
   out = model(model.local_input(x))
   # NCCL sends and receives device buffers only.
   assert out.device == x.device and out.is_cuda
+
+
+def _nested_model() -> nn.Module:
+  # Module paths with dots ("0.0"), as every zoo model but the flat ones.
+  return nn.Sequential(nn.Sequential(nn.Linear(4, 3), nn.ReLU()),
+                       nn.Linear(3, 2))
+
+
+def _burst(module, widths):
+  return burst.BurstModel(module, widths, global_batch=4,
+                          example_input=torch.zeros(2, 4), rank=1,
+                          world_size=2)
+
+
+def test_a_plan_names_layers_neutrally():
+  model = _burst(_nested_model(), {"0_0": 1, "0_1": 1, "1": 1})
+  assert model(model.local_input(torch.ones(4, 4))).shape == (0, 2)
+
+
+@pytest.mark.parametrize("widths, message", [
+    # PyTorch's own spelling is not what plans use.
+    ({"0.0": 1, "0_1": 1, "1": 1}, "layer '0_0' of the model has no width"),
+    ({"0_0": 1, "0_1": 1, "1": 1, "2": 1},
+     "the plan names layer '2', which the model lacks"),
+    ({"0_0": 3, "0_1": 1, "1": 1}, "layer '0_0' has width 3; allowed: 1 to 2"),
+])
+def test_a_plan_that_does_not_fit_the_model_is_refused(widths, message):
+  with pytest.raises(ValueError, match=message) as raised:
+    _burst(_nested_model(), widths)
+  assert "\n" not in str(raised.value)

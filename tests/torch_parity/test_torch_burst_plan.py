@@ -33,7 +33,9 @@ def test_plan_files_adapter_and_refusals(tmp_path):
   assert "enforced per layer" in result.stdout
   plan = BurstPlan.from_json((out / "burst_plan.json").read_text())
   graph = LayerGraph.from_json((out / "graph.json").read_text())
-  assert [lp.layer for lp in plan.layers] == [n.name for n in graph.nodes]
+  # Layers go by their neutral names, what both trainers read.
+  assert [lp.layer for lp in plan.layers] == list(
+      graph.neutral_names().values())
   assert (plan.num_devices, plan.global_batch) == (2, 8)
   assert all(lp.amplification <= 2 + 1e-9 for lp in plan.layers)
   # The plot is drawn by the command the planner prints.
