@@ -58,12 +58,16 @@ def wait_for_line(stream, needle: str, timeout: float) -> str:
 PROGRESS_WAIT_S = 60.0
 
 
-def wait_until(predicate, what: str, timeout_s: float = PROGRESS_WAIT_S
-               ) -> None:
+def wait_until(predicate, what: str, timeout_s: float = PROGRESS_WAIT_S):
   """Polls until `predicate()` holds (progress, not a timer, ends the wait);
-  fails the test after `timeout_s`."""
+  fails the test after `timeout_s`.
+
+  Returns:
+    The value of `predicate()` that ended the wait (e.g. a pid it found).
+  """
   deadline = time.monotonic() + timeout_s
-  while not predicate():
+  while not (value := predicate()):
     if time.monotonic() > deadline:
       raise AssertionError(f"{what}: not within {timeout_s} s")
     time.sleep(0.01)
+  return value

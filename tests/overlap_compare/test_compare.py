@@ -9,13 +9,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from overlap_core.runtime import run_record
 
-from tests.helpers import REPO_ROOT, run_module, subprocess_env
+from tests.helpers import REPO_ROOT, run_module, subprocess_env, wait_until
 
 TINY = ["--model=mlp", "--dataset=synthetic", "--image_size=8",
         "--batch_size=32", "--strategy=default", "--train_steps=12",
@@ -148,20 +147,17 @@ def test_pipelines_of_both_frameworks_side_by_side(tmp_path):
   assert row in table, table
 
 
-def _pid_running_with(argument, timeout_s):
-  """The pid of a process whose command line holds `argument`."""
-  deadline = time.monotonic() + timeout_s
-  while time.monotonic() < deadline:
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-      try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-          args = f.read().decode(errors="replace").split("\0")
-      except OSError:
-        continue
-      if argument in args:
-        return int(pid)
-    time.sleep(0.05)
-  raise AssertionError(f"no process with {argument} within {timeout_s} s")
+def _pid_running_with(argument):
+  """The pid of a process whose command line holds `argument`, or None."""
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        args = f.read().decode(errors="replace").split("\0")
+    except OSError:
+      continue
+    if argument in args:
+      return int(pid)
+  return None
 
 
 def test_a_killed_run_is_a_failed_cell_and_the_rest_go_on(tmp_path):
@@ -174,8 +170,9 @@ def test_a_killed_run_is_a_failed_cell_and_the_rest_go_on(tmp_path):
       stderr=subprocess.PIPE, text=True)
   try:
     # The baseline runs first; kill its trainer as the OOM killer would.
-    victim = _pid_running_with(
-        f"--model_dir={out}/runs/tensorflow/all/prefetch-0/r1", 300)
+    baseline = f"--model_dir={out}/runs/tensorflow/all/prefetch-0/r1"
+    victim = wait_until(lambda: _pid_running_with(baseline),
+                        "the baseline's trainer to start", timeout_s=300)
     os.kill(victim, signal.SIGKILL)
     _, stderr = compare.communicate(timeout=600)
   finally:

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import zlib
 
 import ml_dtypes
@@ -27,7 +26,8 @@ from overlap_core.checkpoint import tensor_file
 from overlap_core.checkpoint.files import (CheckpointError,
                                              CorruptCheckpointError)
 
-from tests.helpers import REPO_ROOT, subprocess_env, wait_for_line
+from tests.helpers import (PROGRESS_WAIT_S, REPO_ROOT, subprocess_env,
+                           wait_for_line, wait_until)
 
 
 def _arrays(step: int) -> dict:
@@ -333,30 +333,81 @@ def _engine(directory, **kwargs):
                                         log=lambda m: None, **kwargs)
 
 
-def _slow_to_host(seconds):
+def _blocked_writer():
+  """to_host that blocks until released: a persist that takes as long as the
+  test wants (a slow disk, or one hung in the filesystem)."""
+  release = threading.Event()
+
   def to_host(value):
-    time.sleep(seconds)
+    release.wait()
     return value
-  return to_host
+
+  return to_host, release
 
 
-@pytest.mark.parametrize("if_busy", ["wait", "skip"])
-def test_busy_policy_when_a_persist_outlives_the_interval(tmp_path, if_busy):
-  engine = _engine(tmp_path, every_steps=1, if_busy=if_busy,
-                   to_host=_slow_to_host(0.02))
-  for step in range(1, 11):
-    if engine.is_due(step):
-      engine.save(step)
+def _in_call_to(thread: threading.Thread, function_name: str) -> bool:
+  """Whether `thread` is running `function_name` now (e.g. blocked in it).
+
+  Looks at the thread's stack: the engine says nothing while it waits, and
+  a test that only slept "long enough" before releasing would pass or fail
+  with the host's speed.
+  """
+  frame = sys._current_frames().get(thread.ident)  # pylint: disable=protected-access
+  while frame is not None:
+    if frame.f_code.co_name == function_name:
+      return True
+    frame = frame.f_back
+  return False
+
+
+def test_busy_policy_wait_holds_the_save_until_the_persist_ends(tmp_path):
+  to_host, release = _blocked_writer()
+  engine = _engine(tmp_path, every_steps=1, if_busy="wait", to_host=to_host)
+  saved = {}
+
+  def train():
+    for step in (1, 2):
+      saved[step] = engine.is_due(step) and engine.save(step)
+
+  # The training thread; this one decides when the persist of step 1 ends.
+  trainer = threading.Thread(target=train, daemon=True)
+  try:
+    trainer.start()
+    wait_until(lambda: (_in_call_to(trainer, "_wait_for_persist")
+                        or not trainer.is_alive()),
+               "the save of step 2 waiting for the persist of step 1")
+    assert trainer.is_alive(), "the save of step 2 did not wait"
+    assert engine.last_saved_step == 1  # step 2's snapshot is not taken yet
+  finally:
+    release.set()
+  trainer.join(timeout=PROGRESS_WAIT_S)
+  assert not trainer.is_alive() and saved == {1: True, 2: True}
   engine.close()
   stats = engine.stats()
-  if if_busy == "wait":
-    assert stats["num_saved"] == stats["num_persisted"] == 10
-    assert stats["num_busy_waits"] >= 8 and stats["busy_wait_s"] > 0.1
-    assert checkpoint_files.list_checkpoints(str(tmp_path)) == [8, 9, 10]
-  else:
-    assert stats["num_skipped_busy"] >= 8
-    assert stats["num_saved"] + stats["num_skipped_busy"] == 10
-    assert stats["num_persisted"] == stats["num_saved"]
+  assert stats["num_saved"] == stats["num_persisted"] == 2
+  assert stats["num_busy_waits"] == 1 and stats["busy_wait_s"] > 0
+  assert stats["num_skipped_busy"] == 0
+  assert checkpoint_files.list_checkpoints(str(tmp_path)) == [1, 2]
+  assert json.dumps(stats)  # run.json can hold it
+
+
+def test_busy_policy_skip_drops_checkpoints_while_the_persist_runs(
+    tmp_path):
+  to_host, release = _blocked_writer()
+  engine = _engine(tmp_path, every_steps=1, if_busy="skip", to_host=to_host)
+  try:
+    # The persist of step 1 cannot end before `release`: every later due
+    # step finds it running. Bounded: an engine that waited would hang.
+    saved = _run_bounded(lambda: [engine.save(step) for step in range(1, 6)
+                                  if engine.is_due(step)])
+  finally:
+    release.set()
+  engine.close()
+  assert saved == [True, False, False, False, False]
+  stats = engine.stats()
+  assert stats["num_skipped_busy"] == 4 and stats["num_busy_waits"] == 0
+  assert stats["num_saved"] == stats["num_persisted"] == 1
+  assert checkpoint_files.list_checkpoints(str(tmp_path)) == [1]
   assert json.dumps(stats)  # run.json can hold it
 
 
@@ -468,17 +519,6 @@ def _run_bounded(body, limit_s=120):
   if "error" in outcome:
     raise outcome["error"]
   return outcome.get("value")
-
-
-def _blocked_writer():
-  """to_host that blocks until released: a persist hung in the filesystem."""
-  release = threading.Event()
-
-  def to_host(value):
-    release.wait()
-    return value
-
-  return to_host, release
 
 
 def test_a_hung_persist_raises_on_close_instead_of_hanging(tmp_path):

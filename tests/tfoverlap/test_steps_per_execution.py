@@ -113,9 +113,11 @@ def test_fit_refuses_a_resume_that_leaves_a_partial_execution(tmp_path):
   assert "--steps_per_execution=4" in last and "6 steps remain" in last
 
 
-# A sleep lasts at least this long on any host; an in-memory batch is
-# handed over in microseconds, so half a second is the margin against a
-# host that stalls the process.
+# The sleep here is the slow work under test (a slow input, a slow forward
+# pass), not a stand-in for an event. A sleep lasts at least this long on
+# any host, so the slow-input test holds for any length; the compute test
+# needs only that it outlast handing over an in-memory batch (microseconds),
+# so half a second is the margin against a host that stalls the process.
 PAUSE_S = 0.5
 
 

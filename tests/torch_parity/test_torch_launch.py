@@ -183,7 +183,10 @@ def _kill_rank_1_and_wait(launcher_args: list, variable: str, progress: str):
   finally:
     if launcher.poll() is None:
       launcher.kill()
-  time.sleep(0.5)
+  # Ordered by progress, checked at once: communicate() returned after the
+  # launcher exited, and the launcher reaps every rank before it exits.
+  # (Waiting would let the parent-death signal kill rank 0, and hide a
+  # launcher that left it running.)
   with pytest.raises(ProcessLookupError):
     os.kill(ranks[0], 0)  # the surviving rank is gone too
   return launcher.returncode, stderr, ended_s
