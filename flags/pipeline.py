@@ -40,5 +40,6 @@ def define_flags():
       "profile.json, measured in that framework). The planning command "
       "reads it instead of measuring; a pipelined trainer fits the cost "
       "model on it to split with --pipeline_split=auto and records each "
-      "stage's predicted time beside the measured one (the TensorFlow "
-      "trainer warns about a profile measured in PyTorch).")
+      "stage's predicted time beside the measured one (each trainer warns "
+      "about the other framework's profile, and refuses one timed under "
+      "other threads, device, dtype or batches than its stages get).")

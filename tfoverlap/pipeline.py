@@ -35,6 +35,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import keras
 import tensorflow as tf
 
+from overlap_core.planning import command as command_lib
+from overlap_core.planning import conditions as conditions_lib
 from overlap_core.planning import partition as partition_lib
 from overlap_core.planning import split as split_lib
 from overlap_core.planning.profile import Profile
@@ -66,7 +68,43 @@ DATA_PARALLEL_REFUSAL = (
     "outside the strategy")
 
 
-def check_pipeline_supported(config: TrainConfig) -> None:
+PLAN_PROGRAM = "tfoverlap.plan"
+# How the profiles this side writes name their framework (its first word).
+PROFILE_FRAMEWORK = "tensorflow"
+
+
+def stage_conditions(config: TrainConfig, *, num_gpus: Optional[int] = None
+                     ) -> conditions_lib.StageConditions:
+  """What each stage runs under: one process holds every stage, so a stage
+  has that process's intra-op pool (logical CPU devices share it), on
+  the first GPUs or the CPU."""
+  if num_gpus is None:
+    num_gpus = len(tf.config.list_physical_devices("GPU"))
+  return conditions_lib.StageConditions(
+      framework=PROFILE_FRAMEWORK, device="gpu" if num_gpus else "cpu",
+      threads=command_lib.profiling_threads(
+          config, config.distribute.num_workers),
+      dtype=conditions_lib.compute_dtype(config.model.precision),
+      microbatch_size=command_lib.plan_microbatch_size(config))
+
+
+def check_profile(config: TrainConfig, *,
+                  num_gpus: Optional[int] = None) -> str:
+  """`split.check_profile` against this run's stages; the warning line for
+  a profile PyTorch measured, or "".
+
+  Raises:
+    ConfigError: naming plan_profile or pipeline_split.
+  """
+  if config.pipeline.stages == 1:
+    return split_lib.check_profile(config.pipeline)
+  return split_lib.check_profile(
+      config.pipeline, stage_conditions(config, num_gpus=num_gpus),
+      replan=command_lib.replan_command(PLAN_PROGRAM, config))
+
+
+def check_pipeline_supported(config: TrainConfig, *,
+                             num_gpus: Optional[int] = None) -> None:
   """Refuses what the TensorFlow pipeline cannot run, one reason each.
 
   Raises:
@@ -74,7 +112,7 @@ def check_pipeline_supported(config: TrainConfig) -> None:
   """
   cfg = config.pipeline
   if cfg.stages == 1:
-    split_lib.check_profile(cfg)
+    check_profile(config)
     return
   if cfg.schedule in SCHEDULE_REFUSALS:
     raise ConfigError("pipeline_schedule", cfg.schedule,
@@ -110,7 +148,7 @@ def check_pipeline_supported(config: TrainConfig) -> None:
                       "custom loop (your own model.fit pipelines through "
                       "tfoverlap.pipelined_model.PipelinedModel); allowed "
                       "with --pipeline_stages > 1: ctl")
-  split_lib.check_profile(cfg)
+  check_profile(config, num_gpus=num_gpus)
 
 
 def plan_split(model: keras.Model, cfg: PipelineConfig, *,
@@ -127,7 +165,8 @@ def plan_split(model: keras.Model, cfg: PipelineConfig, *,
     raise ConfigError("pipeline_split", "auto", split_lib.AUTO_NEEDS_PROFILE)
   graph = build_layer_graph(model, batch_size=batch_size, name=name)
   return split_lib.plan_split(graph, cfg, microbatch_size=batch_size,
-                              profile=profile)
+                              profile=profile,
+                              framework=PROFILE_FRAMEWORK)
 
 
 def plan_cut_layers(model: keras.Model, cfg: PipelineConfig, *,

@@ -8,8 +8,11 @@ stages; prints the graph, the profile, the cost model's held-out error, the
 chosen split with its predicted stage times, and the even split beside it.
 
   python -m tfoverlap.plan --model=vgg16 --image_size=32 \\
-      --batch_size=32 --strategy=default --pipeline_stages=4 \\
-      --pipeline_microbatches=4 --plan_output_dir=plan/
+      --batch_size=32 --strategy=mirrored --num_devices=4 \\
+      --pipeline_stages=4 --pipeline_microbatches=4 --plan_output_dir=plan/
+
+Give it the trainer's job flags: they decide the threads and micro-batch
+each stage gets, and the trainer refuses a profile made under others.
 
 Pass the cuts it prints to the trainer as --pipeline_split=<layers>, or its
 profile as --plan_profile with --pipeline_split=auto. Nothing is trained.

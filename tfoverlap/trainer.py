@@ -15,7 +15,7 @@ import keras
 import tensorflow as tf
 
 from overlap_core.checkpoint import engine as checkpoint_engine
-from overlap_core.planning import burst_report
+from overlap_core.planning import burst_report, command, conditions
 from overlap_core.planning import split as split_lib
 from overlap_core.runtime import background, ledger as ledger_lib
 from overlap_core.runtime import outputs, run_record, zoo
@@ -45,7 +45,7 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
   """
   if num_gpus is None:
     num_gpus = len(tf.config.list_physical_devices("GPU"))
-  pipeline.check_pipeline_supported(config)
+  pipeline.check_pipeline_supported(config, num_gpus=num_gpus)
   distribute.check_strategy(config.distribute, num_gpus=num_gpus)
   offload.check_offload(config)
   check_burst_supported(
@@ -167,17 +167,6 @@ def _build_model_and_optimizer(strategy, config: TrainConfig, num_classes,
       time_offload_copies=not config.run.deterministic)
 
 
-def foreign_profile_warning(path: str, profile) -> str:
-  """One line for a --plan_profile another framework measured, or ""."""
-  if profile is None or profile.framework.lower().startswith(FRAMEWORK):
-    return ""
-  return (f"pipeline: warning: --plan_profile={path} was measured in "
-          f"{profile.framework}, not TensorFlow, so the split and the "
-          "predicted stage times follow that framework's layer costs; "
-          "python -m tfoverlap.plan --plan_output_dir=DIR measures "
-          "DIR/profile.json here")
-
-
 def _pipeline_spec(config: TrainConfig):
   """How parallelize cuts the model, or None when it is not pipelined."""
   cfg = config.pipeline
@@ -186,12 +175,12 @@ def _pipeline_spec(config: TrainConfig):
   profile = split_lib.load_profile(cfg.profile)
   # Kinder than a refusal: another framework's costs still rank a split,
   # but the user should know whose costs they are.
-  warning = foreign_profile_warning(cfg.profile, profile)
+  warning = pipeline.check_profile(config)
   if warning:
     print(warning, file=sys.stderr, flush=True)
   # One pipeline takes the whole batch (no data parallelism with stages).
   return parallelize.PipelineSpec(
-      cfg, microbatch_size=config.data.batch_size // cfg.microbatches,
+      cfg, microbatch_size=command.plan_microbatch_size(config),
       devices=distribute.mirrored_devices(cfg.stages), profile=profile)
 
 
@@ -386,6 +375,11 @@ def train(config: TrainConfig) -> dict:
     pipeline_section = (built.pipeline.describe(
         config.pipeline, skip_steps=ledger.summary()["warmup_steps"])
         if built.pipeline else None)
+    if pipeline_section is not None:
+      # Where predictions and measurements part, the conditions may say why.
+      pipeline_section["profile_conditions"] = conditions.describe(
+          split_lib.load_profile(config.pipeline.profile),
+          pipeline.stage_conditions(config))
     if config.run.evaluate and info.num_eval_examples:
       final.update(_evaluate(strategy, config, spec, model))
   finally:

@@ -30,12 +30,15 @@ from torch import nn
 from torch.distributed import pipelining
 from torch.fx.passes.split_module import split_module
 
+from overlap_core.planning import command as command_lib
+from overlap_core.planning import conditions as conditions_lib
 from overlap_core.planning import partition as partition_lib
 from overlap_core.planning import split as split_lib
 from overlap_core.planning.dims import ParallelDims
 from overlap_core.planning.profile import Profile
 from overlap_core.runtime import pipeline_stats
-from overlap_core.runtime.config import ConfigError, PipelineConfig
+from overlap_core.runtime.config import (ConfigError, PipelineConfig,
+                                         TrainConfig)
 from torch_parity.pipeline_timing import P2PTimer
 from torch_parity.planning.graph import build_layer_graph, layer_names
 
@@ -53,6 +56,42 @@ ZERO_BUBBLE_REFUSAL = (
 DEFAULT_BUCKET_MB = 25.0
 
 
+PLAN_PROGRAM = "torch_parity.plan"
+# How the profiles this side writes name their framework (its first word).
+PROFILE_FRAMEWORK = "torch"
+
+
+def stage_conditions(config: TrainConfig, *, num_gpus: Optional[int] = None
+                     ) -> conditions_lib.StageConditions:
+  """What each stage runs under: a stage is a process of its own, one of
+  the world's on this host, with the threads the launcher gives each
+  (TensorFlow differs: one process holds every stage), on its GPU or the
+  CPU."""
+  if num_gpus is None:
+    num_gpus = torch.cuda.device_count()
+  return conditions_lib.StageConditions(
+      framework=PROFILE_FRAMEWORK, device="cuda" if num_gpus else "cpu",
+      threads=command_lib.profiling_threads(
+          config, command_lib.world_size(config)),
+      dtype=conditions_lib.compute_dtype(config.model.precision),
+      microbatch_size=command_lib.plan_microbatch_size(config))
+
+
+def check_profile(config: TrainConfig, *,
+                  num_gpus: Optional[int] = None) -> str:
+  """`split.check_profile` against this run's stages; the warning line for
+  a profile TensorFlow measured, or "".
+
+  Raises:
+    ConfigError: naming plan_profile or pipeline_split.
+  """
+  if config.pipeline.stages == 1:
+    return split_lib.check_profile(config.pipeline)
+  return split_lib.check_profile(
+      config.pipeline, stage_conditions(config, num_gpus=num_gpus),
+      replan=command_lib.replan_command(PLAN_PROGRAM, config))
+
+
 def plan_split(model: nn.Module, example: torch.Tensor, cfg: PipelineConfig,
                *, profile: Optional[Profile] = None,
                name: str = "") -> partition_lib.StagePlan:
@@ -68,7 +107,8 @@ def plan_split(model: nn.Module, example: torch.Tensor, cfg: PipelineConfig,
     raise ConfigError("pipeline_split", "auto", split_lib.AUTO_NEEDS_PROFILE)
   graph = build_layer_graph(model, example, name=name)
   return split_lib.plan_split(graph, cfg, microbatch_size=example.shape[0],
-                              profile=profile)
+                              profile=profile,
+                              framework=PROFILE_FRAMEWORK)
 
 
 def plan_cut_layers(model: nn.Module, example: torch.Tensor,

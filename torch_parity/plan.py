@@ -7,8 +7,11 @@ graph, the profile, the cost model's held-out error, the chosen split with
 its predicted stage times, and the even split beside it.
 
   python -m torch_parity.plan --model=vgg16 --image_size=32 \\
-      --batch_size=32 --strategy=default --pipeline_stages=4 \\
-      --pipeline_microbatches=4 --plan_output_dir=plan/
+      --batch_size=32 --strategy=mirrored --num_devices=4 \\
+      --pipeline_stages=4 --pipeline_microbatches=4 --plan_output_dir=plan/
+
+Give it the trainer's job flags: they decide the threads and micro-batch
+each stage gets, and the trainer refuses a profile made under others.
 
 The micro-batch is the per-replica batch over --pipeline_microbatches.
 Pass the cuts it prints to the trainer as --pipeline_split=<layers>, or its

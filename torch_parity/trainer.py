@@ -10,12 +10,13 @@ the device-resident parameters.
 
 import contextlib
 import os
+import sys
 import time
 
 import torch
 
 from overlap_core.checkpoint import engine as checkpoint_engine
-from overlap_core.planning import burst_report
+from overlap_core.planning import burst_report, command, conditions
 from overlap_core.planning import split as split_lib
 from overlap_core.runtime import background, ledger as ledger_lib
 from overlap_core.runtime import (datasets, outputs, pipeline_stats,
@@ -69,7 +70,7 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
     raise ConfigError("checkpoint", "tf_async",
                       "TensorFlow's own asynchronous save has no PyTorch "
                       "counterpart; allowed: none, sync, async")
-  check_pipeline_supported(config)
+  check_pipeline_supported(config, num_gpus=num_gpus)
   distribute.check_strategy(config.distribute, num_gpus=num_gpus)
   offload.check_offload(config, num_gpus=num_gpus)
   check_burst_supported(
@@ -97,11 +98,12 @@ def check_burst_combinations(config: TrainConfig) -> None:
                       "yet; allowed with --burst_parallel: none")
 
 
-def check_pipeline_supported(config: TrainConfig) -> None:
+def check_pipeline_supported(config: TrainConfig, *,
+                             num_gpus: int = None) -> None:
   """Refuses what the pipeline runtime cannot run yet, one reason each."""
   cfg = config.pipeline
   if cfg.stages == 1:
-    split_lib.check_profile(cfg)
+    pipeline.check_profile(config)
     return
   pipeline.check_schedule(cfg)
   if config.distribute.strategy not in distribute.DDP_STRATEGIES:
@@ -134,7 +136,7 @@ def check_pipeline_supported(config: TrainConfig) -> None:
                       "the offload hooks do not follow a schedule's "
                       "micro-batches yet; allowed with --pipeline_stages > 1:"
                       " none")
-  split_lib.check_profile(cfg)
+  pipeline.check_profile(config, num_gpus=num_gpus)
 
 
 def describe_environment(strategy: distribute.Strategy) -> dict:
@@ -213,10 +215,12 @@ def _pipeline_spec(config: TrainConfig, spec, info):
   cfg = config.pipeline
   if cfg.stages == 1:
     return None
-  replicas = config.distribute.num_workers * (
-      config.distribute.num_devices
-      if config.distribute.strategy == "mirrored" else 1) // cfg.stages
-  microbatch = max(1, config.data.batch_size // replicas // cfg.microbatches)
+  # Kinder than a refusal: another framework's costs still rank a split,
+  # but the user should know whose costs they are (once, from rank 0).
+  warning = pipeline.check_profile(config)
+  if warning and int(os.environ.get("RANK", "0")) == 0:
+    print(warning, file=sys.stderr, flush=True)
+  microbatch = command.plan_microbatch_size(config)
   side = config.data.image_size // spec.upscale
   return parallelize.PipelineSpec(
       cfg, torch.randn(microbatch, info.channels, side, side),
@@ -421,6 +425,10 @@ def train(config: TrainConfig):
       pipeline_section = pipeline_timing.gather_pipeline_section(
           parallel.pipeline, config.pipeline, strategy.device,
           warmup_steps=ledger_lib.default_warmup_steps(len(ledger.steps)))
+      # Where predictions and measurements part, the conditions may say why.
+      pipeline_section["profile_conditions"] = conditions.describe(
+          split_lib.load_profile(config.pipeline.profile),
+          pipeline.stage_conditions(config))
     elif parallel.burst:
       parallel.burst.share_first_rank_state(model)
     else:

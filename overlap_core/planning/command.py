@@ -39,13 +39,40 @@ def data_parallel_replicas(config: TrainConfig) -> int:
 
 
 def profiling_threads(config: TrainConfig, num_processes: int) -> int:
-  """The intra-op threads to time layers on: --intra_op_threads, else what
-  each of the trainer's `num_processes` processes on this host gets when
-  launched (`processes.cpu_share`). A layer timed on the whole host and
+  """The intra-op threads a pipeline stage runs on, and so the threads to
+  time layers on: --intra_op_threads, else what each of the trainer's
+  `num_processes` processes on this host gets when launched
+  (`processes.threads_per_process`). A layer timed on the whole host and
   run in a stage process holding half of it takes up to twice as long as
-  profiled, in every stage alike.
+  profiled, in every stage alike. The planning commands profile on it and
+  the trainers check a profile against it (`conditions`).
   """
-  return config.run.intra_op_threads or processes.cpu_share(num_processes)
+  return processes.threads_per_process(config.run.intra_op_threads,
+                                      num_processes)
+
+
+def replan_command(program: str, config: TrainConfig) -> str:
+  """The planning command that profiles for this run: `program` with the
+  job flags that decide a stage's threads, device share and micro-batch.
+  Printed where a profile is refused or foreign, so the user can copy it.
+  """
+  dist, pipe = config.distribute, config.pipeline
+  job = [f"--model={config.model.name}",
+         f"--image_size={config.data.image_size}",
+         f"--batch_size={config.data.batch_size}",
+         f"--strategy={dist.strategy}"]
+  if dist.strategy == "mirrored":
+    job.append(f"--num_devices={dist.num_devices}")
+  if dist.num_workers > 1:
+    job.append(f"--num_workers={dist.num_workers}")
+  job += [f"--pipeline_stages={pipe.stages}",
+          f"--pipeline_microbatches={pipe.microbatches}"]
+  if pipe.virtual_stages > 1:
+    job.append(f"--pipeline_virtual_stages={pipe.virtual_stages}")
+  if config.run.intra_op_threads:
+    job.append(f"--intra_op_threads={config.run.intra_op_threads}")
+  return " ".join([f"python -m {program}"] + job +
+                  ["--plan_output_dir=DIR"])
 
 
 def plan_microbatch_size(config: TrainConfig) -> int:

@@ -13,7 +13,7 @@ beside the measurements are the same for both frameworks.
 
 from typing import Optional, Sequence, Tuple
 
-from overlap_core.planning import partition, report
+from overlap_core.planning import conditions, foreign, partition, report
 from overlap_core.planning.graph import LayerGraph
 from overlap_core.planning.profile import Profile
 from overlap_core.runtime.config import ConfigError, PipelineConfig
@@ -41,11 +41,23 @@ def load_profile(path: str) -> Optional[Profile]:
                       "allowed: the JSON a plan command writes") from None
 
 
-def check_profile(cfg: PipelineConfig) -> None:
+def check_profile(cfg: PipelineConfig,
+                  stage: Optional[conditions.StageConditions] = None, *,
+                  replan: str = "") -> str:
   """A trainer's check: refuses a profile for an unpipelined run, `auto`
-  without a profile, and a file that is no profile, before any stage
-  starts. (The flags accept --plan_profile alone: the burst planning
-  command reads one without pipeline stages.)
+  without a profile, a file that is no profile, and (given what the
+  run's `stage`s get) a profile measured under other conditions, before
+  any stage starts. (The flags accept --plan_profile alone: the burst
+  planning command reads one without pipeline stages.)
+
+  Args:
+    cfg: the run's pipeline flags.
+    stage: what each of its stages will run under; None skips that check.
+    replan: the planning command to name in the refusal (`command.
+      replan_command`).
+
+  Returns:
+    The one warning line for a profile another framework measured, or "".
 
   Raises:
     ConfigError: naming pipeline_split or plan_profile.
@@ -57,19 +69,29 @@ def check_profile(cfg: PipelineConfig) -> None:
     return
   if cfg.split == "auto" and not cfg.profile:
     raise ConfigError("pipeline_split", "auto", AUTO_NEEDS_PROFILE)
-  load_profile(cfg.profile)
+  profile = load_profile(cfg.profile)
+  if profile is None or stage is None:
+    return ""
+  conditions.check_conditions(profile, stage, path=cfg.profile,
+                              replan=replan)
+  return conditions.foreign_framework_warning(profile, stage,
+                                              path=cfg.profile, replan=replan)
 
 
 def plan_split(graph: LayerGraph, cfg: PipelineConfig, *,
                microbatch_size: int,
-               profile: Optional[Profile] = None) -> partition.StagePlan:
+               profile: Optional[Profile] = None,
+               framework: str = "") -> partition.StagePlan:
   """The S*V stages of the flags' split, with their predicted costs.
 
   `even` and explicit cuts need only the graph; `auto` needs a profile:
   the runtime refuses it without one rather than profile for minutes
   before training. With a profile, the cost model fitted on it predicts
   every stage's time at `microbatch_size`; without one the stages' times
-  are zero.
+  are zero. A profile another framework than `framework` (the first word
+  of the profiles this side writes) measured is read onto the graph
+  first, and cut layers may be given in either framework's spelling
+  (`foreign`).
 
   Raises:
     ConfigError: naming pipeline_split (or plan_profile), for a split the
@@ -78,17 +100,24 @@ def plan_split(graph: LayerGraph, cfg: PipelineConfig, *,
   if cfg.split == "auto" and profile is None:
     raise ConfigError("pipeline_split", "auto", AUTO_NEEDS_PROFILE)
   num_stages = cfg.stages * cfg.virtual_stages
+  cut_layers = tuple(foreign.resolve_layer(graph, c) for c in cfg.cut_layers)
+  if (profile is not None and framework and
+      not profile.framework.lower().startswith(framework)):
+    try:
+      profile = foreign.translate_profile(profile, graph)
+    except ValueError as e:
+      raise ConfigError("plan_profile", cfg.profile, str(e)) from None
   try:
     if profile is not None:
       return report.make_plan(
           graph, profile, num_stages=num_stages,
           microbatch_size=microbatch_size,
           num_microbatches=cfg.microbatches, split=cfg.split,
-          cut_layers=cfg.cut_layers).plan
+          cut_layers=cut_layers).plan
     return partition.partition(
         graph, {n.name: 0.0 for n in graph.nodes}, num_stages=num_stages,
         batch_size=microbatch_size, mode=cfg.split,
-        cut_layers=cfg.cut_layers)
+        cut_layers=cut_layers)
   except KeyError as e:
     raise ConfigError("plan_profile", cfg.profile,
                       str(e).strip("'\"")) from None

@@ -67,6 +67,15 @@ def cpu_share(num_processes: int) -> int:
   return max(1, (os.cpu_count() or 1) // num_processes)
 
 
+def threads_per_process(intra_op_threads: int, num_processes: int) -> int:
+  """The intra-op threads each of a job's `num_processes` processes on this
+  host runs with: --intra_op_threads when given, else the equal share
+  `add_job_defaults` gives every process it launches. Planning asks this
+  too, so a profile is timed on the threads a stage will have.
+  """
+  return intra_op_threads or cpu_share(num_processes)
+
+
 def die_with_parent():
   """Children get SIGKILL if the launcher itself is killed (Linux only)."""
   try:
@@ -208,7 +217,7 @@ def add_job_defaults(args: list, *, framework: str,
     model_name = next((a.split("=", 1)[1] for a in args
                        if a.startswith("--model=")), "small_cnn")
     args.append(f"--model_dir={default_model_dir(framework, model_name)}")
-  share = str(cpu_share(num_processes))
+  share = str(threads_per_process(0, num_processes))
   for pool in ("intra_op_threads", "inter_op_threads"):
     if not has_flag(args, pool):
       args.append(f"--{pool}={share}")

@@ -34,10 +34,17 @@ def _write_profile(path) -> None:
   """A real profile of the model the trainer builds (its layer names)."""
   torch.manual_seed(0)
   model = build_model("small_cnn", image_size=IMAGE_SIZE, num_classes=10)
-  profile = profile_layers(
-      model, lambda batch: torch.randn(batch, 3, IMAGE_SIZE, IMAGE_SIZE),
-      batch_sizes=(2, 4, 8), warmup=1, repeats=2, name="small_cnn",
-      optimizer_factory=torch.optim.Adam, optimizer_name="adam")
+  # Timed on the one thread each stage runs on: the trainer refuses a
+  # profile measured on other threads than its stages get.
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  try:
+    profile = profile_layers(
+        model, lambda batch: torch.randn(batch, 3, IMAGE_SIZE, IMAGE_SIZE),
+        batch_sizes=(2, 4, 8), warmup=1, repeats=2, name="small_cnn",
+        optimizer_factory=torch.optim.Adam, optimizer_name="adam")
+  finally:
+    torch.set_num_threads(threads)
   path.write_text(profile.to_json(), encoding="utf-8")
 
 
