@@ -13,7 +13,7 @@ as it is.
 `translate_profile` reads it onto this graph:
 
 - names are matched as they are, else in their neutral spelling
-  (`neutral_name`: path separators read as underscores);
+  (`graph.neutral_layer_name`, the spelling burst plans use too);
 - the time of a layer this graph lacks is added to the layer timed just
   before it at the same batch: a layer the other framework times apart
   (a ReLU, a cast) follows its producer, and here that time is inside
@@ -34,20 +34,11 @@ their layers differently) holds time no neighbour can stand in for.
 """
 
 import dataclasses
-import re
 from typing import Dict, List
 
 from overlap_core.planning.graph import LayerGraph
+from overlap_core.planning.graph import neutral_layer_name as neutral_name
 from overlap_core.planning.profile import LayerTiming, Profile
-
-_SEPARATORS = re.compile(r"[./:]")
-
-
-def neutral_name(name: str) -> str:
-  """A layer name both frameworks spell alike: path separators read as
-  underscores ("layer1.0.conv1" and "layer1_0_conv1" are one layer)."""
-  return _SEPARATORS.sub("_", name)
-
 
 def resolve_layer(graph: LayerGraph, name: str) -> str:
   """`graph`'s own name for layer `name` of either framework: the name
