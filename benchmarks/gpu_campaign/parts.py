@@ -88,7 +88,9 @@ def _offload_table(label: str, models: Tuple[str, ...]) -> Command:
   return Command(label, "benchmarks.offload",
                  ("--device=cuda", model_flag, "--steps=10", "--repeats=3",
                   "--max_batch=0"),
-                 ("--device=cpu", model_flag, "--image_size=75",
+                 # The dry run builds one model: a CPU step of each costs
+                 # seconds, and --list checks the names against the zoo.
+                 ("--device=cpu", f"--models={models[0]}", "--image_size=75",
                   "--batch_size=2", "--steps=1", *ONE_REPEAT,
                   "--max_batch=0"))
 
@@ -102,8 +104,7 @@ def _offload_batch_search(label: str, models: Tuple[str, ...]) -> Command:
                   "--max_batch=1024"), None)
 
 
-_CKPT_BASE = ("--framework=pytorch", "--model=resnet50", "--modes=sync,async",
-              "--cadences=auto")
+_CKPT_BASE = ("--framework=pytorch", "--model=resnet50", "--cadences=auto")
 _INPUT_BASE = ("--framework=pytorch", "--model=resnet50",
                "--cost_multiples=0")
 _STUDY_MODELS = ("vgg19", "resnet50", "inception_v3", "wide_resnet50_2")
@@ -141,10 +142,10 @@ PARTS = (
          "checkpoints, with sync at auto as the baseline; total overhead "
          "and stall per checkpoint; target: async within its 3% bound",
          (Command("checkpoint_overhead", "benchmarks.checkpoint_overhead",
-                  (*_CKPT_BASE, "--image_size=224", "--batch_size=128",
-                   "--train_steps=150", "--repeats=3"),
-                  (*_CKPT_BASE, *TINY_TRAINER, "--train_steps=4",
-                   *ONE_REPEAT)),),
+                  (*_CKPT_BASE, "--modes=sync,async", "--image_size=224",
+                   "--batch_size=128", "--train_steps=150", "--repeats=3"),
+                  (*_CKPT_BASE, "--modes=async", *TINY_TRAINER,
+                   "--train_steps=4", *ONE_REPEAT)),),
          models=("resnet50",),
          notes=("tf_async is not run: TensorFlow's "
                 "CheckpointOptions(enable_async=True) has no PyTorch "
@@ -179,7 +180,9 @@ PARTS_BY_NAME = {part.name: part for part in PARTS}
 
 def command_line(command: Command, output_path: str, *, dry_run: bool
                  ) -> list:
-  """`python -m` arguments of one command, writing to `output_path`."""
-  args = command.dry_args if dry_run else command.args
+  """`python -m` arguments of one command, writing to `output_path`; a
+  dry run of a command without dry_args shows its GPU arguments."""
+  use_dry = dry_run and command.dry_args is not None
+  args = command.dry_args if use_dry else command.args
   flag, _ = OUTPUT_FLAGS[command.output]
   return ["-m", command.module, *args, f"{flag}={output_path}"]
