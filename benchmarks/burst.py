@@ -246,6 +246,9 @@ def main(argv) -> int:
   parser.add_argument("--steps", type=int, default=None)
   parser.add_argument("--repeats", type=int, default=None)
   parser.add_argument("--gpu_multiplex", action="store_true")
+  parser.add_argument("--output", default=None,
+                      help="Result JSON path (default "
+                      "benchmarks/results/burst[_gpu_multiplex][.quick].json)")
   args = parser.parse_args(argv[1:])
   if args.gpu_multiplex and _cuda_missing():
     print("benchmarks.burst: --gpu_multiplex needs a CUDA device; this host "
@@ -285,8 +288,8 @@ def main(argv) -> int:
              "total_wall_s": time.perf_counter() - start,
              **harness.payload_fields({"profiling": profiling_host,
                                        "runtime": runtime["host"]})}
-  path = os.path.join(common.RESULTS_DIR,
-                      "burst.quick.json" if args.quick else "burst.json")
+  path = args.output or os.path.join(
+      common.RESULTS_DIR, "burst.quick.json" if args.quick else "burst.json")
   common.write_results(path, payload)
   for row in payload["plans"]:
     print(f"{row['model']:<18} limit {row['limit']:<4} iteration "

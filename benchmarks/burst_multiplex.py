@@ -8,9 +8,13 @@ background job that must not slow the foreground. On the first GPU, a
 VGG-16 foreground (batch 128, 32x32 images) trains on the highest-priority
 stream alone, and beside the CUDA background job of the PyTorch trainer
 (`torch_parity.background_cuda`: the `small_mlp` step replayed as a CUDA
-graph on the lowest-priority stream), the two sides interleaved by the
-harness. Reports the foreground's step time on each side, with over alone
-paired within each repeat, and the job's samples/s beside it.
+graph on the lowest-priority stream); a third side runs the job alone for
+JOB_ALONE_S. The three sides are interleaved by the harness. Reports the
+foreground's step time alone and beside the job, with over alone paired
+within each repeat, and the job's samples/s beside the foreground over its
+samples/s alone, likewise paired. Targets: the foreground at most 5%
+slower (MAX_SLOWDOWN) while the job keeps at least half of what it does
+alone (MIN_JOB_SHARE), each judged on its interval.
 
 `benchmarks.burst` parses the flags, refuses a host without CUDA, applies
 the host allocator and calls `write_results`. Results go to
@@ -25,7 +29,12 @@ from benchmarks import harness
 
 MULTIPLEX_MODEL, MULTIPLEX_IMAGE, MULTIPLEX_BATCH = "vgg16", 32, 128
 MULTIPLEX_WARMUP_STEPS = 3  # cuDNN's choices and the allocator's first fill
-MULTIPLEX_SIDES = ("alone", "with_job")
+MULTIPLEX_SIDES = ("alone", "with_job", "job_alone")
+# The job alone runs for this long: thousands of small_mlp steps on a GPU,
+# so its samples/s is not a start-up's.
+JOB_ALONE_S = 3.0
+MAX_SLOWDOWN = 1.05
+MIN_JOB_SHARE = 0.5
 
 
 def _multiplex_foreground(device):
@@ -66,6 +75,26 @@ def _timed_steps(step, stream, steps: int) -> list:
   return times
 
 
+def _job_alone(device) -> dict:
+  """The background job with no foreground, for JOB_ALONE_S."""
+  # pylint: disable=g-import-not-at-top
+  from torch_parity import background_cuda
+  runner = background_cuda.CudaBackgroundRunner(
+      "small_mlp", device, start_after_step=1,
+      global_batch_size=MULTIPLEX_BATCH)
+  runner.start()  # returns after the job's first step
+  try:
+    time.sleep(JOB_ALONE_S)
+  finally:
+    runner.stop()
+  job = runner.stats()
+  if job["error"]:
+    raise common.BenchmarkError(f"the background job failed: "
+                                f"{job['error']}")
+  return {"background_samples_per_second": job["samples_per_second"],
+          "background_steps": job["steps"], "cuda_graph": job["cuda_graph"]}
+
+
 def measure(args) -> dict:
   """Both sides once per repeat, interleaved; with over alone paired
   within each repeat."""
@@ -78,6 +107,8 @@ def measure(args) -> dict:
   def run_side(side, repeat):
     common.log(f"gpu multiplex, foreground {side}, repeat {repeat + 1}")
     row = {"side": side, "repeat": repeat}
+    if side == "job_alone":
+      return {**row, **_job_alone(device)}
     if side == "alone":
       # The same priority as beside the job: the sides differ by the job.
       times = _timed_steps(step, background_cuda.foreground_stream(device),
@@ -106,16 +137,26 @@ def measure(args) -> dict:
     return row
 
   record = harness.run_interleaved(MULTIPLEX_SIDES, args.repeats, run_side)
-  step_s = harness.values_by_side(record["runs"], "step_s")
+  step_s = harness.values_by_side(record["runs"], lambda r: r.get("step_s"))
+  job_rate = harness.values_by_side(
+      record["runs"], lambda r: r.get("background_samples_per_second"))
   with_job = [r for r in record["runs"] if r["side"] == "with_job"]
   summary = {
       f"step_s/{side}": harness.median_interval(step_s[side])
-      for side in MULTIPLEX_SIDES}
+      for side in ("alone", "with_job")}
   # Above 1: the foreground's step is slower beside the job.
-  summary["step_s/with_job_over_alone"] = harness.summarize_ratios(
-      step_s["with_job"], step_s["alone"])
+  summary["step_s/with_job_over_alone"] = harness.judge(
+      harness.summarize_ratios(step_s["with_job"], step_s["alone"]),
+      MAX_SLOWDOWN, harness.AT_MOST)
   summary["background_samples_per_second"] = harness.median_interval(
-      [r["background_samples_per_second"] for r in with_job])
+      job_rate["with_job"])
+  summary["background_samples_per_second/job_alone"] = (
+      harness.median_interval(job_rate["job_alone"]))
+  # What the job keeps beside the foreground of what it does alone.
+  summary["background_samples_per_second/with_job_over_job_alone"] = (
+      harness.judge(harness.summarize_ratios(job_rate["with_job"],
+                                             job_rate["job_alone"]),
+                    MIN_JOB_SHARE, harness.AT_LEAST))
   summary["cuda_graph"] = all(r["cuda_graph"] for r in with_job)
   summary["stream_priorities"] = {
       "background": with_job[0]["stream_priority"],
@@ -140,7 +181,7 @@ def write_results(args, *, machine: dict, host_allocator: dict,
              "total_wall_s": time.perf_counter() - start_s,
              **harness.payload_fields({"multiplex": multiplex["host"]})}
   name = "burst_gpu_multiplex" + (".quick" if args.quick else "")
-  path = os.path.join(common.RESULTS_DIR, f"{name}.json")
+  path = args.output or os.path.join(common.RESULTS_DIR, f"{name}.json")
   common.write_results(path, payload)
   for key, value in payload["multiplex"].items():
     if isinstance(value, dict) and "median" in value:

@@ -5,6 +5,7 @@
   python -m benchmarks.checkpoint_overhead --model=resnet50 --image_size=64
   python -m benchmarks.checkpoint_overhead --modes=sync,async \
       --cadences=10,auto --repeats=5          # fewer cells, more repeats
+  python -m benchmarks.checkpoint_overhead --framework=pytorch  # no tf_async
 
 Setup: ResNet-18 on 32x32 synthetic images resident on the device (no input
 pipeline, so nothing but checkpoints changes between cells), batch 32,
@@ -43,6 +44,11 @@ DEFAULT_REPEATS = 2
 MODES = ("sync", "tf_async", "async")
 CADENCES = ("1", "10", "100", "auto")
 MAX_OVERHEAD_FRAC = 0.03
+# Mode: why the PyTorch trainer has none; a pytorch run's results say so.
+NOT_IN_PYTORCH = {
+    "tf_async": "TensorFlow's CheckpointOptions(enable_async=True) has no "
+                "PyTorch equivalent; async is this library's own, in both "
+                "frameworks"}
 
 
 def parse_args():
@@ -53,15 +59,30 @@ def parse_args():
   parser.add_argument("--batch_size", type=int, default=32)
   parser.add_argument("--train_steps", type=int, default=None,
                       help="Steps per run (default 150, 30 with --quick).")
-  parser.add_argument("--modes", default=",".join(MODES),
-                      help="Checkpoint modes to run, comma-separated.")
+  parser.add_argument("--framework", choices=tuple(common.TRAINER_MODULES),
+                      default="tensorflow",
+                      help="Whose trainer runs every cell (default "
+                      "tensorflow); pytorch has no tf_async.")
+  parser.add_argument("--modes", default=None,
+                      help="Checkpoint modes to run, comma-separated "
+                      "(default: every mode the framework has).")
   parser.add_argument("--cadences", default=",".join(CADENCES),
                       help="--checkpoint_every values to run, "
                       "comma-separated.")
   args = parser.parse_args()
-  args.modes = _subset(parser, "--modes", args.modes, MODES)
+  allowed = framework_modes(args.framework)
+  args.modes = _subset(parser, "--modes", args.modes or ",".join(allowed),
+                       allowed)
   args.cadences = _subset(parser, "--cadences", args.cadences, CADENCES)
   return args
+
+
+def framework_modes(framework: str) -> tuple:
+  """The modes `framework`'s trainer has: TensorFlow's own async
+  checkpoint (tf_async) has no PyTorch counterpart."""
+  if framework == "tensorflow":
+    return MODES
+  return tuple(m for m in MODES if m not in NOT_IN_PYTORCH)
 
 
 def _subset(parser, flag: str, value: str, allowed: tuple) -> tuple:
@@ -94,7 +115,7 @@ def trainer_flags(args, mode: str, every, steps: int) -> list:
 def run_cell(args, mode, every, steps, scratch) -> dict:
   model_dir = tempfile.mkdtemp(dir=scratch)
   args_list = trainer_flags(args, mode, every, steps)
-  process = common.run_process(["-m", "tfoverlap.train",
+  process = common.run_process(["-m", common.TRAINER_MODULES[args.framework],
                                 *common.QUIET_TRAINER_FLAGS, *args_list,
                                 f"--model_dir={model_dir}"])
   with open(os.path.join(model_dir, "run.json"), encoding="utf-8") as f:
@@ -197,6 +218,9 @@ def main():
   runs = record["runs"]
   rows = summarize(runs)
   payload = {"benchmark": NAME, "command": common.command_line(),
+             "framework": args.framework,
+             "not_run": {m: why for m, why in NOT_IN_PYTORCH.items()
+                         if args.framework == "pytorch"},
              "machine": machine, "steps_per_run": steps, "repeats": repeats,
              "model": args.model, "image_size": args.image_size,
              "batch_size": args.batch_size,

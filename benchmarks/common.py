@@ -209,9 +209,34 @@ def _version(package: str) -> Optional[str]:
     return None
 
 
+# Where a copy of the library has no .git (a working tree carried to a GPU
+# machine), the commit it was made from can be given here.
+COMMIT_ENV = "TFOVERLAP_COMMIT"
+
+
+def library_commit() -> str:
+  """The library's commit: from git, else from $TFOVERLAP_COMMIT, else
+  "unknown"; "+dirty" marks a working tree that differs from it."""
+  try:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=10,
+                          check=False)
+    if head.returncode == 0 and head.stdout.strip():
+      status = subprocess.run(
+          ["git", "status", "--porcelain", "--untracked-files=no"],
+          cwd=REPO_ROOT, capture_output=True, text=True, timeout=10,
+          check=False)
+      dirty = "+dirty" if status.stdout.strip() else ""
+      return head.stdout.strip() + dirty
+  except (OSError, subprocess.TimeoutExpired):
+    pass  # no git on this machine
+  return os.environ.get(COMMIT_ENV) or "unknown"
+
+
 def describe_machine() -> dict:
   """Read without importing TensorFlow: this driver process stays light."""
   return {
+      "commit": library_commit(),
       "date": datetime.date.today().isoformat(),
       "cpu_model": cpu_model(),
       "cpu_count": os.cpu_count(),
@@ -353,14 +378,31 @@ def parse_with_trainer_flags(parser: argparse.ArgumentParser):
   return args, passthrough
 
 
+# Workloads sized for one large GPU, which runs only when named (the GPU
+# campaign names them): on a CPU host a step of them takes seconds.
+GPU_TRAINER_PRESETS = {
+    "resnet50_synthetic224_resident_default": {
+        "flags": ["--model=resnet50", "--dataset=synthetic",
+                  "--image_size=224", "--batch_size=128",
+                  "--synthetic_on_device", "--strategy=default"],
+        "train_steps": 120, "quick_train_steps": 30,
+    },
+}
+
+
 def build_preset_configs(names: str, passthrough, *, quick: bool) -> dict:
-  """Preset name -> {"flags", "train_steps"}, for comma-separated `names`."""
+  """Preset name -> {"flags", "train_steps"}, for comma-separated `names`.
+
+  A flag in `passthrough` follows the preset's, so it replaces the preset's
+  value of the same flag (absl keeps the last).
+  """
+  presets = {**TRAINER_PRESETS, **GPU_TRAINER_PRESETS}
   configs = {}
   for name in [c for c in names.split(",") if c]:
-    if name not in TRAINER_PRESETS:
+    if name not in presets:
       raise SystemExit(f"--configs: unknown {name!r}; allowed: "
-                       f"{', '.join(TRAINER_PRESETS)}")
-    preset = TRAINER_PRESETS[name]
+                       f"{', '.join(presets)}")
+    preset = presets[name]
     configs[name] = {
         "flags": preset["flags"] + list(passthrough),
         "train_steps": (preset["quick_train_steps"] if quick

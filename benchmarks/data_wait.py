@@ -67,6 +67,21 @@ def parse_args():
   parser.add_argument("--batch_size", type=int, default=64)
   parser.add_argument("--strategy", default="default")
   parser.add_argument("--num_devices", type=int, default=1)
+  parser.add_argument("--framework", choices=tuple(common.TRAINER_MODULES),
+                      default="tensorflow",
+                      help="Whose trainer runs every cell (default "
+                      "tensorflow).")
+  parser.add_argument("--cost_multiples",
+                      default=",".join(str(k) for k in COST_MULTIPLES),
+                      help="Comma-separated k values of the grid (default "
+                      "%(default)s).")
+  parser.add_argument("--modes", default=",".join(MODES),
+                      help="Comma-separated prefetch modes of the grid: "
+                      + ", ".join(MODES) + " (default all).")
+  parser.add_argument("--calibration_runs", type=int,
+                      default=CALIBRATION_RUNS,
+                      help="Compute-alone runs whose median is C (default "
+                      "%(default)s).")
   parser.add_argument("--resummarize", metavar="RESULT_JSON",
                       help="Recompute the summary of an existing result file "
                       "from its runs, rewrite it and print the table; runs "
@@ -74,7 +89,23 @@ def parse_args():
   parser.add_argument("--train_steps", type=int, default=150,
                       help="Steps per run (the ledger leaves out the first "
                       "tenth, at most 10).")
-  return parser.parse_args()
+  args = parser.parse_args()
+  given = args.cost_multiples
+  try:
+    args.cost_multiples = tuple(float(k) for k in given.split(",") if k)
+  except ValueError:
+    args.cost_multiples = ()
+  if not args.cost_multiples or min(args.cost_multiples) < 0:
+    parser.error(f"--cost_multiples={given}: allowed: comma-separated "
+                 "numbers >= 0")
+  args.modes = tuple(m for m in args.modes.split(",") if m)
+  if not args.modes or not set(args.modes) <= set(MODES):
+    parser.error(f"--modes={','.join(args.modes)}: allowed: a "
+                 f"comma-separated subset of {','.join(MODES)}")
+  if args.calibration_runs < 1:
+    parser.error(f"--calibration_runs={args.calibration_runs}: allowed: "
+                 ">= 1")
+  return args
 
 
 def base_flags(args) -> list:
@@ -86,19 +117,24 @@ def base_flags(args) -> list:
           f"--strategy={args.strategy}", f"--num_devices={args.num_devices}"]
 
 
+def _run(args, flags: list, model_dir: str) -> dict:
+  return common.run_trainer(flags, model_dir,
+                            module=common.TRAINER_MODULES[args.framework])
+
+
 def calibrate(args, steps: int, scratch: str) -> dict:
   """C, its CPU time, and the runs they come from."""
   flags = base_flags(args) + ["--synthetic_on_device"]
   runs = []
-  for index in range(CALIBRATION_RUNS):
-    result = common.run_trainer(flags + [f"--train_steps={steps}"],
-                                os.path.join(scratch, f"calibrate-{index}"))
-    common.log(f"calibration {index + 1}/{CALIBRATION_RUNS}: compute p50 "
-               f"{result['compute']['p50_ms']:.2f} ms")
+  for index in range(args.calibration_runs):
+    result = _run(args, flags + [f"--train_steps={steps}"],
+                  os.path.join(scratch, f"calibrate-{index}"))
+    common.log(f"calibration {index + 1}/{args.calibration_runs}: compute "
+               f"p50 {result['compute']['p50_ms']:.2f} ms")
     runs.append(result)
   short_steps = min(SHORT_CALIBRATION_STEPS, steps // 2)
-  short = common.run_trainer(flags + [f"--train_steps={short_steps}"],
-                             os.path.join(scratch, "calibrate-short"))
+  short = _run(args, flags + [f"--train_steps={short_steps}"],
+               os.path.join(scratch, "calibrate-short"))
   compute_ms = common.median([r["compute"]["p50_ms"] for r in runs])
   long_cpu_s = common.median([r["process_cpu_s"] for r in runs])
   step_cpu_ms = 1e3 * (long_cpu_s - short["process_cpu_s"]) / (
@@ -124,6 +160,9 @@ def probe_delivered_cost(costs_ms: list, scratch: str, num_probes: int,
   deliver on one thread, per requested cost (each trainer calibrates
   separately, so the spread between probes is the spread between runs)."""
   probes = []
+  if not any(costs_ms):
+    # Nothing requested, nothing to deliver: k = 0 cells read a factor of 1.
+    num_probes = 0
   for index in range(num_probes):
     path = os.path.join(scratch, f"cost_probe-{index}.json")
     common.run_process(["-m", "benchmarks.cost_probe",
@@ -132,7 +171,7 @@ def probe_delivered_cost(costs_ms: list, scratch: str, num_probes: int,
     with open(path, encoding="utf-8") as f:
       probes.append(json.load(f))
   by_cost = {}
-  for row_index, row in enumerate(probes[0]["costs"]):
+  for row_index, row in enumerate(probes[0]["costs"] if probes else []):
     if not row["requested_ms"]:
       continue
     ratios = [p["costs"][row_index]["delivered_over_requested"]
@@ -151,9 +190,12 @@ def summarize(runs: list, calibration: dict, delivered: dict,
               cores: int) -> list:
   compute_ms = calibration["compute_ms"]
   cells = []
-  for k in COST_MULTIPLES:
+  for k in COST_MULTIPLES + tuple(sorted({r["k"] for r in runs}
+                                         - set(COST_MULTIPLES))):
     for mode in MODES:
       results = [r["result"] for r in runs if r["k"] == k and r["mode"] == mode]
+      if not results:
+        continue  # a cell this run left out (--cost_multiples, --modes)
       data_wait = common.median([r["data_wait"]["fraction"] for r in results])
       step_ms = common.median([r["step"]["mean_ms"] for r in results])
       cost_ms = results[0]["preprocess_cost_ms"]
@@ -235,22 +277,22 @@ def main():
     common.log(f"C = {compute_ms:.2f} ms compute per step, "
                f"{calibration['cores_busy_in_compute']:.2f} cores busy")
     costs_ms = [round(k * compute_ms / args.batch_size, 6)
-                for k in COST_MULTIPLES]
+                for k in args.cost_multiples]
     delivered = probe_delivered_cost(costs_ms, scratch,
                                      num_probes=1 if args.quick else 3,
                                      batches=4 if args.quick else 12)
     common.log("delivered / requested cost: " + ", ".join(
         f"{c}: {v['delivered_over_requested']:.2f}"
         for c, v in delivered["by_requested_ms"].items()))
-    cells = [(k, mode) for k in COST_MULTIPLES for mode in MODES]
+    cells = [(k, mode) for k in args.cost_multiples for mode in args.modes]
 
     def run_one(cell, repeat):
       k, mode = cell
       cost_ms = round(k * compute_ms / args.batch_size, 6)
       flags = base_flags(args) + MODES[mode] + [
           f"--preprocess_cost_ms={cost_ms:.6f}", f"--train_steps={steps}"]
-      result = common.run_trainer(
-          flags, os.path.join(scratch, f"k{k}-{mode}-{repeat}"))
+      result = _run(args, flags,
+                    os.path.join(scratch, f"k{k}-{mode}-{repeat}"))
       result["preprocess_cost_ms"] = cost_ms
       common.log(f"repeat {repeat + 1}/{repeats} k={k} {mode}: data_wait "
                  f"{100 * result['data_wait']['fraction']:.1f}%, "
@@ -268,6 +310,7 @@ def main():
       "quick": args.quick,
       "repeats": repeats,
       "train_steps": steps,
+      "framework": args.framework,
       "machine": machine,
       "setting": base_flags(args),
       "calibration": calibration,
@@ -283,7 +326,7 @@ def main():
         f"{calibration['step_cpu_ms']:.1f} ms CPU per step = "
         f"{calibration['cores_busy_in_compute']:.2f} of {cores} cores busy")
   print(format_cells(summary))
-  print(f"\n{len(runs) + CALIBRATION_RUNS + 1} runs in "
+  print(f"\n{len(runs) + args.calibration_runs + 1} runs in "
         f"{payload['total_wall_s']:.0f} s; results: "
         f"{os.path.relpath(path, common.REPO_ROOT)}")
 

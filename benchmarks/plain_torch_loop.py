@@ -11,7 +11,10 @@ torch_parity it uses only what makes the work the same: the model
 --synthetic_on_device the batch `make_resident_iterator` keeps on the
 device, reused every step). The rest is the loop of any PyTorch tutorial:
 `torch.optim` with the trainer's hyperparameters, and per step `next`,
-`zero_grad`, forward, cross-entropy, `backward`, `step`. No ledger, progress
+`zero_grad`, forward, cross-entropy, `backward`, `step`; under
+--precision=mixed_bfloat16 the forward runs in `torch.autocast`
+(the trainer's own context, `torch_parity.steps.autocast`), which bfloat16
+needs no loss scaling for. No ledger, progress
 lines, TensorBoard, trace, checkpoints or run.json. It runs in one process:
 --strategy default or one_device.
 
@@ -40,6 +43,8 @@ import flags as tfo_flags
 tfo_flags.define_flags()
 _RESULT_JSON = absl_flags.DEFINE_string(
     "result_json", None, "Where to write the baseline's timings (JSON).")
+# float16 would need a GradScaler, which a plain bfloat16 loop does without.
+PRECISIONS = ("float32", "mixed_bfloat16")
 
 
 def build_optimizer(name: str, learning_rate: float, parameters):
@@ -67,10 +72,10 @@ def main(argv):
     tfo_flags.exit_with_usage_error(
         f"--strategy={config.distribute.strategy}: the plain loop runs in "
         "one process; allowed: default, one_device")
-  if config.model.precision != "float32":
+  if config.model.precision not in PRECISIONS:
     tfo_flags.exit_with_usage_error(
-        f"--precision={config.model.precision}: the plain loop trains in "
-        "float32; allowed: float32")
+        f"--precision={config.model.precision}: the plain loop has no loss "
+        f"scaling; allowed: {', '.join(PRECISIONS)}")
   logging.set_verbosity(logging.WARNING)
 
   # pylint: disable=g-import-not-at-top
@@ -78,7 +83,7 @@ def main(argv):
   from torch.nn import functional as F
   from overlap_core.runtime import zoo
   from overlap_core.runtime.ledger import default_warmup_steps
-  from torch_parity import data, models
+  from torch_parity import data, models, steps
   # pylint: enable=g-import-not-at-top
 
   if config.run.intra_op_threads:
@@ -122,7 +127,9 @@ def main(argv):
     inputs = inputs.to(device, non_blocking=True)
     targets = targets.to(device, non_blocking=True)
     optimizer.zero_grad()
-    loss = loss_fn(model(inputs), targets)
+    with steps.autocast(config.model.precision, device):
+      outputs = model(inputs)
+    loss = loss_fn(outputs, targets)
     loss.backward()
     optimizer.step()
     ends_s.append(time.perf_counter())
@@ -142,6 +149,7 @@ def main(argv):
       "train_loss": final_loss,
       "num_params": models.num_params(model),
       "device": str(device),
+      "precision": config.model.precision,
       "torch_threads": {"intra_op": torch.get_num_threads(),
                         "inter_op": torch.get_num_interop_threads()},
   }

@@ -53,7 +53,9 @@ def parse_args():
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   common.add_common_args(parser, repeats=DEFAULT_REPEATS)
   parser.add_argument("--configs", default=",".join(PRESETS),
-                      help="Comma-separated presets: " + ", ".join(PRESETS))
+                      help="Comma-separated presets: " + ", ".join(PRESETS)
+                      + "; on a GPU also "
+                      + ", ".join(common.GPU_TRAINER_PRESETS))
   parser.add_argument("--train_steps", type=int, default=None,
                       help="Steps per run for every preset (default: the "
                       "preset's own; its first tenth, at most 10, is "

@@ -3,6 +3,9 @@
 TensorFlow fixes its device list the first time it initializes, so the CPU is
 split into two logical devices here, before any test touches TensorFlow; then
 MirroredStrategy(["/cpu:0", "/cpu:1"]) works in every test, as on a 2-GPU host.
+On a host without TensorFlow (the GPU machines have PyTorch only) there is
+nothing to split: the PyTorch tests that import no TensorFlow still run
+there, and a TensorFlow test fails at its own import, naming it.
 """
 
 import os
@@ -19,7 +22,10 @@ NUM_LOGICAL_CPUS = 2
 
 
 def pytest_configure(config):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  try:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return
   cpu = tf.config.list_physical_devices("CPU")[0]
   tf.config.set_logical_device_configuration(
       cpu, [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS)

@@ -13,10 +13,8 @@ import torch
 from torch_parity import background_cuda
 
 from tests.helpers import run_module, wait_until
+from tests.needs_cuda import needs_cuda
 from tests.record_checks import assert_background_beside_foreground
-
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="needs CUDA")
 
 
 def test_the_job_leaves_the_foregrounds_random_stream_alone():

@@ -13,6 +13,7 @@ from torch_parity import burst
 from torch_parity.launch import torchrun_env
 
 from tests.helpers import REPO_ROOT, subprocess_env
+from tests.needs_cuda import needs_cuda
 from tests.torch_parity import burst_rank
 
 WORLD = 2
@@ -105,7 +106,7 @@ def test_an_idle_rank_holds_parts_of_the_layers_dtype():
   assert out.device == x.device
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@needs_cuda
 def test_an_idle_rank_on_cuda_holds_cuda_parts():
   model, x = _idle_rank(torch.float32, "cuda:0")
   out = model(model.local_input(x))

@@ -31,6 +31,7 @@ from torch_parity.checkpoint import (CheckpointError, CheckpointMismatchError,
 
 from tests import checkpoint_support
 from tests.helpers import REPO_ROOT, subprocess_env
+from tests.needs_cuda import needs_cuda
 
 
 def _net(seed: int, hidden: int = 16) -> nn.Module:
@@ -304,7 +305,7 @@ def test_a_run_that_trains_no_step_after_a_restore_writes_nothing(tmp_path):
                                              newest.st_mtime_ns)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@needs_cuda
 def test_cuda_snapshot_lands_in_pinned_buffers_before_the_next_step(
     tmp_path):
   model = _net(0).cuda()

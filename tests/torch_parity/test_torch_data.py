@@ -578,24 +578,6 @@ def test_cpu_prefetcher_reraises_what_ended_its_thread():
   assert isinstance(error, Fatal) and "source gave up" in str(error)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_prefetcher_yields_the_same_batches_in_order():
-  cfg = make_cfg(batch_size=64, prefetch_to_device=True, prefetch=2,
-                 map_parallelism=2)
-  direct = take(loader(cfg, split="eval"), 100)
-  staged = device.make_device_prefetcher(loader(cfg, split="eval"), "cuda",
-                                         depth=2)
-  assert isinstance(staged, device.CudaPrefetcher)
-  prefetched = []
-  for images, labels in staged:
-    assert images.is_cuda and labels.is_cuda
-    prefetched.append(((images * 1).cpu().numpy(), labels.cpu().numpy()))
-  assert len(prefetched) == len(direct)
-  for (x1, y1), (x2, y2) in zip(direct, prefetched):
-    np.testing.assert_array_equal(x1, x2)
-    np.testing.assert_array_equal(y1, y2)
-
-
 def test_resident_batches_are_the_same_tensors_every_step():
   cfg = make_cfg(dataset="synthetic", synthetic_on_device=True, batch_size=8)
   batches = device.make_resident_iterator(cfg, task="classification", seed=0,
