@@ -5,7 +5,8 @@ functional model without branches) runs on its planned number k of
 devices (GPUs, or logical CPU devices): its input batch is split into k
 contiguous parts (`split_samples`, the planner's split), the layer runs on
 each part on its own device, and the parts are concatenated on the first
-device. The layers' variables are shared, so the gradient of each
+device. Each part's backward runs on the part's device too (`_run_part`).
+The layers' variables are shared, so the gradient of each
 variable is already the sum over the parts: no all-reduce is needed in one
 process. TensorFlow moves the parts between devices itself.
 
@@ -142,13 +143,13 @@ def make_burst_forward(model: keras.Model,
       k = widths_by_layer[layer.name]
       if k == 1:
         with tf.device(devices[0]), tf.name_scope(_part_scope(index, 0)):
-          x = layer(x, training=training)
+          x = _run_part(layer, x, training, devices[0])
         continue
       parts = tf.split(x, list(split_samples(int(x.shape[0]), k)), axis=0)
       outs = []
       for part_index, (device, part) in enumerate(zip(devices, parts)):
         with tf.device(device), tf.name_scope(_part_scope(index, part_index)):
-          outs.append(layer(part, training=training))
+          outs.append(_run_part(layer, part, training, device))
         if placements is not None and tf.executing_eagerly():
           placements.append((layer.name, int(part.shape[0]),
                              outs[-1].device))
@@ -159,9 +160,47 @@ def make_burst_forward(model: keras.Model,
   return forward
 
 
+def _run_part(layer, x, training: bool, device: str):
+  """layer(x), whose backward runs on `device` as its forward does.
+
+  TensorFlow 2's tape places a gradient op by the device scope around
+  `tape.gradient`, not beside the op it differentiates (TF1's
+  `colocate_gradients_with_ops` has no TF2 counterpart), so without this
+  every part's backward ran where the step calls `tape.gradient`: one
+  device. The part becomes one `tf.custom_gradient` op whose gradient
+  function replays an inner tape under `tf.device(device)`. The inner tape
+  keeps the forward's activations, as the outer tape would: nothing is
+  recomputed, unlike `tf.recompute_grad`, and the gradient ops are the ones
+  the plain tape would make, so the step's numbers do not change. A
+  hand-written backward loop in the step would do the same with more code
+  to keep equal to the tape's.
+  """
+
+  # Graph-mode custom_gradient takes no keyword arguments: `training` is
+  # closed over.
+  @tf.custom_gradient
+  def part(x):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = layer(x, training=training)
+
+    # `variables`: those the forward read (the layer's weights, and state
+    # such as BatchNorm's moving averages, whose gradient is None).
+    def backward(dy, variables=()):
+      with tf.device(device):
+        grads = tape.gradient(y, [x, *variables], output_gradients=dy)
+      return grads[0], grads[1:]
+
+    return y, backward
+
+  return part(x)
+
+
 # Every part of a layer runs under its own name scope, so the ops of an
 # executed step tell which layer and part they computed, wherever they ran.
-_PART_OP = re.compile(r"^burst(\d+)_(\d+)/")
+# The tape names a gradient op "gradient_tape/<its forward op's scope>/...",
+# so a part's backward ops carry the part's scope too.
+_PART_OP = re.compile(r"^(gradient_tape/)?burst(\d+)_(\d+)/")
 # Ops that move or read tensors around a part's compute, not the compute.
 _NOT_COMPUTE = ("_Send", "_Recv", "_Arg", "_Retval", "ReadVariableOp",
                 "Identity", "Const", "NoOp")
@@ -171,8 +210,8 @@ def _part_scope(layer_index: int, part_index: int) -> str:
   return f"burst{layer_index}_{part_index}"
 
 
-def placements_of_step(model: keras.Model, run_metadata) -> Dict[str, list]:
-  """Where each layer's parts computed in an executed step, forward only.
+def placements_of_step(model: keras.Model, run_metadata) -> Dict[str, dict]:
+  """Where each layer's parts computed in an executed step.
 
   Args:
     model: the model the burst forward ran.
@@ -180,11 +219,13 @@ def placements_of_step(model: keras.Model, run_metadata) -> Dict[str, list]:
       partition graphs: the graphs as TensorFlow placed them).
 
   Returns:
-    layer name -> per part, the sorted devices ("CPU:1") of its forward
-    compute ops. A step that did not run the burst forward gives {}.
+    layer name -> {"forward": per part, "backward": per part}, each part
+    the sorted devices ("CPU:1") of its compute ops in that direction; []
+    for a part with none (no gradient flows back into a first layer
+    without weights). A step that did not run the burst forward gives {}.
   """
   layers = chain_layers(model)
-  found: Dict[Tuple[int, int], set] = {}
+  found: Dict[Tuple[str, int, int], set] = {}
   for function in run_metadata.function_graphs:
     for graph in function.partition_graphs:
       for node in graph.node:
@@ -192,12 +233,19 @@ def placements_of_step(model: keras.Model, run_metadata) -> Dict[str, list]:
         if match is None or node.op in _NOT_COMPUTE or not node.device:
           continue
         spec = tf.DeviceSpec.from_string(node.device)
-        key = (int(match.group(1)), int(match.group(2)))
+        direction = "backward" if match.group(1) else "forward"
+        key = (direction, int(match.group(2)), int(match.group(3)))
         found.setdefault(key, set()).add(
             f"{spec.device_type}:{spec.device_index}")
-  placements: Dict[str, list] = {}
-  for (index, part), where in sorted(found.items()):
-    placements.setdefault(layers[index].name, []).append(sorted(where))
+  num_parts: Dict[int, int] = {}
+  for _, index, part in found:
+    num_parts[index] = max(num_parts.get(index, 0), part + 1)
+  placements: Dict[str, dict] = {}
+  for index, k in sorted(num_parts.items()):
+    placements[layers[index].name] = {
+        direction: [sorted(found.get((direction, index, part), ()))
+                    for part in range(k)]
+        for direction in ("forward", "backward")}
   return placements
 
 

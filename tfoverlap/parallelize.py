@@ -51,7 +51,7 @@ class Parallelized(NamedTuple):
     burst: the forward that runs a burst plan (forward(x, training)), or
       None; then the train step calls it in place of `train_model`.
     burst_placements: with `burst`, a dict the first burst step that runs
-      fills: where each layer's parts computed
+      fills: where each layer's parts computed, forward and backward
       (`tfoverlap.burst.placements_of_step`); else None.
   """
   model: keras.Model
@@ -61,7 +61,7 @@ class Parallelized(NamedTuple):
   offload: Optional[offload_lib.Offloader] = None
   pipeline: Optional[pipeline_lib.GPipeRuntime] = None
   burst: Optional[Callable] = None
-  burst_placements: Optional[Dict[str, list]] = None
+  burst_placements: Optional[Dict[str, dict]] = None
 
 
 class PipelineSpec(NamedTuple):

@@ -24,12 +24,16 @@ def _model():
       keras.layers.Dense(10, name="fc2")])
 
 
-def _loss_and_grads(model, forward, x, y):
+def _loss_and_grad_tensors(model, forward, x, y):
   loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
   with tf.GradientTape() as tape:
     loss = loss_fn(y, forward(x, training=True))
-  return float(loss), [g.numpy() for g in tape.gradient(
-      loss, model.trainable_variables)]
+  return loss, tape.gradient(loss, model.trainable_variables)
+
+
+def _loss_and_grads(model, forward, x, y):
+  loss, grads = _loss_and_grad_tensors(model, forward, x, y)
+  return float(loss), [g.numpy() for g in grads]
 
 
 def test_split_layers_match_the_unsplit_model(two_cpu_devices):
@@ -52,6 +56,33 @@ def test_split_layers_match_the_unsplit_model(two_cpu_devices):
     assert [n for n, _ in parts] == [5, 5], placements
     assert parts[0][1].endswith("CPU:0") and parts[1][1].endswith("CPU:1")
   assert not [p for p in placements if p[0] == "fc1"]
+
+
+def test_each_part_computes_its_backward_on_its_device(two_cpu_devices):
+  # In a tf.function, as the trainer's step runs it: the tape alone would
+  # place every gradient op where tape.gradient is called.
+  model = _model()
+  rng = np.random.default_rng(0)
+  x = tf.constant(rng.normal(size=(10, 8, 8, 1)), tf.float32)
+  y = tf.constant(rng.integers(0, 10, size=(10,)))
+  forward = burst.make_burst_forward(
+      model, {"conv": 2, "flat": 2, "fc1": 1, "fc2": 2}, two_cpu_devices)
+  placements = {}
+  step = burst.record_first_step_placements(
+      tf.function(lambda batch: _loss_and_grad_tensors(model, forward,
+                                                       *batch)),
+      model, placements)
+  loss, grads = step((x, y))
+  ref_loss, ref_grads = _loss_and_grads(model, model, x, y)
+  assert float(loss) == pytest.approx(ref_loss, rel=RTOL)
+  for g, ref in zip(grads, ref_grads):
+    np.testing.assert_allclose(g.numpy(), ref, rtol=RTOL, atol=ATOL)
+  for layer in ("conv", "fc2"):
+    assert placements[layer] == {"forward": [["CPU:0"], ["CPU:1"]],
+                                 "backward": [["CPU:0"], ["CPU:1"]]}, (
+                                     placements)
+  assert placements["fc1"] == {"forward": [["CPU:0"]],
+                               "backward": [["CPU:0"]]}, placements
 
 
 def test_a_plan_that_does_not_fit_the_model_is_refused(two_cpu_devices):

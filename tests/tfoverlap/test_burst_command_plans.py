@@ -54,14 +54,17 @@ def test_a_plan_from_the_command_trains_in_tensorflow(plans, model,
   assert result.returncode == 0, result.stderr[-3000:]
   section = run_record.load_run_record(str(tmp_path))["strategy"]["burst"]
   widths, placements = section["widths_run"], section["placements_run"]
-  # Every Keras layer that computes ran as the plan said: part j of a
-  # layer of width k on device j, k parts (Dropout's random state sits on
-  # device 0 and may add it to a part; the layer's own work is on j).
+  # Every Keras layer that computes ran as the plan said, forward and
+  # backward: part j of a layer of width k on device j, k parts (Dropout's
+  # random state sits on device 0 and may add it to a part; the layer's own
+  # work is on j). These models' first layer has weights, so every layer
+  # has a backward.
   assert ENDS[model] <= set(placements), placements
-  for layer, parts in placements.items():
-    assert len(parts) == widths[layer], (layer, parts)
-    for j, devices in enumerate(parts):
-      assert f"CPU:{j}" in devices, (layer, parts)
+  for layer, directions in placements.items():
+    for direction, parts in directions.items():
+      assert len(parts) == widths[layer], (layer, direction, parts)
+      for j, devices in enumerate(parts):
+        assert f"CPU:{j}" in devices, (layer, direction, parts)
 
 
 def test_a_plan_for_another_model_is_refused(plans, tmp_path):

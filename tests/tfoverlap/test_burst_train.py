@@ -52,12 +52,17 @@ def test_burst_plan_trains_like_the_unsplit_model(tmp_path):
   section = record["strategy"]["burst"]
   assert section["widths_run"] == {"flatten": 2, "fc1": 2, "fc2": 1,
                                    "fc3": 2, "float32_output": 2}
-  # Where the executed step's layer parts computed: a single-device or a
-  # data-parallel step would run fc2 on both devices or fc1 on one.
+  # Where the executed step's layer parts computed, forward and backward: a
+  # single-device or a data-parallel step would run fc2 on both devices or
+  # fc1 on one, and a backward left to the tape's own placement runs every
+  # part on CPU:0.
   placements = section["placements_run"]
-  assert placements["fc1"] == [["CPU:0"], ["CPU:1"]], placements
-  assert placements["fc3"] == [["CPU:0"], ["CPU:1"]], placements
-  assert placements["fc2"] == [["CPU:0"]], placements
+  for layer in ("fc1", "fc3"):
+    assert placements[layer] == {"forward": [["CPU:0"], ["CPU:1"]],
+                                 "backward": [["CPU:0"], ["CPU:1"]]}, (
+                                     placements)
+  assert placements["fc2"] == {"forward": [["CPU:0"]],
+                               "backward": [["CPU:0"]]}, placements
   assert section["predicted_iteration_ms"] == pytest.approx(
       PREDICTED_ITERATION_S * 1e3)
   assert section["measured_step_ms"] > 0
