@@ -561,3 +561,10 @@ def test_two_gloo_ranks_agree_write_once_and_resume_together(
   assert chief["steps"] == other["steps"] == 6
   assert (chief["weights_digest"] == other["weights_digest"]
           == expected["weights_digest"])
+
+
+def test_a_second_trainer_on_a_live_model_dir_is_refused(tmp_path):
+  checkpoint_support.check_one_writer_per_model_dir(
+      "torch_parity.train", str(tmp_path),
+      [*EXACT, "--checkpoint=async", "--checkpoint_every=5",
+       "--checkpoint_keep=2"])
