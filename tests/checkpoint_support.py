@@ -4,6 +4,7 @@ Faults: kills triggered by progress, and full disks. A kill is triggered by
 what the process has printed (a step reached, a final save begun), never by
 a delay, so a fast machine and a slow one kill at the same points. And a
 script run without the checkout, to show that checkpoints load without it.
+And one writer per model directory, the same check for both trainers.
 """
 
 import os
@@ -12,6 +13,7 @@ import random
 import re
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -20,9 +22,9 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from overlap_core.checkpoint import files as checkpoint_files
 from overlap_core.checkpoint.engine import checkpoint_dir
-from overlap_core.runtime import run_record
+from overlap_core.runtime import dir_lock, run_record
 
-from tests.helpers import REPO_ROOT, subprocess_env
+from tests.helpers import REPO_ROOT, subprocess_env, wait_until
 
 # A trainer's progress line: "step  12/60  loss ...", one per step with
 # --log_every_steps=1. It is printed after the step's checkpoint stall, so
@@ -209,3 +211,53 @@ def run_without_checkout(script: str, *args: str, cwd: str) -> None:
   env.pop("PYTHONPATH", None)
   subprocess.run([sys.executable, "-c", script, *args], cwd=cwd, env=env,
                  check=True, timeout=120)
+
+
+def check_one_writer_per_model_dir(module: str, model_dir: str,
+                                   args: Sequence[str]) -> None:
+  """A second trainer on a live run's --model_dir exits 2 naming the holder;
+  once the holder is SIGKILLed, the next run resumes from its checkpoint.
+
+  Args:
+    module: the trainer ("tfoverlap.train").
+    model_dir: the directory both use.
+    args: the flags both use, with a checkpoint mode and cadence; no
+      --train_steps (the holder runs until it is killed).
+  """
+  command = [sys.executable, "-m", module, f"--model_dir={model_dir}",
+             *args]
+  checkpoints = checkpoint_dir(model_dir)
+  with tempfile.TemporaryFile(mode="w+") as holder_stderr:
+    holder = subprocess.Popen(
+        command + ["--train_steps=1000000"], cwd=REPO_ROOT,
+        env=subprocess_env(), stdout=subprocess.DEVNULL,
+        stderr=holder_stderr, start_new_session=True)
+    try:
+      wait_until(lambda: holder.poll() is not None or (
+          os.path.isdir(checkpoints)
+          and checkpoint_files.list_checkpoints(checkpoints)),
+                 "the holder's first checkpoint", timeout_s=240)
+      holder_stderr.seek(0)
+      assert holder.poll() is None, holder_stderr.read()[-3000:]
+      second = subprocess.run(command + ["--train_steps=5"], cwd=REPO_ROOT,
+                              env=subprocess_env(), capture_output=True,
+                              text=True, timeout=240, check=False)
+      assert second.returncode == 2, second.stderr[-3000:]
+      line = second.stderr.strip().splitlines()[-1]
+      assert (f"--model_dir={model_dir}: in use by pid {holder.pid} on host "
+              f"{socket.gethostname()}, started ") in line, line
+    finally:
+      _kill_group(holder)
+      holder.wait()
+  # Its LOCK still names it, and must not keep the next run out.
+  assert dir_lock.read_holder(model_dir).pid == holder.pid, (
+      dir_lock.read_holder(model_dir))
+  newest = newest_checkpoint(checkpoints).step
+  third = subprocess.run(command + [f"--train_steps={newest + 2}"],
+                         cwd=REPO_ROOT, env=subprocess_env(),
+                         capture_output=True, text=True, timeout=240,
+                         check=False)
+  assert third.returncode == 0, third.stderr[-3000:]
+  record = run_record.load_run_record(model_dir)
+  assert record["checkpoint"]["restore"]["step"] == newest, record["checkpoint"]
+  assert record["steps"] == 2, record["notes"]

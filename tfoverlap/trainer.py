@@ -299,14 +299,22 @@ def train(config: TrainConfig) -> dict:
   worker_index, num_workers = (distribute.cluster_from_env()
                                if config.distribute.strategy == "multi_worker"
                                else (0, 1))
+  config = run_record.with_default_model_dir(config, FRAMEWORK)
+  out_dir = run_record.worker_dir(config.run.model_dir, worker_index)
+  # Before anything is built: a second run on the directory ends at once.
+  with outputs.hold_worker_dir(out_dir):
+    return _train_holding(config, out_dir, worker_index, num_workers,
+                          start=start)
+
+
+def _train_holding(config: TrainConfig, out_dir: str, worker_index: int,
+                   num_workers: int, *, start: float) -> dict:
+  """`train`, once this process holds `out_dir`."""
   distribute.configure_host(config.distribute, config.run)
   keras.utils.set_random_seed(config.run.seed)
   if config.run.deterministic:
     tf.config.experimental.enable_op_determinism()
   strategy = _build_strategy(config)
-  config = run_record.with_default_model_dir(config, FRAMEWORK)
-  out_dir = run_record.worker_dir(config.run.model_dir, worker_index)
-  os.makedirs(out_dir, exist_ok=True)
 
   service = None
   if config.data.data_service == "local":

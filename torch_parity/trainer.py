@@ -329,13 +329,16 @@ def train(config: TrainConfig):
   strategy = distribute.build_strategy(config.distribute)
   if config.pipeline.stages > 1:
     distribute.apply_pipeline_dims(strategy, config.pipeline.stages)
+  held = None
   try:
-    _seed(config, strategy.device)
     config = run_record.with_default_model_dir(config, FRAMEWORK)
     out_dir = run_record.worker_dir(config.run.model_dir,
                                     strategy.worker_index)
     if strategy.writes_outputs:
-      os.makedirs(out_dir, exist_ok=True)
+      # Before anything is built: a second run on the directory ends at
+      # once (its launcher stops the other replicas).
+      held = outputs.hold_worker_dir(out_dir)
+    _seed(config, strategy.device)
     spec = zoo.MODELS[config.model.name]
     info = data.describe(config.data)
     plan = (burst_report.read_plan(config.burst.plan_path)
@@ -464,6 +467,8 @@ def train(config: TrainConfig):
                           else None),
         cpu_of_processes=cpu_of_processes)
   finally:
+    if held is not None:
+      held.release()
     strategy.close()
 
 

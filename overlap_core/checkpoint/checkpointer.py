@@ -13,6 +13,11 @@ else, the interface the training loops call, is here once:
       checkpointer.save(step)                  # the checkpoint stall
   checkpointer.finish(last_step)               # the final state, then close
 
+The writer holds its directory (`dir_lock`) from the engine's start to
+`close()`: a second checkpointer on it, in this process or another, is
+refused with the holder named (`DirectoryInUseError`). A trainer holds its
+whole model directory instead (`for_run`).
+
 A run that does not restore must not write into a directory that holds
 another run's checkpoints (retention and the next restore would mix the
 two): `refuse_existing_checkpoints` says so in one line, and
@@ -29,6 +34,7 @@ from overlap_core.checkpoint import files as checkpoint_files
 from overlap_core.checkpoint.cadence import Agree
 from overlap_core.checkpoint.engine import ResumePoint, checkpoint_dir
 from overlap_core.checkpoint.files import CheckpointError, LoadedCheckpoint
+from overlap_core.runtime import dir_lock
 from overlap_core.runtime.config import CheckpointConfig, setting_error
 
 # A deleted checkpoint is renamed to the files' trash name first, so that a
@@ -57,9 +63,13 @@ class Checkpointer:
     agree: the workers' all-reduce maximum for the adaptive cadence; None
       in a single process.
     log: where cadence decisions and warnings go.
+    lock_directory: whether the writer holds `directory` (False where the
+      caller holds a directory that contains it).
 
   Raises:
     ConfigError: a mode this framework does not checkpoint in (`MODES`).
+    DirectoryInUseError: (when the engine starts) another writer holds
+      `directory`.
   """
 
   MODES: Sequence[str] = ("sync", "async")
@@ -68,7 +78,8 @@ class Checkpointer:
                is_chief: bool = True,
                describe_state: Callable[[int], dict] = lambda step: {},
                agree: Optional[Agree] = None,
-               log: Callable[[str], None] = checkpoint_files.warn_to_stderr):
+               log: Callable[[str], None] = checkpoint_files.warn_to_stderr,
+               lock_directory: bool = True):
     if cfg.mode not in self.MODES:
       raise setting_error("mode", cfg.mode,
                           f"allowed here: {', '.join(self.MODES)}")
@@ -79,6 +90,8 @@ class Checkpointer:
     self._agree = agree
     self._log = log
     self._ran_a_step = False
+    self._lock_directory = lock_directory
+    self._held: Optional[dir_lock.DirectoryLock] = None
     self.engine: Optional[checkpoint_engine.CheckpointEngine] = None
 
   @classmethod
@@ -87,7 +100,10 @@ class Checkpointer:
     """The run's checkpointer in `<model_dir>/checkpoints`; None for "none"."""
     if cfg.mode == "none":
       return None
-    return cls(cfg, checkpoint_dir(model_dir), **kwargs)
+    # The run holds model_dir (`outputs.hold_worker_dir`), checkpoints/
+    # included, from before the model is built to after run.json.
+    return cls(cfg, checkpoint_dir(model_dir), lock_directory=False,
+               **kwargs)
 
   # --- What a framework side supplies ------------------------------------
 
@@ -122,12 +138,22 @@ class Checkpointer:
     cfg = self._cfg
     how = ({"save_inline": save_inline} if save_inline is not None else
            {"take_snapshot": self._snapshot, "to_host": self._to_host})
-    self.engine = checkpoint_engine.CheckpointEngine(
-        write_dir or self.directory, mode=cfg.mode,
-        every_steps=cfg.every_steps, max_overhead_frac=cfg.max_overhead_frac,
-        keep=cfg.keep, on_error=cfg.on_error, if_busy=cfg.if_busy,
-        is_writer=self.is_chief if is_writer is None else is_writer,
-        agree=self._agree, log=self._log, **how)
+    if self.is_chief and self._lock_directory:
+      # Here, where the writes begin, and after everything a subclass's
+      # constructor may refuse: nothing is left held by a failed start.
+      self._held = dir_lock.acquire(self.directory, log=self._log)
+    try:
+      self.engine = checkpoint_engine.CheckpointEngine(
+          write_dir or self.directory, mode=cfg.mode,
+          every_steps=cfg.every_steps,
+          max_overhead_frac=cfg.max_overhead_frac, keep=cfg.keep,
+          on_error=cfg.on_error, if_busy=cfg.if_busy,
+          is_writer=self.is_chief if is_writer is None else is_writer,
+          agree=self._agree, log=self._log, **how)
+    except BaseException:
+      if self._held is not None:
+        self._held.release()
+      raise
 
   def _snapshot(self, step: int) -> checkpoint_engine.Snapshot:
     groups, extra_state = self._take()
@@ -195,11 +221,16 @@ class Checkpointer:
       self.close()
 
   def close(self) -> None:
-    """Waits for the last write; a failed one raises per on_error."""
+    """Waits for the last write, then lets the directory go; a failed
+    write raises per on_error."""
     try:
       self.engine.close()
     finally:
-      self._release()
+      try:
+        self._release()
+      finally:
+        if self._held is not None:
+          self._held.release()
 
   def stats(self) -> dict:
     """What run.json reports about checkpoints."""

@@ -1,5 +1,6 @@
-"""One worker's outputs at the end of a run, written the same way by both
-trainers: the Chrome trace, the TensorBoard directory's place, and run.json.
+"""One worker's outputs, written the same way by both trainers: its
+directory, held for the run (`hold_worker_dir`), and at the end of the run
+the Chrome trace, the TensorBoard directory's place, and run.json.
 
 The framework sides pass in only what their framework knows (environment,
 parameter count, strategy description, weights digest); the layout of the
@@ -9,9 +10,32 @@ files and of the record is decided here, once.
 import os
 from typing import Iterable, Optional
 
+from overlap_core.runtime import dir_lock
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import run_record, trace
 from overlap_core.runtime.config import TrainConfig
+
+
+def hold_worker_dir(out_dir: str) -> dir_lock.DirectoryLock:
+  """Creates this worker's directory and makes this process its one writer.
+
+  Taken before anything is built and released after run.json is written,
+  so it covers every write of the run: checkpoints, the final save, the
+  trace, TensorBoard and run.json.
+
+  Every process that writes a worker's outputs holds that worker's
+  directory (`run_record.worker_dir`): the chief the top one, worker i its
+  `worker-i/`. Not the chief alone: a worker writes its own files, and
+  may still be writing after the chief has ended and let the top go. A
+  second whole job on the directory is still refused, at its chief (the
+  top LOCK, which also covers `checkpoints/`, where only the chief writes)
+  and at each of its workers; the launchers stop the rest of a job when
+  one process exits 2.
+
+  Raises:
+    DirectoryInUseError: another run holds it (exit 2, naming the holder).
+  """
+  return dir_lock.acquire(out_dir, setting="--model_dir")
 
 
 def write_worker_outputs(config: TrainConfig, out_dir: str,

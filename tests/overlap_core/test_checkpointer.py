@@ -14,6 +14,7 @@ from overlap_core.checkpoint import checkpointer as shared
 from overlap_core.checkpoint import files as checkpoint_files
 from overlap_core.checkpoint import mismatch
 from overlap_core.checkpoint.files import CheckpointMismatchError
+from overlap_core.runtime import dir_lock
 from overlap_core.runtime.config import (CHECKPOINT_AUTO, ArgumentError,
                                          CheckpointConfig, ConfigError,
                                          every_steps_from)
@@ -157,7 +158,8 @@ def test_existing_checkpoints_are_refused_in_one_line_or_removed(tmp_path):
       "another directory")
   assert list(shared.remove_checkpoints(directory)) == [4, 6]
   assert checkpoint_files.list_checkpoints(directory) == []
-  assert os.listdir(directory) == []
+  # Nothing half-deleted; the LOCK of the checkpointer that wrote stays.
+  assert os.listdir(directory) == [dir_lock.LOCK_NAME]
 
 
 # --- CheckpointConfig: the one place checkpoint settings are checked ------

@@ -8,6 +8,7 @@ AsyncCheckpoint callback in a plain Keras `model.fit`.
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,8 @@ import keras
 import numpy as np
 import pytest
 
-from tfoverlap.checkpoint import AsyncCheckpoint, CheckpointsExistError
+from tfoverlap.checkpoint import (AsyncCheckpoint, CheckpointsExistError,
+                                  DirectoryInUseError)
 from overlap_core.checkpoint import files as checkpoint_files
 from overlap_core.runtime import run_record
 
@@ -436,3 +438,47 @@ def test_checkpoint_weights_load_into_plain_keras_without_tfoverlap(
   np.testing.assert_allclose(np.load(tmp_path / "y.npy"),
                              np.asarray(expected(x, training=False)),
                              rtol=1e-6)
+
+
+def test_a_second_trainer_on_a_live_model_dir_is_refused(tmp_path):
+  checkpoint_support.check_one_writer_per_model_dir(
+      "tfoverlap.train", str(tmp_path),
+      [*EXACT, "--checkpoint=async", "--checkpoint_every=5",
+       "--checkpoint_keep=2"])
+
+
+class _FitAnotherAt(keras.callbacks.Callback):
+  """Starts a second fit, with `callback`, in the middle of this one."""
+
+  def __init__(self, callback, at_batch: int):
+    super().__init__()
+    self._callback = callback
+    self._at_batch = at_batch
+    self.refused = None
+
+  def on_train_batch_end(self, batch, logs=None):
+    if batch == self._at_batch and self.refused is None:
+      with pytest.raises(DirectoryInUseError) as refused:
+        _fit(_keras_model(), 1, self._callback)
+      self.refused = refused.value
+
+
+def test_two_fits_on_one_directory_the_second_is_refused_until_the_first_ends(
+    tmp_path):
+  directory = str(tmp_path / "ckpts")
+  second = AsyncCheckpoint(directory, every=4, log=_quiet)
+  another = _FitAnotherAt(second, at_batch=5)  # after the step-4 checkpoint
+  _fit(_keras_model(), 1, AsyncCheckpoint(directory, every=4, log=_quiet),
+       another)
+  message = str(another.refused)
+  assert "\n" not in message
+  assert message.startswith(
+      f"directory={directory!r}: in use by pid {os.getpid()} on host "
+      f"{socket.gethostname()}, started ")
+  # The refused fit wrote nothing: the checkpoints are the first fit's.
+  assert checkpoint_files.list_checkpoints(directory) == [4, 8]
+  assert second.stats() == {}
+
+  _fit(_keras_model(), 2, second)  # the first has ended and let go
+  assert second.restored_from.step == 8
+  assert checkpoint_files.list_checkpoints(directory) == [8, 12, 16]

@@ -197,9 +197,12 @@ def test_restoring_into_another_model_names_the_first_difference_and_changes_not
 
   wider = _net(1, hidden=32)
   before = {k: v.clone() for k, v in wider.state_dict().items()}
+  # A checkpointer holds its directory until closed, a failed one too.
+  checkpointer = Checkpointer(_config(every=2), str(tmp_path), model=wider,
+                              optimizer=_adam(wider), log=_quiet)
   with pytest.raises(CheckpointMismatchError) as raised:
-    Checkpointer(_config(every=2), str(tmp_path), model=wider,
-                 optimizer=_adam(wider), log=_quiet).restore_latest()
+    checkpointer.restore_latest()
+  checkpointer.close()
   message = str(raised.value)
   assert "does not fit" in message
   assert "'0.weight' (32, 8) float32" in message  # the model's side
@@ -208,10 +211,12 @@ def test_restoring_into_another_model_names_the_first_difference_and_changes_not
     assert torch.equal(value, before[name]), name
 
   same, untouched = _net(1), _net(1).state_dict()
+  checkpointer = Checkpointer(
+      _config(every=2), str(tmp_path), model=same,
+      optimizer=torch.optim.SGD(same.parameters(), lr=0.1), log=_quiet)
   with pytest.raises(CheckpointMismatchError, match="Adam state.*SGD"):
-    Checkpointer(_config(every=2), str(tmp_path), model=same,
-                 optimizer=torch.optim.SGD(same.parameters(), lr=0.1),
-                 log=_quiet).restore_latest()
+    checkpointer.restore_latest()
+  checkpointer.close()
   for name, value in same.state_dict().items():
     assert torch.equal(value, untouched[name]), name
 
@@ -562,3 +567,10 @@ def test_two_gloo_ranks_agree_write_once_and_resume_together(
   assert chief["steps"] == other["steps"] == 6
   assert (chief["weights_digest"] == other["weights_digest"]
           == expected["weights_digest"])
+
+
+def test_a_second_trainer_on_a_live_model_dir_is_refused(tmp_path):
+  checkpoint_support.check_one_writer_per_model_dir(
+      "torch_parity.train", str(tmp_path),
+      [*EXACT, "--checkpoint=async", "--checkpoint_every=5",
+       "--checkpoint_keep=2"])

@@ -16,6 +16,7 @@ from overlap_core.checkpoint.engine import ResumePoint, checkpoint_dir
 from overlap_core.checkpoint.files import (CheckpointError,
                                            CheckpointMismatchError,
                                            CorruptCheckpointError)
+from overlap_core.runtime.dir_lock import DirectoryInUseError
 from tfoverlap.checkpoint.callback import AsyncCheckpoint, ResumePosition
 from tfoverlap.checkpoint.checkpointer import (Checkpointer,
                                                build_checkpointer)
@@ -27,6 +28,7 @@ __all__ = [
     "Checkpointer",
     "CheckpointsExistError",
     "CorruptCheckpointError",
+    "DirectoryInUseError",
     "ResumePoint",
     "ResumePosition",
     "build_checkpointer",

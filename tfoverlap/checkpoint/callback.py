@@ -49,6 +49,11 @@ class AsyncCheckpoint(keras.callbacks.Callback):
   The weights load into plain Keras without tfoverlap: see the README,
   "Loading a checkpoint without tfoverlap".
 
+  From `on_train_begin` to `on_train_end` the callback is `directory`'s one
+  writer: another fit on it, in this process or another, is refused when
+  it begins, with a `DirectoryInUseError` naming the holder (pid, host,
+  start time).
+
   Args:
     directory: where checkpoints are written and restored from.
     every: a number of batches, or "auto".
@@ -66,6 +71,8 @@ class AsyncCheckpoint(keras.callbacks.Callback):
   Raises:
     ValueError (a ConfigError): at once, for an argument that is not
       allowed, naming it, the value received and what is allowed.
+    DirectoryInUseError (a ConfigError): in on_train_begin, when another
+      writer holds `directory`.
   """
 
   def __init__(self, directory: str, *, every: Union[int, str] = "auto",
@@ -87,6 +94,7 @@ class AsyncCheckpoint(keras.callbacks.Callback):
     self._overwrite = overwrite
     self._log = log
     self._checkpointer: Optional[Checkpointer] = None
+    self._open = False  # between on_train_begin and on_train_end
     self._step = 0  # batches trained in all, the restored ones included
     self._epoch = 0  # the epoch the next batch belongs to
     self._batch = 0  # batches of that epoch trained on
@@ -113,12 +121,25 @@ class AsyncCheckpoint(keras.callbacks.Callback):
     # None for a dataset of unknown length, until an epoch of it ends.
     self._batches_per_epoch = (self.params or {}).get("steps")
     self._length_unknown = self._batches_per_epoch is None
-    if not self._restore:
-      self._start_over()
-    self._checkpointer = Checkpointer(
+    if self._open:
+      # A fit of this callback that raised, so never reached on_train_end,
+      # still holds the directory.
+      self._open = False
+      self._checkpointer.close()
+    # First: the checkpointer holds the directory from here on, so what
+    # follows (deleting with overwrite=True, restoring) happens under it.
+    checkpointer = Checkpointer(
         self._config, self.directory, model=self.model, optimizer=optimizer,
         describe_state=self._describe_state, log=self._log)
-    resume = self._checkpointer.restore_latest() if self._restore else None
+    try:
+      if not self._restore:
+        self._start_over()
+      resume = checkpointer.restore_latest() if self._restore else None
+    except BaseException:
+      # Keras calls no on_train_end after a failed on_train_begin.
+      checkpointer.close()
+      raise
+    self._checkpointer, self._open = checkpointer, True
     if resume is not None:
       self._go_on_from(resume.state)
 
@@ -192,6 +213,7 @@ class AsyncCheckpoint(keras.callbacks.Callback):
   def on_train_end(self, logs=None):
     # The final state too: a finished fit resumes as finished. (A fit that
     # trained no batch writes nothing: its state is the restored one.)
+    self._open = False
     self._checkpointer.finish(self._step)
 
   def _describe_state(self, step: int) -> dict:

@@ -15,6 +15,7 @@ from overlap_core.checkpoint.files import (CheckpointError,
                                              CheckpointMismatchError,
                                              CorruptCheckpointError)
 from overlap_core.checkpoint.engine import ResumePoint, checkpoint_dir
+from overlap_core.runtime.dir_lock import DirectoryInUseError
 from torch_parity.checkpoint.checkpointer import (Checkpointer,
                                                   build_checkpointer)
 
@@ -23,6 +24,7 @@ __all__ = [
     "CheckpointMismatchError",
     "Checkpointer",
     "CorruptCheckpointError",
+    "DirectoryInUseError",
     "ResumePoint",
     "build_checkpointer",
     "checkpoint_dir",

@@ -42,6 +42,8 @@ class Checkpointer(shared.Checkpointer):
   Raises:
     ConfigError: a mode other than sync or async.
     CheckpointError: a tensor of a dtype checkpoints cannot store.
+    DirectoryInUseError: another writer holds `directory` (it is held from
+      here to `close()`/`finish()`).
   """
 
   MODES = ("sync", "async")
