@@ -32,7 +32,8 @@ from overlap_core.runtime.config import (AUTOTUNE, CHECKPOINT_AUTO,
                                          DataConfig, DistributeConfig,
                                          ModelConfig, OffloadConfig,
                                          PipelineConfig, RunConfig,
-                                         TrainConfig, every_steps_from)
+                                         TrainConfig, USAGE_ERROR_EXIT_CODE,
+                                         every_steps_from)
 
 FLAGS = absl_flags.FLAGS
 GROUPS = {
@@ -45,7 +46,6 @@ GROUPS = {
     "offload": offload,
     "burst": burst,
 }
-USAGE_ERROR_EXIT_CODE = 2
 RUNTIME_ERROR_EXIT_CODE = 1
 
 _HELP_FLAGS = ("--help", "-help", "--helpshort", "--helpfull", "--helpxml",

@@ -11,6 +11,9 @@ from typing import Mapping, Optional, Tuple
 
 AUTOTUNE = -1  # the sentinel stored for "autotune" in prefetch / parallelism
 CHECKPOINT_AUTO = 0  # the `every_steps` of --checkpoint_every=auto
+# Every entry point exits with this status after printing a ConfigError's
+# one line; launchers and the comparison read it as "refused, said why".
+USAGE_ERROR_EXIT_CODE = 2
 
 
 class ConfigError(ValueError):

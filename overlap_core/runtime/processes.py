@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from overlap_core.runtime import failure
+from overlap_core.runtime import config, failure
 from overlap_core.runtime.run_record import (RUN_RECORD_NAME, default_model_dir,
                                              worker_dir)
 
@@ -160,9 +160,12 @@ def supervise(processes: list, *, program: str, noun: str = "worker",
       how = describe_failure(
           code, record_paths[index] if record_paths else None,
           since_s=since_s)
-      print(f"{program}: {noun} {index} {how}; "
-            f"stopping the other {len(others)} {noun}(s)",
-            file=sys.stderr, flush=True)
+      # Status 2 is a usage error, and the process has printed its one
+      # line saying which flag and why; a second line would only bury it.
+      if code != config.USAGE_ERROR_EXIT_CODE:
+        print(f"{program}: {noun} {index} {how}; "
+              f"stopping the other {len(others)} {noun}(s)",
+              file=sys.stderr, flush=True)
       stop_processes(processes)
       return code if code > 0 else 1
     time.sleep(POLL_INTERVAL_S)
