@@ -30,7 +30,6 @@ below tf_async's.
 """
 
 import argparse
-import json
 import os
 import shutil
 import tempfile
@@ -94,13 +93,10 @@ def trainer_flags(args, mode: str, every, steps: int) -> list:
 def run_cell(args, mode, every, steps, scratch) -> dict:
   model_dir = tempfile.mkdtemp(dir=scratch)
   args_list = trainer_flags(args, mode, every, steps)
-  process = common.run_process(["-m", "tfoverlap.train",
-                                *common.QUIET_TRAINER_FLAGS, *args_list,
-                                f"--model_dir={model_dir}"])
-  with open(os.path.join(model_dir, "run.json"), encoding="utf-8") as f:
-    record = json.load(f)
+  record, stats = common.run_trainer_record(
+      args_list, model_dir, module=common.TRAINER_MODULES["tensorflow"])
   summary = common.summarize_record(record)
-  summary.update(common.process_stats(process))
+  summary.update(stats)
   stats = record.get("checkpoint") or {}
   summary["checkpoint"] = {
       key: stats.get(key) for key in (
