@@ -38,10 +38,8 @@ samples are the global batch.
 """
 
 import argparse
-import json
+import functools
 import os
-import tempfile
-import time
 
 from benchmarks import common
 from benchmarks import harness
@@ -70,7 +68,7 @@ TRAIN_STEPS, QUICK_TRAIN_STEPS = 30, 8
 def parse_args():
   parser = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  common.add_common_args(parser, repeats=DEFAULT_REPEATS)
+  common.add_common_args(parser, repeats=DEFAULT_REPEATS, resummarize=True)
   parser.add_argument("--sides", default=",".join(DEFAULT_SIDES),
                       help="Comma-separated sides: " + ", ".join(SIDES))
   parser.add_argument("--pack_mb", default=",".join(
@@ -81,10 +79,6 @@ def parse_args():
   parser.add_argument("--train_steps", type=int, default=None,
                       help=f"Steps per run (default {TRAIN_STEPS}, "
                       f"{QUICK_TRAIN_STEPS} with --quick).")
-  parser.add_argument("--resummarize", metavar="RESULT_JSON",
-                      help="Recompute the summary of an existing result file "
-                      "from its runs, rewrite it and print the table; runs "
-                      "nothing.")
   return common.parse_with_trainer_flags(parser)
 
 
@@ -192,22 +186,8 @@ def format_summary(summary: dict, reference_pack_mb: float) -> str:
        f"vs {reference_pack_mb:g} MB same side", "vs ddp same MB"], rows)
 
 
-def resummarize(path: str) -> None:
-  with open(path, encoding="utf-8") as f:
-    payload = json.load(f)
-  payload["summary"] = summarize(payload["runs"], payload["sides"],
-                                 payload["pack_mb"],
-                                 payload["reference_pack_mb"])
-  common.write_results(path, payload)
-  print(format_summary(payload["summary"], payload["reference_pack_mb"]))
-
-
-def main():
-  args, passthrough = parse_args()
-  if args.resummarize:
-    resummarize(args.resummarize)
-    return
-  repeats = common.resolve_repeats(args, DEFAULT_REPEATS)
+def measure(args, passthrough, repeats: int, scratch_root: str
+            ) -> harness.Measured:
   sides = parse_sides(args.sides)
   pack_mbs = parse_pack_mb(args.pack_mb)
   if args.reference_pack_mb not in pack_mbs:
@@ -217,51 +197,41 @@ def main():
                                      else TRAIN_STEPS)
   flags = [*MODEL_FLAGS, f"--train_steps={train_steps}", *passthrough]
   variants = [(side, pack_mb) for side in sides for pack_mb in pack_mbs]
-  machine = common.describe_machine()
-  start = time.perf_counter()
-  with tempfile.TemporaryDirectory(prefix="tfo-bench-") as scratch_root:
 
-    def run_one(variant, repeat):
-      side, pack_mb = variant
-      model_dir = os.path.join(scratch_root, f"{side}-{pack_mb:g}mb-{repeat}")
-      result = run_variant(side, pack_mb, flags, model_dir)
-      common.log(f"repeat {repeat + 1}/{repeats} {side} {pack_mb:g} MB: "
-                 f"{result['samples_per_second']:.1f} samples/s, compute "
-                 f"p50 {result['compute']['p50_ms']:.1f} ms")
-      return {"side": side, "pack_mb": pack_mb, "repeat": repeat,
-              "result": result}
+  def run_one(variant, repeat):
+    side, pack_mb = variant
+    model_dir = os.path.join(scratch_root, f"{side}-{pack_mb:g}mb-{repeat}")
+    result = run_variant(side, pack_mb, flags, model_dir)
+    common.log(f"repeat {repeat + 1}/{repeats} {side} {pack_mb:g} MB: "
+               f"{result['samples_per_second']:.1f} samples/s, compute "
+               f"p50 {result['compute']['p50_ms']:.1f} ms")
+    return {"side": side, "pack_mb": pack_mb, "repeat": repeat,
+            "result": result}
 
-    record = harness.run_interleaved(variants, repeats, run_one,
-                                     redo_busy=args.redo_busy)
-  runs = record["runs"]
-  summary = summarize(runs, sides, pack_mbs, args.reference_pack_mb)
-  payload = {
-      "benchmark": NAME,
-      "command": common.command_line(),
-      "quick": args.quick,
-      "repeats": repeats,
-      "machine": machine,
-      "num_workers": NUM_WORKERS,
-      "sides": sides,
-      "side_commands": {
+  record = harness.run_interleaved(variants, repeats, run_one,
+                                   redo_busy=args.redo_busy)
+  return harness.Measured.of_group(
+      record, num_workers=NUM_WORKERS, sides=sides,
+      side_commands={
           side: (f"python -m {common.LAUNCHER_MODULES[spec['framework']]} "
                  f"--num_workers={NUM_WORKERS} -- "
                  + " ".join([*spec["flags"], "--all_reduce_pack_mb=X"]))
           for side, spec in SIDES.items() if side in sides},
-      "trainer_flags": flags,
-      "pack_mb": pack_mbs,
-      "reference_pack_mb": args.reference_pack_mb,
-      "quiet_trainer_flags": list(common.QUIET_TRAINER_FLAGS),
-      "summary": summary,
-      "runs": runs,
-      "total_wall_s": time.perf_counter() - start,
-  }
-  payload.update(harness.payload_fields({"all": record["host"]}))
-  path = common.result_path(NAME, args)
-  common.write_results(path, payload)
-  print(format_summary(summary, args.reference_pack_mb))
-  print(f"\n{len(runs)} runs in {payload['total_wall_s']:.0f} s; results: "
-        f"{os.path.relpath(path, common.REPO_ROOT)}")
+      trainer_flags=flags, pack_mb=pack_mbs,
+      reference_pack_mb=args.reference_pack_mb,
+      quiet_trainer_flags=list(common.QUIET_TRAINER_FLAGS))
+
+
+def main():
+  args, passthrough = parse_args()
+  harness.main(
+      NAME, args, functools.partial(measure, args, passthrough),
+      default_repeats=DEFAULT_REPEATS,
+      summarize=lambda payload: summarize(
+          payload["runs"], payload["sides"], payload["pack_mb"],
+          payload["reference_pack_mb"]),
+      table=lambda payload: format_summary(payload["summary"],
+                                           payload["reference_pack_mb"]))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ below tf_async's.
 """
 
 import argparse
-import json
 import os
 import shutil
 import tempfile
@@ -115,13 +114,10 @@ def trainer_flags(args, mode: str, every, steps: int) -> list:
 def run_cell(args, mode, every, steps, scratch) -> dict:
   model_dir = tempfile.mkdtemp(dir=scratch)
   args_list = trainer_flags(args, mode, every, steps)
-  process = common.run_process(["-m", common.TRAINER_MODULES[args.framework],
-                                *common.QUIET_TRAINER_FLAGS, *args_list,
-                                f"--model_dir={model_dir}"])
-  with open(os.path.join(model_dir, "run.json"), encoding="utf-8") as f:
-    record = json.load(f)
+  record, stats = common.run_trainer_record(
+      args_list, model_dir, module=common.TRAINER_MODULES[args.framework])
   summary = common.summarize_record(record)
-  summary.update(common.process_stats(process))
+  summary.update(stats)
   stats = record.get("checkpoint") or {}
   summary["checkpoint"] = {
       key: stats.get(key) for key in (

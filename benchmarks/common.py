@@ -1,8 +1,10 @@
 """What every benchmark shares: running trainers, reading run.json, reporting.
 
-Trainer runs are separate processes (`python -m tfoverlap.train`), as a user
-runs them, so each one pays its own start-up and none inherits another's
-thread pools or tf.data autotuning state. Results are medians over repeats
+Trainer runs are separate processes (`python -m tfoverlap.train`), started
+and read back by the comparison's runner (`overlap_compare.trainer_runs`),
+so both tools run a trainer one way. They run as a user runs them, so
+each one pays its own start-up and none inherits another's thread pools or
+tf.data autotuning state. Results are medians over repeats
 whose variants were interleaved, because these machines are shared and noisy:
 a slow minute then hits every variant alike instead of one.
 """
@@ -18,19 +20,27 @@ import subprocess
 import sys
 import time
 from importlib import metadata
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
-from benchmarks import harness
+from overlap_compare import comparison
+from overlap_compare import trainer_runs
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_DIR = os.path.join(REPO_ROOT, "benchmarks", "results")
 
-# Outputs that are not being measured: each would add work to the steps or to
-# the process, and the plain Keras baseline has none of them.
-QUIET_TRAINER_FLAGS = ("--progress=false", "--trace=false",
-                       "--tensorboard=false", "--evaluate=false")
+# The trainers and how their runs are started and read back: one place,
+# shared with the comparison (see overlap_compare.trainer_runs). The quiet
+# flags turn off outputs that are not being measured: each would add work to
+# the steps or to the process, and the plain Keras baseline has none of them.
+QUIET_TRAINER_FLAGS = trainer_runs.QUIET_FLAGS
+TRAINER_MODULES = {name: trainer.train_module
+                   for name, trainer in trainer_runs.TRAINERS.items()}
+LAUNCHER_MODULES = {name: trainer.launch_module
+                    for name, trainer in trainer_runs.TRAINERS.items()}
 PROCESS_TIMEOUT_S = 900
 _STDERR_TAIL_CHARS = 3000
+
+T = TypeVar("T")
 
 
 class BenchmarkError(RuntimeError):
@@ -55,80 +65,108 @@ def children_minor_faults() -> int:
   return resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt
 
 
+def read_host_cpu_s() -> Tuple[Optional[float], Optional[float]]:
+  """Seconds since boot the host's CPUs spent busy, and lost to steal,
+  from /proc/stat; (None, None) where it cannot be read."""
+  try:
+    with open("/proc/stat", encoding="utf-8") as f:
+      fields = [int(v) for v in f.readline().split()[1:]]
+  except (OSError, ValueError):
+    return None, None
+  user, nice, system, _, _, irq, softirq, steal = (fields + [0] * 8)[:8]
+  ticks = os.sysconf("SC_CLK_TCK")
+  return (user + nice + system + irq + softirq) / ticks, steal / ticks
+
+
 def host_cpu_s() -> Dict[str, float]:
-  """Seconds of CPU the whole host spent busy, and lost to the hypervisor
-  (NaN where /proc/stat cannot be read); the harness reads them."""
-  busy_s, steal_s = harness.host_cpu_s()
+  """`read_host_cpu_s` as {"busy", "steal"}, NaN where it cannot be read."""
+  busy_s, steal_s = read_host_cpu_s()
   return {"busy": float("nan") if busy_s is None else busy_s,
           "steal": float("nan") if steal_s is None else steal_s}
 
 
-def run_process(args: Sequence[str], timeout_s: float = PROCESS_TIMEOUT_S
-                ) -> dict:
-  """Runs a Python module command from the repository root and waits.
+def _measured(run: Callable[[], T]) -> Tuple[T, dict]:
+  """Calls `run`, which starts one process and waits for it, and returns
+  its result with that process's costs.
 
   Returns:
-    {"stdout", "process_wall_s", "process_cpu_s", "process_minor_faults",
-    "foreign_cpu_s", "steal_s"}: process cpu is user + system time of the
-    process and minor faults its page faults served without I/O (children
-    run one at a time, so the change in RUSAGE_CHILDREN is exactly this
-    one's). foreign cpu is what the rest of the host burned meanwhile (other
-    users' work: these machines are shared) and steal what the hypervisor
-    took; both say how much a run was disturbed.
-
-  Raises:
-    BenchmarkError: non-zero exit or time-out, with the end of stderr.
+    (what `run` returned, {"process_wall_s", "process_cpu_s",
+    "process_minor_faults", "foreign_cpu_s", "steal_s"}): process cpu is
+    user + system time of the process and minor faults its page faults
+    served without I/O (children run one at a time, so the change in
+    RUSAGE_CHILDREN is exactly this one's). foreign cpu is what the rest of
+    the host burned meanwhile (other users' work: these machines are
+    shared) and steal what the hypervisor took; both say how much a run was
+    disturbed.
   """
-  command = [sys.executable, *args]
   cpu_before = children_cpu_s()
   faults_before = children_minor_faults()
   host_before = host_cpu_s()
   start = time.perf_counter()
-  try:
-    done = subprocess.run(command, cwd=REPO_ROOT, env=subprocess_env(),
-                          capture_output=True, text=True, timeout=timeout_s,
-                          check=False)
-  except subprocess.TimeoutExpired as e:
-    raise BenchmarkError(f"timed out after {timeout_s:.0f}s: "
-                         f"{' '.join(args)}") from e
+  result = run()
   wall_s = time.perf_counter() - start
   host_after = host_cpu_s()
   process_cpu_s = children_cpu_s() - cpu_before
-  minor_faults = children_minor_faults() - faults_before
+  return result, {
+      "process_wall_s": wall_s, "process_cpu_s": process_cpu_s,
+      "process_minor_faults": children_minor_faults() - faults_before,
+      "foreign_cpu_s": max(0.0, host_after["busy"] - host_before["busy"]
+                           - process_cpu_s),
+      "steal_s": host_after["steal"] - host_before["steal"]}
+
+
+def run_process(args: Sequence[str], timeout_s: float = PROCESS_TIMEOUT_S
+                ) -> dict:
+  """Runs a Python module that is not a trainer (a probe, a plain
+  baseline) from the repository root and waits; trainers go through
+  `run_trainer_record`.
+
+  Returns:
+    {"stdout"} and the process's costs (see `_measured`).
+
+  Raises:
+    BenchmarkError: non-zero exit or time-out, with the end of stderr.
+  """
+  def run():
+    try:
+      return subprocess.run([sys.executable, *args], cwd=REPO_ROOT,
+                            env=subprocess_env(), capture_output=True,
+                            text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired as e:
+      raise BenchmarkError(f"timed out after {timeout_s:.0f}s: "
+                           f"{' '.join(args)}") from e
+
+  done, stats = _measured(run)
   if done.returncode != 0:
     raise BenchmarkError(
         f"exit {done.returncode}: {' '.join(args)}\n"
         f"{done.stderr[-_STDERR_TAIL_CHARS:]}")
-  return {"stdout": done.stdout, "process_wall_s": wall_s,
-          "process_cpu_s": process_cpu_s,
-          "process_minor_faults": minor_faults,
-          "foreign_cpu_s": max(0.0, host_after["busy"] - host_before["busy"]
-                               - process_cpu_s),
-          "steal_s": host_after["steal"] - host_before["steal"]}
+  return {"stdout": done.stdout, **stats}
 
 
-# The two trainers, and the launchers that start one of them per worker.
-TRAINER_MODULES = {"tensorflow": "tfoverlap.train",
-                   "pytorch": "torch_parity.train"}
-LAUNCHER_MODULES = {"tensorflow": "tfoverlap.launch",
-                    "pytorch": "torch_parity.launch"}
-
-
-def run_trainer(trainer_flags: Sequence[str], model_dir: str, *,
-                module: str = TRAINER_MODULES["tensorflow"],
-                launcher_flags: Optional[Sequence[str]] = None) -> dict:
-  """One trainer run; returns `summarize_record` of its run.json.
+def run_trainer_record(trainer_flags: Sequence[str], model_dir: str, *,
+                       module: str = TRAINER_MODULES["tensorflow"],
+                       launcher_flags: Optional[Sequence[str]] = None
+                       ) -> Tuple[dict, dict]:
+  """One trainer run, by `trainer_runs.run_trainer`; (its run.json, its
+  process's costs as `_measured` gives them).
 
   Args:
     trainer_flags: the trainer's flags; QUIET_TRAINER_FLAGS and
       `--model_dir` are added.
-    model_dir: where the run writes; run.json is read from its top (the
-      chief's, or rank 0's, in a launched job).
+    model_dir: where the run writes, its stdout.log and stderr.log too;
+      run.json is read from its top (the chief's, or rank 0's, in a
+      launched job).
     module: the trainer (`tfoverlap.train`, `torch_parity.train`) or, with
       `launcher_flags`, a launcher (`tfoverlap.launch`,
       `torch_parity.launch`). Both trainers write the same run.json schema.
     launcher_flags: the launcher's own flags, which go before `--`; the
       trainer flags follow it and reach every worker.
+
+  Raises:
+    BenchmarkError: the run failed, was refused (exit 2) or timed out; with
+      the command and the end of its stderr. A benchmark compares runs
+      that all completed, so any other outcome ends it.
   """
   trainer_args = [*QUIET_TRAINER_FLAGS, *trainer_flags,
                   f"--model_dir={model_dir}"]
@@ -136,11 +174,29 @@ def run_trainer(trainer_flags: Sequence[str], model_dir: str, *,
     args = ["-m", module, *trainer_args]
   else:
     args = ["-m", module, *launcher_flags, "--", *trainer_args]
-  process = run_process(args)
-  with open(os.path.join(model_dir, "run.json"), encoding="utf-8") as f:
-    record = json.load(f)
+  run, stats = _measured(lambda: trainer_runs.run_trainer(
+      [sys.executable, *args], model_dir, timeout_s=PROCESS_TIMEOUT_S,
+      env=subprocess_env(), cwd=REPO_ROOT))
+  if run.status != comparison.OK:
+    with open(os.path.join(model_dir, trainer_runs.STDERR_NAME),
+              encoding="utf-8", errors="replace") as f:
+      stderr_tail = f.read()[-_STDERR_TAIL_CHARS:]
+    # "unsupported" (exit 2, a flag value the trainer refuses) or "failed"
+    # (a crash, a time-out), then the comparison's one-line cause.
+    raise BenchmarkError(f"{run.status} ({run.error}): {' '.join(args)}\n"
+                         f"{stderr_tail}")
+  return run.record, stats
+
+
+def run_trainer(trainer_flags: Sequence[str], model_dir: str, *,
+                module: str = TRAINER_MODULES["tensorflow"],
+                launcher_flags: Optional[Sequence[str]] = None) -> dict:
+  """One trainer run (see `run_trainer_record`); returns
+  `summarize_record` of its run.json with the process's costs added."""
+  record, stats = run_trainer_record(trainer_flags, model_dir, module=module,
+                                     launcher_flags=launcher_flags)
   summary = summarize_record(record)
-  summary.update(process_stats(process))
+  summary.update(stats)
   return summary
 
 
@@ -259,7 +315,10 @@ def describe_machine() -> dict:
 REDO_BUSY_REPEATS = 2
 
 
-def add_common_args(parser: argparse.ArgumentParser, *, repeats: int) -> None:
+def add_common_args(parser: argparse.ArgumentParser, *, repeats: int,
+                    resummarize: bool = False) -> None:
+  """The flags every driver takes; with `resummarize`, --resummarize too
+  (see `harness.main`)."""
   parser.add_argument("--quick", action="store_true",
                       help="A smoke run of about a minute: fewer steps and "
                       "repeats; its numbers are not for reporting.")
@@ -276,6 +335,11 @@ def add_common_args(parser: argparse.ArgumentParser, *, repeats: int) -> None:
                       "benchmarks/results/<name>.json; --quick writes "
                       "<name>.quick.json so a smoke run never replaces a full "
                       "result).")
+  if resummarize:
+    parser.add_argument("--resummarize", metavar="RESULT_JSON",
+                        help="Recompute the summary of an existing result "
+                        "file from its runs, rewrite it and print the "
+                        "tables; runs nothing.")
 
 
 def resolve_repeats(args, default: int) -> int:
@@ -298,28 +362,6 @@ def write_results(path: str, payload: dict) -> None:
   with open(path, "w", encoding="utf-8") as f:
     json.dump(payload, f, indent=2, sort_keys=True)
     f.write("\n")
-
-
-def write_interleaved_results(name: str, args, *, record: dict,
-                              repeats: int, machine: dict, start_s: float,
-                              summary, table: str, **fields) -> None:
-  """Writes the results file of a benchmark run as one interleaved group
-  (`harness.run_interleaved`'s `record`), then prints its table and where
-  the file is.
-
-  Args:
-    fields: what this benchmark records besides the common fields.
-  """
-  payload = {"benchmark": name, "command": command_line(),
-             "quick": args.quick, "repeats": repeats, "machine": machine,
-             "summary": summary, "runs": record["runs"],
-             "total_wall_s": time.perf_counter() - start_s, **fields,
-             **harness.payload_fields({"all": record["host"]})}
-  path = result_path(name, args)
-  write_results(path, payload)
-  print(table)
-  print(f"\n{len(record['runs'])} runs in {payload['total_wall_s']:.0f} s; "
-        f"results: {os.path.relpath(path, REPO_ROOT)}")
 
 
 def command_line() -> str:

@@ -43,9 +43,9 @@ after them, and never competes with a trainer for the two cores.
 """
 
 import argparse
+import functools
 import json
 import os
-import tempfile
 import time
 
 import numpy as np
@@ -495,38 +495,29 @@ def format_report(trainer: dict, pipeline: dict) -> str:
   return "\n".join(parts)
 
 
+def measure(args, repeats: int, scratch: str) -> harness.Measured:
+  steps = 40 if args.quick else args.train_steps
+  start = time.perf_counter()
+  trainer = (run_trainer_sections(steps, repeats, scratch)
+             if "trainer" in args.parts else None)
+  trainer_wall_s = time.perf_counter() - start
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  pipeline = (run_pipeline_sections(repeats, args.quick, scratch)
+              if "pipeline" in args.parts else {})
+  return harness.Measured(
+      fields={"train_steps": steps, "trainer_flags": TRAINER_FLAGS,
+              "trainer": trainer, "pipeline": pipeline,
+              "trainer_wall_s": trainer_wall_s},
+      hosts=HOST_LOAD, num_runs=None)
+
+
 def main():
   args = parse_args()
-  repeats = common.resolve_repeats(args, DEFAULT_REPEATS)
-  steps = 40 if args.quick else args.train_steps
-  machine = common.describe_machine()
-  start = time.perf_counter()
-  with tempfile.TemporaryDirectory(prefix="tfo-bench-") as scratch:
-    trainer = (run_trainer_sections(steps, repeats, scratch)
-               if "trainer" in args.parts else None)
-    trainer_wall_s = time.perf_counter() - start
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    pipeline = (run_pipeline_sections(repeats, args.quick, scratch)
-                if "pipeline" in args.parts else {})
-  payload = {
-      "benchmark": NAME,
-      "command": common.command_line(),
-      "quick": args.quick,
-      "repeats": repeats,
-      "train_steps": steps,
-      "machine": machine,
-      "trainer_flags": TRAINER_FLAGS,
-      "trainer": trainer,
-      "pipeline": pipeline,
-      "trainer_wall_s": trainer_wall_s,
-      "total_wall_s": time.perf_counter() - start,
-  }
-  payload.update(harness.payload_fields(HOST_LOAD))
-  path = common.result_path(NAME, args)
-  common.write_results(path, payload)
-  print(format_report(trainer, pipeline))
-  print(f"\ndone in {payload['total_wall_s']:.0f} s; results: "
-        f"{os.path.relpath(path, common.REPO_ROOT)}")
+  harness.main(
+      NAME, args, functools.partial(measure, args),
+      default_repeats=DEFAULT_REPEATS,
+      table=lambda payload: format_report(payload["trainer"],
+                                          payload["pipeline"]))
 
 
 if __name__ == "__main__":

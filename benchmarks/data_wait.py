@@ -33,10 +33,9 @@ core and then trained.
 """
 
 import argparse
+import functools
 import json
 import os
-import tempfile
-import time
 
 from benchmarks import common
 from benchmarks import harness
@@ -61,7 +60,7 @@ SHORT_CALIBRATION_STEPS = 30
 def parse_args():
   parser = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  common.add_common_args(parser, repeats=DEFAULT_REPEATS)
+  common.add_common_args(parser, repeats=DEFAULT_REPEATS, resummarize=True)
   parser.add_argument("--model", default="small_cnn")
   parser.add_argument("--image_size", type=int, default=16)
   parser.add_argument("--batch_size", type=int, default=64)
@@ -82,10 +81,6 @@ def parse_args():
                       default=CALIBRATION_RUNS,
                       help="Compute-alone runs whose median is C (default "
                       "%(default)s).")
-  parser.add_argument("--resummarize", metavar="RESULT_JSON",
-                      help="Recompute the summary of an existing result file "
-                      "from its runs, rewrite it and print the table; runs "
-                      "nothing.")
   parser.add_argument("--train_steps", type=int, default=150,
                       help="Steps per run (the ledger leaves out the first "
                       "tenth, at most 10).")
@@ -251,84 +246,63 @@ def format_cells(cells: list) -> str:
   return common.format_table(headers, rows)
 
 
-def resummarize(path: str) -> None:
-  with open(path, encoding="utf-8") as f:
-    payload = json.load(f)
-  payload["summary"] = summarize(payload["runs"], payload["calibration"],
-                                 payload["delivered_cost"],
-                                 payload["machine"]["cpu_count"])
-  common.write_results(path, payload)
-  print(format_cells(payload["summary"]))
+def measure(args, repeats: int, scratch: str) -> harness.Measured:
+  steps = 40 if args.quick else args.train_steps
+  calibration = calibrate(args, steps, scratch)
+  compute_ms = calibration["compute_ms"]
+  common.log(f"C = {compute_ms:.2f} ms compute per step, "
+             f"{calibration['cores_busy_in_compute']:.2f} cores busy")
+  costs_ms = [round(k * compute_ms / args.batch_size, 6)
+              for k in args.cost_multiples]
+  delivered = probe_delivered_cost(costs_ms, scratch,
+                                   num_probes=1 if args.quick else 3,
+                                   batches=4 if args.quick else 12)
+  common.log("delivered / requested cost: " + ", ".join(
+      f"{c}: {v['delivered_over_requested']:.2f}"
+      for c, v in delivered["by_requested_ms"].items()))
+  cells = [(k, mode) for k in args.cost_multiples for mode in args.modes]
+
+  def run_one(cell, repeat):
+    k, mode = cell
+    cost_ms = round(k * compute_ms / args.batch_size, 6)
+    flags = base_flags(args) + MODES[mode] + [
+        f"--preprocess_cost_ms={cost_ms:.6f}", f"--train_steps={steps}"]
+    result = _run(args, flags, os.path.join(scratch, f"k{k}-{mode}-{repeat}"))
+    result["preprocess_cost_ms"] = cost_ms
+    common.log(f"repeat {repeat + 1}/{repeats} k={k} {mode}: data_wait "
+               f"{100 * result['data_wait']['fraction']:.1f}%, "
+               f"{result['samples_per_second']:.0f} samples/s")
+    return {"k": k, "mode": mode, "repeat": repeat, "flags": flags,
+            "result": result}
+
+  record = harness.run_interleaved(cells, repeats, run_one,
+                                   redo_busy=args.redo_busy)
+  return harness.Measured(
+      fields={"train_steps": steps, "framework": args.framework,
+              "setting": base_flags(args),
+              "calibration": calibration, "delivered_cost": delivered,
+              "runs": record["runs"]},
+      hosts={"grid": record["host"]},
+      num_runs=len(record["runs"]) + args.calibration_runs + 1)
+
+
+def format_payload(payload: dict) -> str:
+  calibration, cores = payload["calibration"], payload["machine"]["cpu_count"]
+  return (f"C = {calibration['compute_ms']:.2f} ms compute per step "
+          f"(resident batches), {calibration['step_cpu_ms']:.1f} ms CPU per "
+          f"step = {calibration['cores_busy_in_compute']:.2f} of {cores} "
+          "cores busy\n" + format_cells(payload["summary"]))
 
 
 def main():
   args = parse_args()
-  if args.resummarize:
-    resummarize(args.resummarize)
-    return
-  repeats = common.resolve_repeats(args, DEFAULT_REPEATS)
-  steps = 40 if args.quick else args.train_steps
-  machine = common.describe_machine()
-  cores = os.cpu_count() or 1
-  start = time.perf_counter()
-  with tempfile.TemporaryDirectory(prefix="tfo-bench-") as scratch:
-    calibration = calibrate(args, steps, scratch)
-    compute_ms = calibration["compute_ms"]
-    common.log(f"C = {compute_ms:.2f} ms compute per step, "
-               f"{calibration['cores_busy_in_compute']:.2f} cores busy")
-    costs_ms = [round(k * compute_ms / args.batch_size, 6)
-                for k in args.cost_multiples]
-    delivered = probe_delivered_cost(costs_ms, scratch,
-                                     num_probes=1 if args.quick else 3,
-                                     batches=4 if args.quick else 12)
-    common.log("delivered / requested cost: " + ", ".join(
-        f"{c}: {v['delivered_over_requested']:.2f}"
-        for c, v in delivered["by_requested_ms"].items()))
-    cells = [(k, mode) for k in args.cost_multiples for mode in args.modes]
-
-    def run_one(cell, repeat):
-      k, mode = cell
-      cost_ms = round(k * compute_ms / args.batch_size, 6)
-      flags = base_flags(args) + MODES[mode] + [
-          f"--preprocess_cost_ms={cost_ms:.6f}", f"--train_steps={steps}"]
-      result = _run(args, flags,
-                    os.path.join(scratch, f"k{k}-{mode}-{repeat}"))
-      result["preprocess_cost_ms"] = cost_ms
-      common.log(f"repeat {repeat + 1}/{repeats} k={k} {mode}: data_wait "
-                 f"{100 * result['data_wait']['fraction']:.1f}%, "
-                 f"{result['samples_per_second']:.0f} samples/s")
-      return {"k": k, "mode": mode, "repeat": repeat, "flags": flags,
-              "result": result}
-
-    record = harness.run_interleaved(cells, repeats, run_one,
-                                     redo_busy=args.redo_busy)
-  runs = record["runs"]
-  summary = summarize(runs, calibration, delivered, cores)
-  payload = {
-      "benchmark": NAME,
-      "command": common.command_line(),
-      "quick": args.quick,
-      "repeats": repeats,
-      "train_steps": steps,
-      "framework": args.framework,
-      "machine": machine,
-      "setting": base_flags(args),
-      "calibration": calibration,
-      "delivered_cost": delivered,
-      "summary": summary,
-      "runs": runs,
-      "total_wall_s": time.perf_counter() - start,
-  }
-  payload.update(harness.payload_fields({"grid": record["host"]}))
-  path = common.result_path(NAME, args)
-  common.write_results(path, payload)
-  print(f"C = {compute_ms:.2f} ms compute per step (resident batches), "
-        f"{calibration['step_cpu_ms']:.1f} ms CPU per step = "
-        f"{calibration['cores_busy_in_compute']:.2f} of {cores} cores busy")
-  print(format_cells(summary))
-  print(f"\n{len(runs) + args.calibration_runs + 1} runs in "
-        f"{payload['total_wall_s']:.0f} s; results: "
-        f"{os.path.relpath(path, common.REPO_ROOT)}")
+  harness.main(
+      NAME, args, functools.partial(measure, args),
+      default_repeats=DEFAULT_REPEATS,
+      summarize=lambda payload: summarize(
+          payload["runs"], payload["calibration"], payload["delivered_cost"],
+          payload["machine"]["cpu_count"] or 1),
+      table=format_payload)
 
 
 if __name__ == "__main__":

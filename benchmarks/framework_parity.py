@@ -26,10 +26,8 @@ each keeps that out of the comparison.
 """
 
 import argparse
-import json
+import functools
 import os
-import tempfile
-import time
 
 from benchmarks import common
 from benchmarks import harness
@@ -49,13 +47,9 @@ PRESETS = common.TRAINER_PRESETS
 def parse_args():
   parser = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  common.add_common_args(parser, repeats=DEFAULT_REPEATS)
+  common.add_common_args(parser, repeats=DEFAULT_REPEATS, resummarize=True)
   parser.add_argument("--configs", default=",".join(PRESETS),
                       help="Comma-separated presets: " + ", ".join(PRESETS))
-  parser.add_argument("--resummarize", metavar="RESULT_JSON",
-                      help="Recompute the summary of an existing result file "
-                      "from its runs, rewrite it and print the tables; runs "
-                      "nothing.")
   return common.parse_with_trainer_flags(parser)
 
 
@@ -145,72 +139,42 @@ def format_summary(configs: dict, summaries: dict) -> str:
   return throughput + "\n\n" + phases
 
 
-def resummarize(path: str) -> None:
-  with open(path, encoding="utf-8") as f:
-    payload = json.load(f)
-  configs = payload["configs"]
-  payload["summary"] = {
-      name: summarize([r for r in payload["runs"] if r["config"] == name])
-      for name in configs
-  }
-  common.write_results(path, payload)
-  print(format_summary(configs, payload["summary"]))
+def measure(args, passthrough, repeats: int, scratch_root: str
+            ) -> harness.Measured:
+  configs = build_configs(args, passthrough)
+
+  def run_one(cell, repeat):
+    config_name, framework = cell
+    config = configs[config_name]
+    model_dir = os.path.join(scratch_root,
+                             f"{config_name}-{framework}-{repeat}")
+    result = common.run_trainer(
+        [*config["flags"], f"--train_steps={config['train_steps']}"],
+        model_dir, module=common.TRAINER_MODULES[framework])
+    common.log(f"repeat {repeat + 1}/{repeats} {config_name} "
+               f"{framework}: {result['samples_per_second']:.1f} samples/s")
+    return {"config": config_name, "framework": framework,
+            "repeat": repeat, "result": result}
+
+  # Repeats outermost: a slow stretch of the machine then hits every
+  # preset and framework of one repeat, not all repeats of one of them.
+  cells = [(name, framework) for name in configs
+           for framework in FRAMEWORKS]
+  record = harness.run_interleaved(cells, repeats, run_one,
+                                   redo_busy=args.redo_busy)
+  return harness.Measured.of_group(
+      record, configs=configs, trainer_modules=common.TRAINER_MODULES,
+      quiet_trainer_flags=list(common.QUIET_TRAINER_FLAGS))
 
 
 def main():
   args, passthrough = parse_args()
-  if args.resummarize:
-    resummarize(args.resummarize)
-    return
-  repeats = common.resolve_repeats(args, DEFAULT_REPEATS)
-  configs = build_configs(args, passthrough)
-  machine = common.describe_machine()
-  start = time.perf_counter()
-  with tempfile.TemporaryDirectory(prefix="tfo-bench-") as scratch_root:
-
-    def run_one(cell, repeat):
-      config_name, framework = cell
-      config = configs[config_name]
-      model_dir = os.path.join(scratch_root,
-                               f"{config_name}-{framework}-{repeat}")
-      result = common.run_trainer(
-          [*config["flags"], f"--train_steps={config['train_steps']}"],
-          model_dir, module=common.TRAINER_MODULES[framework])
-      common.log(f"repeat {repeat + 1}/{repeats} {config_name} "
-                 f"{framework}: {result['samples_per_second']:.1f} samples/s")
-      return {"config": config_name, "framework": framework,
-              "repeat": repeat, "result": result}
-
-    # Repeats outermost: a slow stretch of the machine then hits every
-    # preset and framework of one repeat, not all repeats of one of them.
-    cells = [(name, framework) for name in configs
-             for framework in FRAMEWORKS]
-    record = harness.run_interleaved(cells, repeats, run_one,
-                                     redo_busy=args.redo_busy)
-  runs = record["runs"]
-  summaries = {
-      name: summarize([r for r in runs if r["config"] == name])
-      for name in configs
-  }
-  payload = {
-      "benchmark": NAME,
-      "command": common.command_line(),
-      "quick": args.quick,
-      "repeats": repeats,
-      "machine": machine,
-      "configs": configs,
-      "trainer_modules": common.TRAINER_MODULES,
-      "quiet_trainer_flags": list(common.QUIET_TRAINER_FLAGS),
-      "summary": summaries,
-      "runs": runs,
-      "total_wall_s": time.perf_counter() - start,
-  }
-  payload.update(harness.payload_fields({"all": record["host"]}))
-  path = common.result_path(NAME, args)
-  common.write_results(path, payload)
-  print(format_summary(configs, summaries))
-  print(f"\n{len(runs)} runs in {payload['total_wall_s']:.0f} s; results: "
-        f"{os.path.relpath(path, common.REPO_ROOT)}")
+  harness.main(
+      NAME, args, functools.partial(measure, args, passthrough),
+      default_repeats=DEFAULT_REPEATS,
+      summarize=lambda payload: harness.per_config(payload, summarize),
+      table=lambda payload: format_summary(payload["configs"],
+                                           payload["summary"]))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,11 @@ paired ratios with a distribution-free interval, and `verdict` is the only
 place where "met", "missed" or "noisy" is decided: the results JSON, the
 printed tables and the rendered BENCHMARKS.md all call it.
 
+`main` is every driver's main(): it runs the driver's measurement in a
+scratch directory, writes the results file with the fields every one
+records, prints the tables, and re-summarizes an existing results file
+(`--resummarize`) without running anything.
+
 Usage:
 
   record = harness.run_interleaved(
@@ -27,13 +32,16 @@ Usage:
   harness.verdict(ratio, target=1.02, direction=harness.AT_MOST)  # "met"...
 """
 
+import dataclasses
+import json
 import os
 import resource
 import sys
+import tempfile
 import time
-from typing import (Callable, Dict, Hashable, List, Optional, Sequence,
-                    Tuple, Union)
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Union
 
+from benchmarks import common
 from overlap_core.runtime import intervals
 
 # The interval arithmetic lives with the comparison tool's; the benchmarks
@@ -117,26 +125,13 @@ def _self_tree_cpu_s() -> float:
   return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def host_cpu_s() -> Tuple[Optional[float], Optional[float]]:
-  """Seconds since boot the host's CPUs spent busy, and lost to steal,
-  from /proc/stat; (None, None) where it cannot be read."""
-  try:
-    with open("/proc/stat", encoding="utf-8") as f:
-      fields = [int(v) for v in f.readline().split()[1:]]
-  except (OSError, ValueError):
-    return None, None
-  user, nice, system, _, _, irq, softirq, steal = (fields + [0] * 8)[:8]
-  ticks = os.sysconf("SC_CLK_TCK")
-  return (user + nice + system + irq + softirq) / ticks, steal / ticks
-
-
 def host_snapshot() -> dict:
   """The counters that `host_load` compares: load, host and own CPU, time."""
   try:
     load = list(os.getloadavg())
   except OSError:
     load = None
-  busy_s, steal_s = host_cpu_s()
+  busy_s, steal_s = common.read_host_cpu_s()
   return {"load_average": load, "host_busy_cpu_s": busy_s,
           "host_steal_cpu_s": steal_s, "self_tree_cpu_s": _self_tree_cpu_s(),
           "monotonic_s": time.monotonic()}
@@ -368,3 +363,87 @@ def payload_fields(host_by_group: Dict[str, dict]) -> dict:
       "host_busy": any(h["busy"] for h in host_by_group.values()),
       "host": host_by_group,
   }}
+
+
+def per_config(payload: dict, summarize: Callable[..., object]) -> dict:
+  """{config name: summarize(its runs)} for a payload whose "configs" name
+  the presets and whose runs say their "config"."""
+  return {name: summarize([r for r in payload["runs"]
+                           if r["config"] == name])
+          for name in payload["configs"]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+  """What one benchmark run measured, for `main` to write and print.
+
+  Attributes:
+    fields: the results-file fields this benchmark records besides those
+      every one records (its "summary" too, unless `main` computes it).
+    hosts: {group name: the "host" of one `run_interleaved`}.
+    num_runs: trainer and probe runs, for the closing line; None where the
+      benchmark does not count them.
+  """
+  fields: dict
+  hosts: Dict[str, dict]
+  num_runs: Optional[int]
+
+  @classmethod
+  def of_group(cls, record: dict, group: str = "all",
+               **fields) -> "Measured":
+    """A benchmark measured as one interleaved group: its `run_interleaved`
+    record's runs and host load, and the benchmark's own `fields`."""
+    return cls(fields={"runs": record["runs"], **fields},
+               hosts={group: record["host"]}, num_runs=len(record["runs"]))
+
+
+def main(name: str, args, measure: Callable[[int, str], Measured], *,
+         default_repeats: int, table: Callable[[dict], str],
+         summarize: Optional[Callable[[dict], object]] = None,
+         results_name: Optional[str] = None) -> None:
+  """Every benchmark driver's main(), once its flags are parsed.
+
+  Runs `measure(repeats, scratch_dir)`, writes the results file (its own
+  fields, the summary, and what every one records: the command, machine,
+  repeats, wall time and `payload_fields`) and prints `table` of it. With
+  `args.resummarize` set, it only recomputes the summary of that results
+  file, rewrites it and prints the table: a change to a summary reaches old
+  runs without running them again.
+
+  Args:
+    name: the benchmark, as its results file records it.
+    args: the parsed flags of `common.add_common_args`.
+    measure: measure(repeats, scratch_dir) runs the benchmark; scratch_dir
+      is removed afterwards.
+    default_repeats: repeats without --repeats or --quick.
+    table: the printed tables, from the results file's payload.
+    summarize: the summary, from a payload without it; None where
+      `measure` puts the summary in its fields (no --resummarize then).
+    results_name: the results file's name (default `name`).
+  """
+  if summarize is not None and args.resummarize:
+    with open(args.resummarize, encoding="utf-8") as f:
+      payload = json.load(f)
+    payload["summary"] = summarize(payload)
+    common.write_results(args.resummarize, payload)
+    print(table(payload))
+    return
+  repeats = common.resolve_repeats(args, default_repeats)
+  machine = common.describe_machine()
+  start = time.perf_counter()
+  with tempfile.TemporaryDirectory(prefix="tfo-bench-") as scratch:
+    measured = measure(repeats, scratch)
+  payload = {"benchmark": name, "command": common.command_line(),
+             "quick": args.quick, "repeats": repeats, "machine": machine,
+             **measured.fields,
+             "total_wall_s": time.perf_counter() - start}
+  if summarize is not None:
+    payload["summary"] = summarize(payload)
+  payload.update(payload_fields(measured.hosts))
+  path = common.result_path(results_name or name, args)
+  common.write_results(path, payload)
+  print(table(payload))
+  done = (f"{measured.num_runs} runs" if measured.num_runs is not None
+          else "done")
+  print(f"\n{done} in {payload['total_wall_s']:.0f} s; results: "
+        f"{os.path.relpath(path, common.REPO_ROOT)}")

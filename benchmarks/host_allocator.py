@@ -22,9 +22,8 @@ the memory the default policy handed back and had to fault in again.
 """
 
 import argparse
+import functools
 import os
-import tempfile
-import time
 
 from benchmarks import common
 from benchmarks import harness
@@ -96,34 +95,34 @@ def format_summary(summary: dict) -> str:
        "system / retain", "extra faults per step"], rows)
 
 
-def main():
-  args = parse_args()
-  repeats = common.resolve_repeats(args, DEFAULT_REPEATS)
+def measure(args, repeats: int, scratch: str) -> harness.Measured:
   models = QUICK_MODELS if args.quick else MODELS
   train_steps = QUICK_TRAIN_STEPS if args.quick else TRAIN_STEPS
-  machine = common.describe_machine()
-  start = time.perf_counter()
-  with tempfile.TemporaryDirectory(prefix="tfo-alloc-") as scratch:
 
-    def run_one(cell, repeat):
-      framework, model, policy = cell
-      flags = job_flags(model, policy, train_steps)
-      result = common.run_trainer(
-          flags, os.path.join(scratch, "-".join(cell) + f"-{repeat}"),
-          module=common.TRAINER_MODULES[framework])
-      common.log(f"repeat {repeat + 1}/{repeats} {'/'.join(cell)}: step "
-                 f"{result['step']['p50_ms']:.1f} ms, "
-                 f"{result['process_minor_faults']} faults")
-      return {"cell": list(cell), "repeat": repeat, "flags": flags,
-              "result": result}
+  def run_one(cell, repeat):
+    framework, model, policy = cell
+    flags = job_flags(model, policy, train_steps)
+    result = common.run_trainer(
+        flags, os.path.join(scratch, "-".join(cell) + f"-{repeat}"),
+        module=common.TRAINER_MODULES[framework])
+    common.log(f"repeat {repeat + 1}/{repeats} {'/'.join(cell)}: step "
+               f"{result['step']['p50_ms']:.1f} ms, "
+               f"{result['process_minor_faults']} faults")
+    return {"cell": list(cell), "repeat": repeat, "flags": flags,
+            "result": result}
 
-    record = harness.run_interleaved(cells(models), repeats, run_one,
-                                     redo_busy=args.redo_busy)
-  summary = summarize(record["runs"], models, train_steps)
-  common.write_interleaved_results(
-      NAME, args, record=record, repeats=repeats, machine=machine,
-      start_s=start, summary=summary, table=format_summary(summary),
+  record = harness.run_interleaved(cells(models), repeats, run_one,
+                                   redo_busy=args.redo_busy)
+  return harness.Measured.of_group(
+      record, summary=summarize(record["runs"], models, train_steps),
       train_steps=train_steps)
+
+
+def main():
+  args = parse_args()
+  harness.main(NAME, args, functools.partial(measure, args),
+               default_repeats=DEFAULT_REPEATS,
+               table=lambda payload: format_summary(payload["summary"]))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ twice, once per question 1's side.
 """
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -134,20 +133,17 @@ def run_pipeline(model: str, image_size: int, *, stages: int, batch: int,
                  microbatches: int, split: str, profile_path: str,
                  steps: int, model_dir: str) -> dict:
   """One pipelined trainer run; its throughput and pipeline section."""
-  process = common.run_process([
-      "-m", "torch_parity.train", *common.QUIET_TRAINER_FLAGS,
-      f"--model={model}", "--dataset=synthetic",
-      f"--image_size={image_size}", f"--batch_size={batch}",
-      f"--train_steps={steps}", "--strategy=mirrored",
-      f"--num_devices={stages}", f"--pipeline_stages={stages}",
-      f"--pipeline_microbatches={microbatches}",
-      "--pipeline_schedule=gpipe", f"--pipeline_split={split}",
-      f"--plan_profile={profile_path}", f"--model_dir={model_dir}"])
-  with open(os.path.join(model_dir, "run.json"), encoding="utf-8") as f:
-    record = json.load(f)
+  record, stats = common.run_trainer_record(
+      [f"--model={model}", "--dataset=synthetic",
+       f"--image_size={image_size}", f"--batch_size={batch}",
+       f"--train_steps={steps}", "--strategy=mirrored",
+       f"--num_devices={stages}", f"--pipeline_stages={stages}",
+       f"--pipeline_microbatches={microbatches}",
+       "--pipeline_schedule=gpipe", f"--pipeline_split={split}",
+       f"--plan_profile={profile_path}"],
+      model_dir, module=common.TRAINER_MODULES["pytorch"])
   return {"samples_per_second": record["samples_per_second"],
-          "pipeline": record["pipeline"],
-          **common.process_stats(process)}
+          "pipeline": record["pipeline"], **stats}
 
 
 def stage_errors(section: dict) -> list:

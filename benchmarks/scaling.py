@@ -34,9 +34,8 @@ all-reduce and the sharing, not a cluster's scaling.
 """
 
 import argparse
+import functools
 import os
-import tempfile
-import time
 
 from benchmarks import common
 from benchmarks import harness
@@ -135,39 +134,40 @@ def format_summary(summary: dict) -> str:
        "efficiency: median [interval]"], rows)
 
 
-def main():
-  args, passthrough = parse_args()
-  repeats = common.resolve_repeats(args, DEFAULT_REPEATS)
-  machine = common.describe_machine()
-  start = time.perf_counter()
+def measure(args, passthrough, repeats: int, scratch: str
+            ) -> harness.Measured:
   cells = [(model, stack, n) for model in args.models
            for stack in args.stacks for n in WORKER_COUNTS]
-  with tempfile.TemporaryDirectory(prefix="tfo-scaling-") as scratch:
 
-    def run_one(cell, repeat):
-      model, stack, num_workers = cell
-      spec = MODELS[model]
-      steps = args.train_steps or (spec["quick_steps"] if args.quick
-                                   else spec["train_steps"])
-      started = job(model, stack, num_workers, steps, passthrough)
-      result = common.run_trainer(
-          started["flags"],
-          os.path.join(scratch, f"{model}-{stack}-{num_workers}-{repeat}"),
-          module=started["module"], launcher_flags=started["launcher_flags"])
-      common.log(f"repeat {repeat + 1}/{repeats} {model} {stack} "
-                 f"{num_workers} worker(s): "
-                 f"{result['samples_per_second']:.1f} samples/s")
-      return {"model": model, "stack": stack, "num_workers": num_workers,
-              "repeat": repeat, "job": started, "result": result}
+  def run_one(cell, repeat):
+    model, stack, num_workers = cell
+    spec = MODELS[model]
+    steps = args.train_steps or (spec["quick_steps"] if args.quick
+                                 else spec["train_steps"])
+    started = job(model, stack, num_workers, steps, passthrough)
+    result = common.run_trainer(
+        started["flags"],
+        os.path.join(scratch, f"{model}-{stack}-{num_workers}-{repeat}"),
+        module=started["module"], launcher_flags=started["launcher_flags"])
+    common.log(f"repeat {repeat + 1}/{repeats} {model} {stack} "
+               f"{num_workers} worker(s): "
+               f"{result['samples_per_second']:.1f} samples/s")
+    return {"model": model, "stack": stack, "num_workers": num_workers,
+            "repeat": repeat, "job": started, "result": result}
 
-    record = harness.run_interleaved(cells, repeats, run_one,
-                                     redo_busy=args.redo_busy)
-  summary = summarize(record["runs"], args.models, args.stacks)
-  common.write_interleaved_results(
-      NAME, args, record=record, repeats=repeats, machine=machine,
-      start_s=start, summary=summary, table=format_summary(summary),
+  record = harness.run_interleaved(cells, repeats, run_one,
+                                   redo_busy=args.redo_busy)
+  return harness.Measured.of_group(
+      record, summary=summarize(record["runs"], args.models, args.stacks),
       models={m: MODELS[m] for m in args.models},
       stacks={s: STACKS[s] for s in args.stacks})
+
+
+def main():
+  args, passthrough = parse_args()
+  harness.main(NAME, args, functools.partial(measure, args, passthrough),
+               default_repeats=DEFAULT_REPEATS,
+               table=lambda payload: format_summary(payload["summary"]))
 
 
 if __name__ == "__main__":

@@ -31,9 +31,8 @@ step at K over the step at 1 within each repeat.
 """
 
 import argparse
+import functools
 import os
-import tempfile
-import time
 
 from benchmarks import common
 from benchmarks import harness
@@ -138,36 +137,34 @@ def format_summary(summary: dict) -> str:
        "step ratio"], rows)
 
 
-def main():
-  args = parse_args()
-  repeats = common.resolve_repeats(args, DEFAULT_REPEATS)
+def measure(args, repeats: int, scratch: str) -> harness.Measured:
   k = args.steps_per_execution
   train_steps = args.train_steps or (40 if args.quick else None)
-  machine = common.describe_machine()
-  start = time.perf_counter()
-  cells = benchmark_cells(k)
-  with tempfile.TemporaryDirectory(prefix="tfo-spe-") as scratch:
 
-    def run_one(cell, repeat):
-      strategy, calls, data_input = cell
-      flags = job_flags(strategy, calls, data_input, train_steps)
-      result = common.run_trainer(
-          flags, os.path.join(scratch,
-                              f"{strategy}-{calls}-{data_input}-{repeat}"))
-      common.log(f"repeat {repeat + 1}/{repeats} {cell_name(*cell)}: "
-                 f"data wait {100 * result['data_wait']['fraction']:.1f}%, "
-                 f"step {result['step']['mean_ms']:.2f} ms")
-      return {"cell": list(cell), "repeat": repeat, "flags": flags,
-              "result": result}
+  def run_one(cell, repeat):
+    strategy, calls, data_input = cell
+    flags = job_flags(strategy, calls, data_input, train_steps)
+    result = common.run_trainer(
+        flags, os.path.join(scratch,
+                            f"{strategy}-{calls}-{data_input}-{repeat}"))
+    common.log(f"repeat {repeat + 1}/{repeats} {cell_name(*cell)}: "
+               f"data wait {100 * result['data_wait']['fraction']:.1f}%, "
+               f"step {result['step']['mean_ms']:.2f} ms")
+    return {"cell": list(cell), "repeat": repeat, "flags": flags,
+            "result": result}
 
-    record = harness.run_interleaved(cells, repeats, run_one,
-                                     redo_busy=args.redo_busy)
-  summary = summarize(record["runs"], k)
-  common.write_interleaved_results(
-      NAME, args, record=record, repeats=repeats, machine=machine,
-      start_s=start, summary=summary, table=format_summary(summary),
-      steps_per_execution=k,
+  record = harness.run_interleaved(benchmark_cells(k), repeats, run_one,
+                                   redo_busy=args.redo_busy)
+  return harness.Measured.of_group(
+      record, summary=summarize(record["runs"], k), steps_per_execution=k,
       target_max_data_wait_fraction=TARGET_MAX_DATA_WAIT_FRAC)
+
+
+def main():
+  args = parse_args()
+  harness.main(NAME, args, functools.partial(measure, args),
+               default_repeats=DEFAULT_REPEATS,
+               table=lambda payload: format_summary(payload["summary"]))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ of the per-repeat ratios.
 """
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -70,18 +69,15 @@ def _flags(framework: str, stages: int, microbatches: int, args,
 
 
 def _run(framework: str, flags, model_dir: str) -> dict:
-  process = common.run_process(
-      ["-m", common.TRAINER_MODULES[framework], *common.QUIET_TRAINER_FLAGS,
-       *flags, f"--model_dir={model_dir}"])
-  with open(os.path.join(model_dir, "run.json"), encoding="utf-8") as f:
-    record = json.load(f)
+  record, stats = common.run_trainer_record(
+      flags, model_dir, module=common.TRAINER_MODULES[framework])
   section = record.get("pipeline") or {}
   return {"samples_per_second": record["samples_per_second"],
           "bubble_fraction": section.get("bubble_fraction"),
           "bubble_fraction_theory": section.get("bubble_fraction_theory"),
           "per_stage": section.get("per_stage"),
           "sources": section.get("sources"),
-          **common.process_stats(process)}
+          **stats}
 
 
 def _median_or_none(values):

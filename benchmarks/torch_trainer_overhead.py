@@ -29,10 +29,9 @@ further --flag=value goes to both sides.
 """
 
 import argparse
+import functools
 import json
 import os
-import tempfile
-import time
 
 from benchmarks import common
 from benchmarks import harness
@@ -51,7 +50,7 @@ PRESETS = common.TRAINER_PRESETS
 def parse_args():
   parser = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  common.add_common_args(parser, repeats=DEFAULT_REPEATS)
+  common.add_common_args(parser, repeats=DEFAULT_REPEATS, resummarize=True)
   parser.add_argument("--configs", default=",".join(PRESETS),
                       help="Comma-separated presets: " + ", ".join(PRESETS)
                       + "; on a GPU also "
@@ -60,10 +59,6 @@ def parse_args():
                       help="Steps per run for every preset (default: the "
                       "preset's own; its first tenth, at most 10, is "
                       "warm-up).")
-  parser.add_argument("--resummarize", metavar="RESULT_JSON",
-                      help="Recompute the summary of an existing result file "
-                      "from its runs, rewrite it and print the table; runs "
-                      "nothing.")
   return common.parse_with_trainer_flags(parser)
 
 
@@ -167,71 +162,42 @@ def format_summary(configs: dict, summaries: dict) -> str:
        "target <= 1.02"], rows)
 
 
-def resummarize(path: str) -> None:
-  with open(path, encoding="utf-8") as f:
-    payload = json.load(f)
-  configs = payload["configs"]
-  payload["summary"] = {
-      name: summarize([r for r in payload["runs"] if r["config"] == name])
-      for name in configs
-  }
-  common.write_results(path, payload)
-  print(format_summary(configs, payload["summary"]))
+def measure(args, passthrough, repeats: int, scratch_root: str
+            ) -> harness.Measured:
+  configs = build_configs(args, passthrough)
+
+  def run_one(cell, repeat):
+    config_name, side = cell
+    config = configs[config_name]
+    scratch = os.path.join(scratch_root, f"{config_name}-{side}-{repeat}")
+    os.makedirs(scratch)
+    result = run_side(
+        side, [*config["flags"], f"--train_steps={config['train_steps']}"],
+        scratch)
+    common.log(f"repeat {repeat + 1}/{repeats} {config_name} {side}: "
+               f"step p50 {result['step']['p50_ms']:.2f} ms, "
+               f"{result['samples_per_second']:.1f} samples/s")
+    return {"config": config_name, "side": side, "repeat": repeat,
+            "result": result}
+
+  # Every preset's sides in one rotation, so that one repeat covers all
+  # cells within minutes of each other.
+  cells = [(name, side) for name in configs for side in SIDES]
+  record = harness.run_interleaved(cells, repeats, run_one,
+                                   redo_busy=args.redo_busy)
+  return harness.Measured.of_group(
+      record, configs=configs,
+      quiet_trainer_flags=list(common.QUIET_TRAINER_FLAGS))
 
 
 def main():
   args, passthrough = parse_args()
-  if args.resummarize:
-    resummarize(args.resummarize)
-    return
-  repeats = common.resolve_repeats(args, DEFAULT_REPEATS)
-  configs = build_configs(args, passthrough)
-  machine = common.describe_machine()
-  start = time.perf_counter()
-  with tempfile.TemporaryDirectory(prefix="tfo-bench-") as scratch_root:
-
-    def run_one(cell, repeat):
-      config_name, side = cell
-      config = configs[config_name]
-      scratch = os.path.join(scratch_root, f"{config_name}-{side}-{repeat}")
-      os.makedirs(scratch)
-      result = run_side(
-          side, [*config["flags"], f"--train_steps={config['train_steps']}"],
-          scratch)
-      common.log(f"repeat {repeat + 1}/{repeats} {config_name} {side}: "
-                 f"step p50 {result['step']['p50_ms']:.2f} ms, "
-                 f"{result['samples_per_second']:.1f} samples/s")
-      return {"config": config_name, "side": side, "repeat": repeat,
-              "result": result}
-
-    # Every preset's sides in one rotation, so that one repeat covers all
-    # cells within minutes of each other.
-    cells = [(name, side) for name in configs for side in SIDES]
-    record = harness.run_interleaved(cells, repeats, run_one,
-                                     redo_busy=args.redo_busy)
-  runs = record["runs"]
-  summaries = {
-      name: summarize([r for r in runs if r["config"] == name])
-      for name in configs
-  }
-  payload = {
-      "benchmark": NAME,
-      "command": common.command_line(),
-      "quick": args.quick,
-      "repeats": repeats,
-      "machine": machine,
-      "configs": configs,
-      "quiet_trainer_flags": list(common.QUIET_TRAINER_FLAGS),
-      "summary": summaries,
-      "runs": runs,
-      "total_wall_s": time.perf_counter() - start,
-  }
-  payload.update(harness.payload_fields({"all": record["host"]}))
-  path = common.result_path(NAME, args)
-  common.write_results(path, payload)
-  print(format_summary(configs, summaries))
-  print(f"\n{len(runs)} runs in {payload['total_wall_s']:.0f} s; results: "
-        f"{os.path.relpath(path, common.REPO_ROOT)}")
+  harness.main(
+      NAME, args, functools.partial(measure, args, passthrough),
+      default_repeats=DEFAULT_REPEATS,
+      summarize=lambda payload: harness.per_config(payload, summarize),
+      table=lambda payload: format_summary(payload["configs"],
+                                           payload["summary"]))
 
 
 if __name__ == "__main__":

@@ -38,10 +38,9 @@ by default; the trainer never does, so that ratio includes XLA's effect.)
 """
 
 import argparse
+import functools
 import json
 import os
-import tempfile
-import time
 
 from benchmarks import common
 from benchmarks import harness
@@ -73,7 +72,7 @@ PRESETS = {
 def parse_args():
   parser = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  common.add_common_args(parser, repeats=DEFAULT_REPEATS)
+  common.add_common_args(parser, repeats=DEFAULT_REPEATS, resummarize=True)
   parser.add_argument("--configs", default=",".join(PRESETS),
                       help="Comma-separated presets: " + ", ".join(PRESETS))
   parser.add_argument("--plain_jit_compile", default="auto",
@@ -82,10 +81,6 @@ def parse_args():
                       "auto is what a plain Keras user gets (XLA on a GPU "
                       "with the default strategy; never on CPU); false "
                       "compiles as the trainer does.")
-  parser.add_argument("--resummarize", metavar="RESULT_JSON",
-                      help="Recompute the summary of an existing result file "
-                      "from its runs, rewrite it and print the table; runs "
-                      "nothing.")
   parser.add_argument("--sides", default=",".join(SIDES),
                       help="Comma-separated sides to run: " + ", ".join(SIDES))
   custom = parser.add_argument_group(
@@ -99,12 +94,7 @@ def parse_args():
   custom.add_argument("--strategy", default="default")
   custom.add_argument("--num_devices", type=int, default=1)
   custom.add_argument("--train_steps", type=int, default=300)
-  args, passthrough = parser.parse_known_args()
-  bad = [a for a in passthrough if not a.startswith("--")]
-  if bad:
-    parser.error(f"unexpected arguments {bad}; trainer flags take the form "
-                 "--name=value")
-  return args, passthrough
+  return common.parse_with_trainer_flags(parser)
 
 
 def build_configs(args, passthrough) -> dict:
@@ -236,72 +226,49 @@ def format_summary(configs: dict, summaries: dict) -> str:
   return common.format_table(headers, rows)
 
 
-def resummarize(path: str) -> None:
-  with open(path, encoding="utf-8") as f:
-    payload = json.load(f)
-  configs = payload["configs"]
-  payload["summary"] = {
-      name: summarize([r for r in payload["runs"] if r["config"] == name],
-                      config["sides"])
-      for name, config in configs.items()
-  }
-  common.write_results(path, payload)
-  print(format_summary(configs, payload["summary"]))
+def measure(args, passthrough, repeats: int, scratch_root: str
+            ) -> harness.Measured:
+  configs = build_configs(args, passthrough)
+  runs, hosts = [], {}
+  for config_name, config in configs.items():
+
+    def run_one(side, repeat, config_name=config_name, config=config):
+      scratch = os.path.join(scratch_root, f"{config_name}-{side}-{repeat}")
+      os.makedirs(scratch)
+      result = run_side(side, config["flags"], config["train_steps"],
+                        scratch, args.plain_jit_compile)
+      common.log(f"{config_name} repeat {repeat + 1}/{repeats} {side}: "
+                 f"{result['samples_per_second']:.1f} samples/s")
+      return {"config": config_name, "side": side, "repeat": repeat,
+              "result": result}
+
+    record = harness.run_interleaved(config["sides"], repeats, run_one,
+                                     redo_busy=args.redo_busy,
+                                     judge_start_load=not hosts)
+    runs.extend(record["runs"])
+    hosts[config_name] = record["host"]
+  return harness.Measured(
+      fields={"configs": configs,
+              "plain_jit_compile": args.plain_jit_compile,
+              "quiet_trainer_flags": list(common.QUIET_TRAINER_FLAGS),
+              "runs": runs},
+      hosts=hosts, num_runs=len(runs))
+
+
+def summarize_payload(payload: dict) -> dict:
+  return {name: summarize([r for r in payload["runs"] if r["config"] == name],
+                          config["sides"])
+          for name, config in payload["configs"].items()}
 
 
 def main():
   args, passthrough = parse_args()
-  if args.resummarize:
-    resummarize(args.resummarize)
-    return
-  repeats = common.resolve_repeats(args, DEFAULT_REPEATS)
-  configs = build_configs(args, passthrough)
-  name = NAME if not args.model else f"{NAME}_{args.model}"
-  machine = common.describe_machine()
-  start = time.perf_counter()
-  runs, hosts = [], {}
-  with tempfile.TemporaryDirectory(prefix="tfo-bench-") as scratch_root:
-    for config_name, config in configs.items():
-
-      def run_one(side, repeat, config_name=config_name, config=config):
-        scratch = os.path.join(scratch_root, f"{config_name}-{side}-{repeat}")
-        os.makedirs(scratch)
-        result = run_side(side, config["flags"], config["train_steps"],
-                          scratch, args.plain_jit_compile)
-        common.log(f"{config_name} repeat {repeat + 1}/{repeats} {side}: "
-                   f"{result['samples_per_second']:.1f} samples/s")
-        return {"config": config_name, "side": side, "repeat": repeat,
-                "result": result}
-
-      record = harness.run_interleaved(config["sides"], repeats, run_one,
-                                       redo_busy=args.redo_busy,
-                                       judge_start_load=not hosts)
-      runs.extend(record["runs"])
-      hosts[config_name] = record["host"]
-  summaries = {
-      config_name: summarize([r for r in runs if r["config"] == config_name],
-                             config["sides"])
-      for config_name, config in configs.items()
-  }
-  payload = {
-      "benchmark": NAME,
-      "command": common.command_line(),
-      "quick": args.quick,
-      "repeats": repeats,
-      "machine": machine,
-      "configs": configs,
-      "plain_jit_compile": args.plain_jit_compile,
-      "quiet_trainer_flags": list(common.QUIET_TRAINER_FLAGS),
-      "summary": summaries,
-      "runs": runs,
-      "total_wall_s": time.perf_counter() - start,
-  }
-  payload.update(harness.payload_fields(hosts))
-  path = common.result_path(name, args)
-  common.write_results(path, payload)
-  print(format_summary(configs, summaries))
-  print(f"\n{len(runs)} runs in {payload['total_wall_s']:.0f} s; results: "
-        f"{os.path.relpath(path, common.REPO_ROOT)}")
+  harness.main(
+      NAME, args, functools.partial(measure, args, passthrough),
+      default_repeats=DEFAULT_REPEATS, summarize=summarize_payload,
+      table=lambda payload: format_summary(payload["configs"],
+                                           payload["summary"]),
+      results_name=f"{NAME}_{args.model}" if args.model else NAME)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,19 @@ output goes to files in its model_dir; its run.json is read back. A run
 that exits with status 2 was refused by that trainer (a flag value it does
 not support), which is not a crash.
 
-  trainers = parse_trainers(DEFAULT_TRAINERS)
+This is the one place that knows how a trainer is started and its run read
+back, for the comparison and for the benchmarks (`benchmarks.common`) alike:
+`TRAINERS` is the one map from framework to trainer and launcher module, and
+`run_trainer` the one way to run a trainer process. It lives here, not in
+`overlap_core.runtime`, because it is tooling around trainers, not part of
+one: its outcomes are the comparison's statuses (OK, FAILED, UNSUPPORTED),
+it starts runs through the comparison's `--launcher` templates, and the
+trainers' own launchers start their workers another way
+(`overlap_core.runtime.processes`). `benchmarks/` is no library and may
+import it from here.
+
   outcome = run_trainer(
-      build_command(trainers["pytorch"], ["--prefetch=2"], run_dir),
+      build_command(TRAINERS["pytorch"], ["--prefetch=2"], run_dir),
       run_dir, timeout_s=900)
   outcome.status, outcome.error, outcome.record
 """
@@ -81,6 +91,11 @@ def parse_trainers(spec: str) -> Dict[str, Trainer]:
   return trainers
 
 
+# The built-in trainers by framework, for the benchmarks and wherever no
+# --trainers was given.
+TRAINERS = parse_trainers(DEFAULT_TRAINERS)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainerRun:
   """How one run ended: status (comparison.OK, FAILED or UNSUPPORTED)."""
@@ -142,7 +157,8 @@ def _stop_group(process: subprocess.Popen) -> None:
 
 
 def run_trainer(command: Sequence[str], model_dir: str, *,
-                timeout_s: float, env: Optional[dict] = None) -> TrainerRun:
+                timeout_s: float, env: Optional[dict] = None,
+                cwd: Optional[str] = None) -> TrainerRun:
   """Runs one trainer command to completion and reads its run.json.
 
   Args:
@@ -150,6 +166,7 @@ def run_trainer(command: Sequence[str], model_dir: str, *,
     model_dir: where it writes; stdout.log and stderr.log go there too.
     timeout_s: the run is stopped and FAILED after this long.
     env: the environment (default: this process's).
+    cwd: the directory it runs in (default: this process's).
 
   Returns:
     OK with the record, UNSUPPORTED (exit 2) or FAILED with one error line.
@@ -161,7 +178,7 @@ def run_trainer(command: Sequence[str], model_dir: str, *,
   with open(os.path.join(model_dir, STDOUT_NAME), "w") as out, \
        open(os.path.join(model_dir, STDERR_NAME), "w+") as err:
     process = subprocess.Popen(list(command), stdout=out, stderr=err,
-                               env=env, start_new_session=True)
+                               env=env, cwd=cwd, start_new_session=True)
     try:
       code = process.wait(timeout=timeout_s)
       timed_out = False

@@ -1,7 +1,11 @@
 """The benchmark harness's arithmetic, on synthetic numbers (no timing)."""
 
+import argparse
+import json
+
 import pytest
 
+from benchmarks import common
 from benchmarks import harness
 
 
@@ -269,3 +273,57 @@ def test_a_span_shorter_than_a_second_is_not_judged_by_its_cpu_share():
                             _snapshot(0.0, 0.02, 0.0, 0.005), num_cores=2)
   assert short["foreign_cpu_s"] == pytest.approx(0.02)
   assert short["foreign_cpu_frac"] is None and not short["busy"]
+
+
+def _driver_args(*argv):
+  parser = argparse.ArgumentParser()
+  common.add_common_args(parser, repeats=3, resummarize=True)
+  return parser.parse_args(list(argv))
+
+
+def _count_runs(payload):
+  return {"num_runs": len(payload["runs"])}
+
+
+def test_main_writes_what_every_results_file_records(tmp_path, capsys):
+  path = tmp_path / "result.json"
+  seen = []
+
+  def measure(repeats, scratch):
+    seen.append((repeats, scratch))
+    record = harness.run_interleaved(
+        ["a", "b"], repeats,
+        lambda side, repeat: {"side": side, "repeat": repeat})
+    return harness.Measured.of_group(record, sides=["a", "b"])
+
+  harness.main("toy", _driver_args(f"--output={path}", "--repeats=2"),
+               measure, default_repeats=3, summarize=_count_runs,
+               table=lambda payload: f"table of {payload['benchmark']}")
+  payload = json.loads(path.read_text())
+  assert seen[0][0] == 2
+  assert payload["benchmark"] == "toy" and payload["repeats"] == 2
+  assert payload["summary"] == {"num_runs": 4}
+  assert payload["sides"] == ["a", "b"] and len(payload["runs"]) == 4
+  assert payload["machine"]["cpu_count"] and "command" in payload
+  assert "all" in payload["harness"]["host"]
+  out = capsys.readouterr().out
+  assert out.startswith("table of toy\n") and "4 runs in" in out
+  # The scratch directory is the driver's for the run only.
+  assert not (tmp_path / seen[0][1]).exists()
+
+
+def test_resummarize_rewrites_only_the_summary_and_runs_nothing(tmp_path,
+                                                                 capsys):
+  path = tmp_path / "result.json"
+  path.write_text(json.dumps({"runs": [{}, {}, {}], "summary": "stale",
+                              "repeats": 3}))
+
+  def measure(repeats, scratch):
+    raise AssertionError("--resummarize must not run the benchmark")
+
+  harness.main("toy", _driver_args(f"--resummarize={path}"), measure,
+               default_repeats=3, summarize=_count_runs,
+               table=lambda payload: str(payload["summary"]["num_runs"]))
+  assert json.loads(path.read_text()) == {
+      "runs": [{}, {}, {}], "summary": {"num_runs": 3}, "repeats": 3}
+  assert capsys.readouterr().out == "3\n"
