@@ -35,6 +35,7 @@ from typing import Dict, List, Optional, Sequence
 from overlap_core.runtime import processes
 from overlap_compare.comparison import FAILED, OK, UNSUPPORTED
 from overlap_compare.launcher import LauncherTemplate
+from overlap_core.runtime.config import USAGE_ERROR_EXIT_CODE
 from overlap_core.runtime.run_record import RUN_RECORD_NAME, load_run_record
 
 # The trainers a comparison can run, as `python -m overlap_compare
@@ -46,7 +47,6 @@ DEFAULT_TRAINERS = ("tensorflow=tfoverlap.train:tfoverlap.launch,"
 # process. They come first, so the user's own flags override them.
 QUIET_FLAGS = ("--progress=false", "--trace=false", "--tensorboard=false",
                "--evaluate=false")
-USAGE_ERROR_EXIT_CODE = 2
 STOP_GRACE_S = 10.0
 STDOUT_NAME = "stdout.log"
 STDERR_NAME = "stderr.log"
