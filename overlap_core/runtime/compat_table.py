@@ -237,6 +237,9 @@ ROWS = (
         "all_reduce", "--strategy={strategy} has no all-reduce", "auto"),
     Row((_ONE_PROCESS, "all_reduce_pack_mb"), BOTH, "all_reduce_pack_mb",
         "--strategy={strategy} has no all-reduce", "0"),
+    # Before mirrored's own: a pipeline's stages are not replicas.
+    Row(("pipeline", ("all_reduce=ring", "all_reduce=nccl")), (TF,),
+        "all_reduce", "one pipeline runs no all-reduce", "auto", _PIPELINED),
     Row(("strategy=mirrored", "all_reduce=ring"), (TF,), "all_reduce",
         "MirroredStrategy has no ring all-reduce", "auto or nccl (ring: "
         "multi_worker)", "with mirrored"),
@@ -304,8 +307,6 @@ ROWS = (
     Row(("pipeline", _NOT_DDP), (PT,), "strategy",
         "pipeline stages are separate processes", "mirrored, multi_worker",
         _PIPELINED),
-    Row(("pipeline", ("all_reduce=ring", "all_reduce=nccl")), (TF,),
-        "all_reduce", "one pipeline runs no all-reduce", "auto", _PIPELINED),
     Row(("pipeline", _SAVES), (PT,), "checkpoint",
         "each pipeline rank holds one stage, and a checkpoint of the whole "
         "model from stages is not built yet", "none", _PIPELINED),
@@ -339,6 +340,13 @@ ROWS = (
     Row(("offload=parameters", "precision=mixed_float16"), (PT,), "offload",
         "parameters offload unscales gradients on the host, which the loss "
         "scaler does not do", "--precision=float32 or mixed_bfloat16"),
+    # Found by training the table's "yes" cells: the recompute in the
+    # offloaded layer's gradient fails with "Input 'b' of 'MatMul' Op has
+    # type float32 that does not match type bfloat16".
+    Row((_OFFLOAD, _MIXED), (TF,), "precision",
+        "an offloaded layer recomputes its forward in backward outside the "
+        "mixed-precision cast and fails on mismatched dtypes", "float32",
+        "with --offload"),
     Row((_OFFLOAD, "loop=fit"), (TF,), "loop",
         "Keras' fit may compile the step with XLA, which ignores host "
         "placement", "ctl", "with --offload"),
