@@ -176,10 +176,6 @@ def _check_data(values) -> None:
   if values.synthetic_on_device and values.dataset != "synthetic":
     raise ConfigError("synthetic_on_device", True,
                       "applies only to --dataset=synthetic")
-  if values.synthetic_on_device and values.loop == "fit":
-    raise ConfigError("synthetic_on_device", True,
-                      "model.fit reads a tf.data pipeline; device-resident "
-                      "batches need --loop=ctl")
   service = values.data_service
   if service not in ("", "local") and not _DATA_SERVICE_ADDRESS.match(service):
     raise ConfigError("data_service", service,
@@ -214,11 +210,6 @@ def _data_parallel_replicas(values) -> int:
 
 def _check_distribute(values) -> None:
   replicas = _data_parallel_replicas(values)
-  if values.num_workers > 1 and values.strategy not in ("multi_worker",
-                                                         "horovod"):
-    raise ConfigError("num_workers", values.num_workers,
-                      "more than 1 worker needs --strategy=multi_worker or "
-                      "horovod")
   if values.batch_size % replicas:
     raise ConfigError("batch_size", values.batch_size,
                       f"must divide evenly over {replicas} replicas")

@@ -62,10 +62,6 @@ def build_config(values) -> BurstConfig:
                       f"the plan is for a global batch of "
                       f"{plan.global_batch}, not --batch_size="
                       f"{values.batch_size}")
-  if values.pipeline_stages > 1:
-    raise ConfigError("burst_parallel", path,
-                      "burst parallelism and pipeline stages do not combine;"
-                      " allowed with --pipeline_stages=1")
   over = [lp for lp in plan.layers if lp.amplification > limit + 1e-9]
   if over:
     raise ConfigError("amplification_limit", limit,

@@ -10,7 +10,8 @@ anywhere. `build_strategy()` then maps the flag names onto tf.distribute:
   mirrored      MirroredStrategy over --num_devices local devices
   multi_worker  MultiWorkerMirroredStrategy over the TF_CONFIG cluster, or
                 the srun step's tasks (overlap_core.runtime.cluster)
-  horovod       refused: Horovod's TensorFlow extension does not build here
+  horovod       refused (overlap_core.runtime.compat_table): Horovod's
+                TensorFlow extension does not build here
 """
 
 import os
@@ -19,19 +20,13 @@ import tensorflow as tf
 
 from overlap_core.runtime import cluster, waits
 from overlap_core.runtime.config import (ConfigError, DistributeConfig,
-                                         RunConfig, check_all_reduce_applies,
-                                         check_nccl_has_gpus)
+                                         RunConfig)
 
 _IMPLEMENTATIONS = {
     "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
     "ring": tf.distribute.experimental.CommunicationImplementation.RING,
     "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
 }
-HOROVOD_REFUSAL = (
-    "Horovod's TensorFlow extension does not build against TensorFlow 2.21 "
-    "and its Keras integration fails on Keras 3 (horovod/horovod#4290); run "
-    "Horovod with python -m torch_parity.train, or use "
-    "--strategy=multi_worker here")
 
 
 def configure_host(distribute: DistributeConfig, run: RunConfig) -> None:
@@ -68,31 +63,6 @@ def mirrored_devices(num_devices: int) -> list:
         f"only {len(cpus)} logical CPU device(s) exist: configure_host() "
         "must run before TensorFlow initializes")
   return [f"/cpu:{i}" for i in range(num_devices)]
-
-
-def check_strategy(cfg: DistributeConfig, *, num_gpus: int) -> None:
-  """Refuses what the strategy cannot honour in TensorFlow on this host:
-  horovod, and all-reduce knobs the strategy would silently ignore.
-
-  The refusals both frameworks share (no all-reduce to tune, NCCL without
-  GPUs) are the core's; MirroredStrategy's limits are TensorFlow's own.
-
-  Raises:
-    ConfigError: naming the flag, the value and what is allowed.
-  """
-  if cfg.strategy == "horovod":
-    raise ConfigError("strategy", "horovod", HOROVOD_REFUSAL)
-  check_all_reduce_applies(cfg)
-  if cfg.strategy == "mirrored":
-    if cfg.all_reduce == "ring":
-      raise ConfigError("all_reduce", "ring",
-                        "MirroredStrategy has no ring all-reduce; allowed "
-                        "with mirrored: auto or nccl (ring: multi_worker)")
-    if cfg.all_reduce_pack_mb:
-      raise ConfigError("all_reduce_pack_mb", cfg.all_reduce_pack_mb,
-                        "MirroredStrategy packs by count, not size; allowed "
-                        "with mirrored: 0 (pack size: multi_worker)")
-  check_nccl_has_gpus(cfg, num_gpus=num_gpus)
 
 
 def communication_options(cfg: DistributeConfig):
@@ -134,11 +104,13 @@ def cluster_resolver(found: cluster.Cluster):
 def build_strategy(cfg: DistributeConfig) -> tf.distribute.Strategy:
   """The tf.distribute strategy named by `cfg.strategy`.
 
+  Which strategies and knobs combine is checked before, by
+  `trainer.check_supported` (the compatibility table).
+
   Raises:
-    ConfigError: for horovod, a knob the strategy has no use for, or a
-      multi_worker run whose TF_CONFIG does not match --num_workers.
+    ConfigError: for a multi_worker run whose TF_CONFIG does not match
+      --num_workers, or a strategy TensorFlow has not.
   """
-  check_strategy(cfg, num_gpus=len(_gpus()))
   if cfg.strategy == "default":
     return tf.distribute.get_strategy()
   if cfg.strategy == "one_device":

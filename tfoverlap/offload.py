@@ -11,7 +11,8 @@ layers; what the rest of the model saves (BatchNorm, pooling) stays where
 TensorFlow puts it. The recomputation runs the same ops on the same values,
 so training computes exactly what it computes without offload.
 
-What TensorFlow cannot express is refused (`check_offload`): pinned host
+What TensorFlow cannot express is refused (the compatibility table,
+`overlap_core.runtime.compat_table`): pinned host
 memory and non-blocking copies (the runtime decides both), a side-stream
 prefetch, and weights living on the host between layer uses.
 
@@ -43,7 +44,6 @@ import keras
 import tensorflow as tf
 
 from overlap_core.runtime import ledger as ledger_lib
-from overlap_core.runtime.config import ConfigError, TrainConfig
 from overlap_core.runtime.offload_stats import (DIRECTIONS, TO_DEVICE,
                                                 TO_HOST, CopyStats)
 
@@ -57,41 +57,6 @@ HOST_DEVICE = "/cpu:0"
 OFFLOADED_LAYERS = (keras.layers.Conv1D, keras.layers.Conv2D,
                     keras.layers.Conv3D, keras.layers.DepthwiseConv2D,
                     keras.layers.Dense)
-_NOT_IN_TENSORFLOW = {
-    "offload_pin_memory": "TensorFlow allocates and pins host buffers "
-                          "itself and has no setting for it",
-    "offload_non_blocking": "TensorFlow's runtime schedules its copies "
-                            "and has no setting for it",
-    "offload_prefetch": "TensorFlow places its copies inside the compiled "
-                        "step and has no side-stream prefetch of them",
-}
-
-
-def check_offload(config: TrainConfig) -> None:
-  """Refuses the offload knobs TensorFlow cannot express, one line each.
-
-  Raises:
-    ConfigError: naming the flag and why.
-  """
-  offload = config.offload
-  knobs = {"offload_pin_memory": offload.pin_memory,
-           "offload_non_blocking": offload.non_blocking,
-           "offload_prefetch": offload.prefetch}
-  for flag, value in knobs.items():
-    if value:
-      raise ConfigError(flag, True, f"{_NOT_IN_TENSORFLOW[flag]}; allowed "
-                        "on the TensorFlow side: false")
-  if offload.parameters:
-    raise ConfigError("offload", ",".join(offload.targets),
-                      "TensorFlow keeps a layer's weights where their "
-                      "variables live and has no per-layer move; allowed "
-                      "on the TensorFlow side: none or activations")
-  if offload.enabled and config.run.loop == "fit":
-    raise ConfigError("loop", "fit", "Keras' fit may compile the step with "
-                      "XLA, which ignores host placement; with --offload "
-                      "allowed: ctl")
-
-
 def _num_bytes(tensor: tf.Tensor) -> tf.Tensor:
   return tf.size(tensor, out_type=tf.int64) * tensor.dtype.size
 
@@ -257,7 +222,7 @@ def apply_offload(model: keras.Model, config, *, time_copies: bool = True,
 
   Args:
     model: the built Keras model.
-    config: the validated `OffloadConfig` (checked by `check_offload`).
+    config: the validated `OffloadConfig` (checked by the compatibility table).
     time_copies: time the copies in the graph; False under op determinism,
       which refuses `tf.timestamp`.
     num_replicas: the replicas this process runs side by side.

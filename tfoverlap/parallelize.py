@@ -107,16 +107,14 @@ def parallelize(strategy: tf.distribute.Strategy,
     time_offload_copies: time the offload copies in the graph; False
       under op determinism, which refuses `tf.timestamp`.
 
-  Raises:
-    ValueError: pipeline stages or a burst plan with a real strategy or
-      with offload.
+  Neither pipeline stages nor a burst plan combine with offload or with a
+  strategy's replicas; the compatibility table refuses those before this
+  runs (`trainer.check_supported`).
   """
   if pipeline is not None and pipeline.config.stages > 1:
-    return apply_pipeline(strategy, build_model, build_optimizer, offload,
-                          pipeline)
+    return apply_pipeline(build_model, build_optimizer, pipeline)
   if burst is not None:
-    return apply_burst(strategy, build_model, build_optimizer, burst,
-                       offload)
+    return apply_burst(build_model, build_optimizer, burst)
   dims = parallel_dims(strategy)
   with strategy.scope():
     model = build_model()
@@ -138,28 +136,16 @@ def _local_replicas(strategy: tf.distribute.Strategy) -> int:
     return 1
 
 
-def apply_pipeline(strategy: tf.distribute.Strategy,
-                   build_model: Callable[[], keras.Model],
+def apply_pipeline(build_model: Callable[[], keras.Model],
                    build_optimizer: Callable[[], keras.optimizers.Optimizer],
-                   offload: OffloadConfig,
                    spec: PipelineSpec) -> Parallelized:
-  """Step 1: the whole model in this process, its stages on their devices.
+  """Step 1: the whole model in this process (under the default strategy),
+  its stages on their devices.
 
   Raises:
-    ValueError: naming the argument, for a strategy with replicas or an
-      offload (neither combines with stages here).
     ConfigError: for a split the model cannot take.
   """
   cfg = spec.config
-  if strategy.num_replicas_in_sync != 1:
-    raise ValueError(f"Invalid value for argument `strategy`. Received: "
-                     f"{strategy.num_replicas_in_sync} replicas with "
-                     f"pipeline={cfg.stages}; allowed: the default strategy "
-                     f"({pipeline_lib.DATA_PARALLEL_REFUSAL})")
-  if offload.enabled:
-    raise ValueError(f"Invalid value for argument `offload`. Received: "
-                     f"{offload.targets} with pipeline={cfg.stages}; "
-                     "allowed: no offload with pipeline stages")
   model = build_model()
   optimizer = build_optimizer()
   optimizer.build(model.trainable_variables)
@@ -174,18 +160,15 @@ def apply_pipeline(strategy: tf.distribute.Strategy,
   return Parallelized(model, model, optimizer, dims, None, runtime)
 
 
-def apply_burst(strategy: tf.distribute.Strategy,
-                build_model: Callable[[], keras.Model],
+def apply_burst(build_model: Callable[[], keras.Model],
                 build_optimizer: Callable[[], keras.optimizers.Optimizer],
-                spec: BurstSpec, offload: OffloadConfig) -> Parallelized:
-  """Replaces steps 1 and 2: every layer on its planned devices.
+                spec: BurstSpec) -> Parallelized:
+  """Replaces steps 1 and 2: every layer on its planned devices (under the
+  default strategy).
 
   Raises:
     ConfigError: the plan does not fit the model (one line).
   """
-  if offload.enabled or strategy.num_replicas_in_sync != 1:
-    raise ValueError("Invalid value for argument `burst`: a burst plan runs "
-                     "on one replica without offload")
   model = build_model()
   optimizer = build_optimizer()
   optimizer.build(model.trainable_variables)

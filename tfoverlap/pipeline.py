@@ -41,32 +41,12 @@ from overlap_core.planning import partition as partition_lib
 from overlap_core.planning import split as split_lib
 from overlap_core.planning.profile import Profile
 from overlap_core.runtime import pipeline_stats
+from overlap_core.runtime.compat_table import DATA_PARALLEL_REFUSAL
 from overlap_core.runtime.config import (ConfigError, PipelineConfig,
                                          TrainConfig)
 from tfoverlap import pipeline_timing
 from tfoverlap.planning.graph import (build_layer_graph, node_names,
                                       ordered_nodes)
-
-SCHEDULE_REFUSALS = {
-    "1f1b": (
-        "1F1B frees a micro-batch's activations by running its backward "
-        "before later forwards; in one traced function TensorFlow's executor "
-        "orders ops by data dependence alone and keeps every activation a "
-        "later gradient reads, so a 1F1B order frees nothing earlier "
-        "without control edges this runtime does not add; allowed: gpipe"),
-    "interleaved_1f1b": (
-        "virtual stages interleave 1F1B, which this runtime does not run "
-        "(see 1f1b); allowed: gpipe"),
-    "zero_bubble": (
-        "zero-bubble splits backward into input and weight gradients, "
-        "which one gradient tape per stage does not provide; allowed: gpipe"),
-}
-DATA_PARALLEL_REFUSAL = (
-    "data parallelism across pipelines is not built in TensorFlow: a "
-    "tf.distribute replica owns one device, so a replica cannot hold stages "
-    "on several devices, and the stages' gradients would need an all-reduce "
-    "outside the strategy")
-
 
 PLAN_PROGRAM = "tfoverlap.plan"
 # How the profiles this side writes name their framework (its first word).
@@ -105,7 +85,10 @@ def check_profile(config: TrainConfig, *,
 
 def check_pipeline_supported(config: TrainConfig, *,
                              num_gpus: Optional[int] = None) -> None:
-  """Refuses what the TensorFlow pipeline cannot run, one reason each.
+  """The pipeline's counts: one device per stage, and a usable profile.
+
+  Which features combine with stages is the compatibility table's
+  (`overlap_core.runtime.compat_table`, checked first by the trainer).
 
   Raises:
     ConfigError: naming the flag, the value and why.
@@ -114,40 +97,11 @@ def check_pipeline_supported(config: TrainConfig, *,
   if cfg.stages == 1:
     check_profile(config)
     return
-  if cfg.schedule in SCHEDULE_REFUSALS:
-    raise ConfigError("pipeline_schedule", cfg.schedule,
-                      SCHEDULE_REFUSALS[cfg.schedule])
   dist = config.distribute
-  if dist.strategy == "multi_worker":
-    raise ConfigError("strategy", "multi_worker", DATA_PARALLEL_REFUSAL +
-                      "; allowed with --pipeline_stages > 1: mirrored")
-  if dist.strategy != "mirrored":
-    raise ConfigError("strategy", dist.strategy,
-                      "pipeline stages run on the --num_devices local "
-                      "devices, one each; allowed with --pipeline_stages > "
-                      "1: mirrored")
   if dist.num_devices != cfg.stages:
     raise ConfigError("num_devices", dist.num_devices,
                       DATA_PARALLEL_REFUSAL + "; allowed: one device per "
                       f"stage, --num_devices={cfg.stages}")
-  if dist.all_reduce != "auto":
-    raise ConfigError("all_reduce", dist.all_reduce,
-                      "one pipeline runs no all-reduce; allowed with "
-                      "--pipeline_stages > 1: auto")
-  if config.model.precision != "float32":
-    raise ConfigError("precision", config.model.precision,
-                      "the pipelined step runs no loss scaling yet; allowed "
-                      "with --pipeline_stages > 1: float32")
-  if config.offload.enabled:
-    raise ConfigError("offload", ",".join(config.offload.targets),
-                      "offload wraps layers the stages share; allowed with "
-                      "--pipeline_stages > 1: none")
-  if config.run.loop == "fit":
-    raise ConfigError("loop", "fit",
-                      "the trainer splits a pipelined step's time in its "
-                      "custom loop (your own model.fit pipelines through "
-                      "tfoverlap.pipelined_model.PipelinedModel); allowed "
-                      "with --pipeline_stages > 1: ctl")
   check_profile(config, num_gpus=num_gpus)
 
 

@@ -47,6 +47,10 @@ def main(argv):
   from tfoverlap.planning.profiler import profile_layers
   from tfoverlap.steps import build_optimizer
 
+  try:
+    command.check_plannable(config, "tensorflow")
+  except ConfigError as e:
+    tfo_flags.exit_with_usage_error(str(e))
   microbatch = command.plan_microbatch_size(config)
   try:
     sizes = command.profile_batch_sizes(values.plan_batch_sizes, microbatch)

@@ -17,14 +17,14 @@ import tensorflow as tf
 from overlap_core.checkpoint import engine as checkpoint_engine
 from overlap_core.planning import burst_report, command, conditions
 from overlap_core.planning import split as split_lib
-from overlap_core.runtime import background, ledger as ledger_lib
+from overlap_core.runtime import background, compat, ledger as ledger_lib
 from overlap_core.runtime import outputs, run_record, zoo
 from overlap_core.runtime.config import (ConfigError, TrainConfig,
                                          check_burst_supported)
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
 from tfoverlap import (burst, checkpoint, data, distribute, loops, models,
-                       offload, parallelize, pipeline, steps)
+                       parallelize, pipeline, steps)
 
 FRAMEWORK = "tensorflow"
 
@@ -34,7 +34,8 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
 
   The one place that decides what this trainer cannot honour, so that no
   flag is ever silently ignored; the launcher calls it too, before any
-  worker starts. Most TensorFlow refusals are about the strategy.
+  worker starts. Which features combine is `overlap_core.runtime.compat`'s
+  table; what is left here are counts this host or runtime must match.
 
   Args:
     config: the validated run configuration.
@@ -45,70 +46,12 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
   """
   if num_gpus is None:
     num_gpus = len(tf.config.list_physical_devices("GPU"))
+  compat.check_combinations(config, FRAMEWORK,
+                            host=compat.Host(num_gpus=num_gpus))
   pipeline.check_pipeline_supported(config, num_gpus=num_gpus)
-  distribute.check_strategy(config.distribute, num_gpus=num_gpus)
-  offload.check_offload(config)
   check_burst_supported(
       config.burst, host_devices=num_gpus or os.cpu_count(),
       device_kind="GPUs" if num_gpus else "CPU cores")
-  if config.burst.background and num_gpus:
-    # The idle-class process would share the CPU, not the GPU the
-    # foreground runs on: it would say nothing about multiplexing a GPU.
-    raise ConfigError("background_job", config.burst.background_job,
-                      "TensorFlow exposes no CUDA stream priority, so a job "
-                      "on this host's GPUs could not be ranked below the "
-                      "foreground's kernels; allowed on a GPU host: none "
-                      "(the PyTorch trainer runs it)")
-  check_burst_combinations(config)
-  check_steps_per_execution(config)
-
-
-def check_steps_per_execution(config: TrainConfig) -> None:
-  """K steps per traced call runs the plain replicated step only."""
-  k = config.run.steps_per_execution
-  if k == 1:
-    return
-  if config.pipeline.stages > 1:
-    raise ConfigError("steps_per_execution", k,
-                      "a pipelined step times its stages per step; allowed "
-                      "with --pipeline_stages > 1: 1")
-  if config.burst.enabled:
-    raise ConfigError("steps_per_execution", k,
-                      "a burst step is traced per step; allowed with "
-                      "--burst_parallel: 1")
-  if (config.run.loop == "fit" and
-      config.distribute.strategy in ("mirrored", "multi_worker")):
-    # Keras 3's multi-step train function under a replicated strategy
-    # fails at its first call with "You must feed a value for placeholder
-    # tensor" (keras-team/keras#19246, open); plain Keras does the same.
-    raise ConfigError("steps_per_execution", k,
-                      "Keras 3's model.fit fails with several steps per "
-                      "execution under a replicated strategy "
-                      "(keras-team/keras#19246); allowed: --loop=ctl, or 1 "
-                      f"with --strategy={config.distribute.strategy}")
-
-
-def check_burst_combinations(config: TrainConfig) -> None:
-  """Refuses what a burst plan does not run with yet, one reason each."""
-  if not config.burst.enabled:
-    return
-  refusals = (
-      ("strategy", config.distribute.strategy,
-       config.distribute.strategy != "mirrored",
-       "the plan's devices are this process's --num_devices; allowed with "
-       "--burst_parallel: mirrored"),
-      ("loop", config.run.loop, config.run.loop == "fit",
-       "model.fit runs no burst step; allowed with --burst_parallel: ctl"),
-      ("precision", config.model.precision,
-       config.model.precision != "float32",
-       "the burst step runs no loss scaling yet; allowed with "
-       "--burst_parallel: float32"),
-      ("offload", ",".join(config.offload.targets), config.offload.enabled,
-       "offload does not follow a burst plan's parts yet; allowed with "
-       "--burst_parallel: none"))
-  for flag, value, refused, why in refusals:
-    if refused:
-      raise ConfigError(flag, value, why)
 
 
 def describe_environment(strategy: tf.distribute.Strategy) -> dict:

@@ -121,6 +121,13 @@ def main(argv):
   del argv
   values = tfo_flags.FLAGS
   config = tfo_flags.to_config(values)
+  # pylint: disable=g-import-not-at-top
+  from overlap_core.planning import command
+  from overlap_core.runtime.config import ConfigError
+  try:
+    command.check_plannable(config, "pytorch", burst=True)
+  except ConfigError as e:
+    tfo_flags.exit_with_usage_error(str(e))
   # Layers are timed under the allocator policy the trainer runs with.
   host_allocator.apply(config.run.host_allocator)
   if values.plan_batch_sizes:

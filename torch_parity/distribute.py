@@ -42,8 +42,7 @@ from torch import nn
 from overlap_core.planning.dims import ParallelDims
 from overlap_core.runtime import cluster, waits
 from overlap_core.runtime.config import (ConfigError, DistributeConfig,
-                                         RunConfig, check_all_reduce_applies,
-                                         check_nccl_has_gpus)
+                                         RunConfig)
 from torch_parity import rendezvous
 
 DDP_STRATEGIES = ("mirrored", "multi_worker")
@@ -79,13 +78,12 @@ def _env_int(name: str, default: int) -> int:
 
 
 def check_strategy(cfg: DistributeConfig, *, num_gpus: int) -> None:
-  """Refuses what the strategy cannot honour in PyTorch on this host.
+  """Refuses more mirrored devices than this host has GPUs (which knobs a
+  strategy takes is the compatibility table's: `trainer.check_supported`).
 
   Raises:
-    ConfigError: naming the flag, the value and what is allowed.
+    ConfigError: naming num_devices.
   """
-  check_all_reduce_applies(cfg)
-  check_nccl_has_gpus(cfg, num_gpus=num_gpus)
   if cfg.strategy == "mirrored" and num_gpus and cfg.num_devices > num_gpus:
     raise ConfigError("num_devices", cfg.num_devices,
                       f"this host has {num_gpus} GPU(s)")

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from overlap_core.runtime import ledger as ledger_lib
-from overlap_core.runtime.config import ConfigError, OffloadConfig, TrainConfig
+from overlap_core.runtime.config import OffloadConfig
 from overlap_core.runtime.offload_stats import CopyStats
 from torch_parity.offload_copy import Copier, SideStream
 from torch_parity.offload_params import ParameterOffload
@@ -44,35 +44,6 @@ from torch_parity.offload_params import ParameterOffload
 NO_GPU_NOTICE = ("offload: this host has no GPU, so offloaded tensors are "
                  "copied CPU to CPU: the mechanics and counts are real, no "
                  "memory is saved")
-
-
-def check_offload(config: TrainConfig, *, num_gpus: int) -> None:
-  """Refuses offload settings PyTorch cannot honour here.
-
-  Raises:
-    ConfigError: naming the flag and why.
-  """
-  offload = config.offload
-  if offload.pin_memory and not num_gpus:
-    raise ConfigError("offload_pin_memory", True,
-                      "pinned host memory needs a CUDA device and this host "
-                      "has none; allowed: false")
-  if not offload.parameters:
-    return
-  strategy = config.distribute
-  single = strategy.strategy in ("default", "one_device") or (
-      strategy.strategy == "mirrored" and strategy.num_devices == 1)
-  if not single or strategy.num_workers > 1:
-    raise ConfigError("offload", ",".join(offload.targets),
-                      "parameters offload steps the optimizer on host "
-                      "gradients, which DDP and Horovod cannot all-reduce; "
-                      "allowed with one replica (--strategy=default or "
-                      "one_device), or --offload=activations")
-  if config.model.precision == "mixed_float16":
-    raise ConfigError("offload", ",".join(offload.targets),
-                      "parameters offload unscales gradients on the host, "
-                      "which the loss scaler does not do; allowed with "
-                      "--precision=float32 or mixed_bfloat16")
 
 
 def _leaf_modules(model: nn.Module):

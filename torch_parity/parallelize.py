@@ -98,15 +98,13 @@ def parallelize(strategy: Strategy, build_model: Callable[[], nn.Module],
     pipeline: how to cut the model, when strategy.dims.pipeline > 1.
     burst: the burst plan to run in place of data parallelism, or None.
   """
+  # Neither a burst plan nor pipeline stages combine with offload or with
+  # each other; the compatibility table refuses those before this runs
+  # (`trainer.check_supported`).
   dims = strategy.dims
   if burst is not None:
-    return apply_burst(strategy, build_model(), build_optimizer, burst,
-                       offload)
+    return apply_burst(strategy, build_model(), build_optimizer, burst)
   if dims.is_pipelined:
-    if offload.enabled:
-      raise ValueError("Invalid value for argument `offload`. Received: "
-                       f"{offload.targets} with pipeline={dims.pipeline}; "
-                       "allowed: no offload with pipeline stages (yet)")
     if pipeline is None:
       raise ValueError(f"Invalid value for argument `pipeline`. Received: "
                        f"None with pipeline={dims.pipeline}; allowed: a "
@@ -146,15 +144,12 @@ def apply_pipeline(strategy: Strategy, model: nn.Module,
 
 def apply_burst(strategy: Strategy, model: nn.Module,
                 build_optimizer: Callable[[nn.Module], object],
-                spec: BurstSpec, offload: OffloadConfig) -> Parallelized:
+                spec: BurstSpec) -> Parallelized:
   """Replaces steps 1 and 2: every layer on its planned ranks.
 
   Raises:
     ConfigError: the plan does not fit the model (one line).
   """
-  if offload.enabled or strategy.dims.is_pipelined:
-    raise ValueError("Invalid value for argument `burst`: a burst plan runs "
-                     "without pipeline stages or offload (yet)")
   model = model.to(strategy.device)
   # Every rank starts from the same weights, as DDP's broadcast at wrap
   # time gives data parallelism; rank 0's seed decides them.

@@ -42,16 +42,13 @@ from overlap_core.runtime.config import (ConfigError, PipelineConfig,
 from torch_parity.pipeline_timing import P2PTimer
 from torch_parity.planning.graph import build_layer_graph, layer_names
 
-# Schedules that run on gloo here; zero_bubble is refused (see _SCHEDULES).
+# Schedules that run on gloo here; zero_bubble is refused by the
+# compatibility table (overlap_core.runtime.compat_table).
 _SCHEDULES = {
   "gpipe": pipelining.ScheduleGPipe,
   "1f1b": pipelining.Schedule1F1B,
   "interleaved_1f1b": pipelining.ScheduleInterleaved1F1B,
 }
-ZERO_BUBBLE_REFUSAL = (
-  "zero-bubble schedules split backward into input and weight gradients, "
-  "which the fx stage modules here do not provide; allowed: gpipe, 1f1b, "
-  "interleaved_1f1b")
 # DDP's default bucket: gradients are all-reduced in flat buckets this big.
 DEFAULT_BUCKET_MB = 25.0
 
@@ -213,13 +210,6 @@ def build_mesh_groups(dims: ParallelDims, rank: int) -> PipelineMesh:
             pipeline_group, replica_group)
 
 
-def check_schedule(cfg: PipelineConfig) -> None:
-  """Refuses schedules this runtime cannot run, with one line."""
-  if cfg.schedule not in _SCHEDULES:
-    raise ConfigError("pipeline_schedule", cfg.schedule,
-                          ZERO_BUBBLE_REFUSAL)
-
-
 def average_stage_gradients(modules: Sequence[nn.Module], group,
                             replicas: int, *,
                             bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
@@ -375,11 +365,7 @@ def build_runtime(stage_modules: Sequence[nn.Module], cfg: PipelineConfig,
       loss_fn: loss_fn(outputs, targets) -> scalar mean loss of one
     micro-batch; the runtime divides it by M, so the M add up to the mean.
       bucket_mb: the replicas' gradient all-reduce bucket.
-
-  Raises:
-      ConfigError: for a schedule this runtime refuses.
   """
-  check_schedule(cfg)
   indices = _stage_indices(cfg, mesh.stage)
   total = cfg.stages * cfg.virtual_stages
   mine = [stage_modules[i].to(device) for i in indices]

@@ -18,7 +18,7 @@ import torch
 from overlap_core.checkpoint import engine as checkpoint_engine
 from overlap_core.planning import burst_report, command, conditions
 from overlap_core.planning import split as split_lib
-from overlap_core.runtime import background, ledger as ledger_lib
+from overlap_core.runtime import background, compat, ledger as ledger_lib
 from overlap_core.runtime import (datasets, outputs, pipeline_stats,
                                   run_record, zoo)
 from overlap_core.runtime.config import (ConfigError, TrainConfig,
@@ -26,7 +26,7 @@ from overlap_core.runtime.config import (ConfigError, TrainConfig,
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
 from torch_parity import (background_cuda, checkpoint, data, distribute,
-                          loops, models, offload, parallelize, pipeline,
+                          loops, models, parallelize, pipeline,
                           pipeline_timing, steps)
 
 FRAMEWORK = "pytorch"
@@ -37,7 +37,8 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
 
   The one place that decides what this trainer cannot honour, so that no
   flag is ever silently ignored; the launcher calls it too, before any
-  process starts.
+  process starts. Which features combine is `overlap_core.runtime.compat`'s
+  table; what is left here are counts this host or world must match.
 
   Args:
     config: the validated run configuration.
@@ -48,68 +49,24 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
   """
   if num_gpus is None:
     num_gpus = torch.cuda.device_count()
-  if config.run.loop == "fit":
-    raise ConfigError("loop", "fit",
-                      "model.fit is Keras'; PyTorch has no counterpart, and "
-                      "the PyTorch trainer's loop is the measured custom "
-                      "loop; allowed: ctl")
-  if config.run.steps_per_execution > 1:
-    # The nearest equivalents do not apply here: torch.compile cannot trace
-    # a loop that pulls from a DataLoader (a graph break at every batch),
-    # and CUDA graphs need a GPU and inputs copied into static buffers.
-    raise ConfigError("steps_per_execution", config.run.steps_per_execution,
-                      "PyTorch runs each step eagerly from Python and has "
-                      "no traced multi-step loop over a DataLoader (CUDA "
-                      "graphs would need a GPU and static input buffers); "
-                      "allowed: 1")
-  if config.data.data_service:
-    raise ConfigError("data_service", config.data.data_service,
-                      "the tf.data service has no PyTorch counterpart; "
-                      "allowed: empty (off)")
-  if config.checkpoint.mode == "tf_async":
-    raise ConfigError("checkpoint", "tf_async",
-                      "TensorFlow's own asynchronous save has no PyTorch "
-                      "counterpart; allowed: none, sync, async")
+  compat.check_combinations(config, FRAMEWORK,
+                            host=compat.Host(num_gpus=num_gpus))
   check_pipeline_supported(config, num_gpus=num_gpus)
   distribute.check_strategy(config.distribute, num_gpus=num_gpus)
-  offload.check_offload(config, num_gpus=num_gpus)
   check_burst_supported(
       config.burst, host_devices=num_gpus or os.cpu_count(),
       device_kind="GPUs" if num_gpus else "CPU cores")
-  check_burst_combinations(config)
-
-
-def check_burst_combinations(config: TrainConfig) -> None:
-  """Refuses what a burst plan does not run with yet, one reason each."""
-  if not config.burst.enabled:
-    return
-  if config.distribute.strategy not in distribute.DDP_STRATEGIES:
-    raise ConfigError("strategy", config.distribute.strategy,
-                      "a burst plan runs on torch.distributed process "
-                      "groups; allowed with --burst_parallel: mirrored, "
-                      "multi_worker")
-  if config.model.precision != "float32":
-    raise ConfigError("precision", config.model.precision,
-                      "the burst step runs no autocast or loss scaling yet; "
-                      "allowed with --burst_parallel: float32")
-  if config.offload.enabled:
-    raise ConfigError("offload", ",".join(config.offload.targets),
-                      "offload hooks do not follow a burst plan's layers "
-                      "yet; allowed with --burst_parallel: none")
 
 
 def check_pipeline_supported(config: TrainConfig, *,
                              num_gpus: int = None) -> None:
-  """Refuses what the pipeline runtime cannot run yet, one reason each."""
+  """The pipeline's counts (stages x replicas must be the world) and its
+  profile; which features combine with stages is the compatibility
+  table's (`overlap_core.runtime.compat_table`, checked first)."""
   cfg = config.pipeline
   if cfg.stages == 1:
     pipeline.check_profile(config)
     return
-  pipeline.check_schedule(cfg)
-  if config.distribute.strategy not in distribute.DDP_STRATEGIES:
-    raise ConfigError("strategy", config.distribute.strategy,
-                      "pipeline stages are separate processes; allowed with "
-                      "--pipeline_stages > 1: mirrored, multi_worker")
   world = (config.distribute.num_devices
            if config.distribute.strategy == "mirrored"
            else config.distribute.num_workers)
@@ -117,25 +74,6 @@ def check_pipeline_supported(config: TrainConfig, *,
     raise ConfigError("pipeline_stages", cfg.stages,
                       f"stages x replicas must be the world of {world} "
                       f"processes; allowed: a divisor of {world}")
-  if config.checkpoint.mode != "none":
-    raise ConfigError("checkpoint", config.checkpoint.mode,
-                      "each pipeline rank holds one stage, and a checkpoint "
-                      "of the whole model from stages is not built yet; "
-                      "allowed with --pipeline_stages > 1: none")
-  if config.run.evaluate:
-    raise ConfigError("evaluate", True,
-                      "evaluation runs the whole model, which no pipeline "
-                      "rank holds; allowed with --pipeline_stages > 1: false")
-  if config.model.precision != "float32":
-    raise ConfigError("precision", config.model.precision,
-                      "the pipeline schedules run no loss scaling or "
-                      "autocast yet; allowed with --pipeline_stages > 1: "
-                      "float32")
-  if config.offload.enabled:
-    raise ConfigError("offload", ",".join(config.offload.targets),
-                      "the offload hooks do not follow a schedule's "
-                      "micro-batches yet; allowed with --pipeline_stages > 1:"
-                      " none")
   pipeline.check_profile(config, num_gpus=num_gpus)
 
 

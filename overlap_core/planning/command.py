@@ -18,8 +18,20 @@ from typing import List, Optional, Sequence
 from overlap_core.planning import partition, report
 from overlap_core.planning.graph import LayerGraph
 from overlap_core.planning.profile import Profile
-from overlap_core.runtime import processes
+from overlap_core.runtime import compat, processes
 from overlap_core.runtime.config import PipelineConfig, TrainConfig
+
+
+def check_plannable(config: TrainConfig, framework: str, *,
+                    burst: bool = False) -> None:
+  """Refuses a pipeline (or, with `burst`, a burst) plan that `framework`'s
+  trainer could not run: the compatibility table's rows about what is
+  planned. The trainer checks the rest of its flags when it runs.
+
+  Raises:
+    ConfigError: one line, e.g. --pipeline_schedule=1f1b for TensorFlow.
+  """
+  compat.check_planned(config, framework, burst=burst)
 
 
 def world_size(config: TrainConfig) -> int:

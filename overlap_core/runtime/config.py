@@ -85,43 +85,6 @@ class DistributeConfig:
   all_reduce_pack_mb: float  # 0 = the framework's default packing
 
 
-def check_all_reduce_applies(cfg: DistributeConfig) -> None:
-  """Refuses all-reduce flags that a strategy without an all-reduce ignores.
-
-  `default` and `one_device` run one replica, so --all_reduce and
-  --all_reduce_pack_mb would change nothing; both frameworks refuse them
-  rather than ignore them.
-
-  Raises:
-    ConfigError: naming the all-reduce flag that is set.
-  """
-  if cfg.strategy in ("default", "one_device"):
-    if cfg.all_reduce != "auto":
-      raise ConfigError("all_reduce", cfg.all_reduce,
-                        f"--strategy={cfg.strategy} has no all-reduce; "
-                        "allowed: auto")
-    if cfg.all_reduce_pack_mb:
-      raise ConfigError("all_reduce_pack_mb", cfg.all_reduce_pack_mb,
-                        f"--strategy={cfg.strategy} has no all-reduce; "
-                        "allowed: 0")
-
-
-def check_nccl_has_gpus(cfg: DistributeConfig, *, num_gpus: int) -> None:
-  """Refuses --all_reduce=nccl on a host without GPUs.
-
-  Args:
-    cfg: the distribution configuration.
-    num_gpus: the GPUs this host has, as the framework sees them.
-
-  Raises:
-    ConfigError: naming all_reduce.
-  """
-  if cfg.all_reduce == "nccl" and not num_gpus:
-    raise ConfigError("all_reduce", "nccl",
-                      "NCCL needs GPUs and this host has none; allowed: "
-                      "auto or ring")
-
-
 CHECKPOINT_MODES = ("none", "sync", "tf_async", "async")
 ON_ERROR_POLICIES = ("raise", "warn")
 IF_BUSY_POLICIES = ("wait", "skip")

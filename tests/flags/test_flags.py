@@ -73,12 +73,12 @@ def test_prefetch_depth_parses(text, expected):
     ({"dataset": "tfds"}, "data_dir"),
     ({"batch_size": "63"}, "batch_size"),
     ({"synthetic_on_device": "true"}, "synthetic_on_device"),
-    ({"synthetic_on_device": "true", "dataset": "synthetic", "loop": "fit"},
-     "synthetic_on_device"),
+    # (Features that do not combine, --loop=fit with synthetic_on_device or
+    # --num_workers=2 with mirrored, are the compatibility table's:
+    # tests/overlap_core/test_compat.py.)
     ({"data_service": "not an address"}, "data_service"),
     ({"model": "inception_v3"}, "image_size"),
     ({"model": "edsr", "image_size": "33"}, "image_size"),
-    ({"num_workers": "2"}, "num_workers"),
     ({"data_dir": "/"}, "data_dir"),
     ({"offload": "activations,nope"}, "offload"),
     ({"offload": "none,activations"}, "offload"),

@@ -12,9 +12,6 @@ from overlap_core.runtime import summary as report
 from overlap_core.runtime import run_record
 from overlap_core.runtime import trace
 from overlap_core.runtime import zoo
-from overlap_core.runtime.config import (ConfigError, DistributeConfig,
-                                   check_all_reduce_applies,
-                                   check_nccl_has_gpus)
 from overlap_core.runtime.cost_calibration import (CostCalibration,
                                              measure_iterations_per_ms)
 from overlap_core.runtime.evaluation import evaluation_result
@@ -329,32 +326,6 @@ def test_evaluation_result_names_the_task_metric():
                                "eval_examples": 4}
   assert evaluation_result(zoo.CLASSIFICATION, loss_sum=0.0,
                            quality_sum=0.0, count=0.0) == {}
-
-
-@pytest.mark.parametrize("overrides, flag", [
-    (dict(strategy="default", all_reduce="ring"), "all_reduce"),
-    (dict(strategy="one_device", all_reduce_pack_mb=4.0),
-     "all_reduce_pack_mb"),
-])
-def test_strategies_without_all_reduce_refuse_its_flags(overrides, flag):
-  values = dict(strategy="mirrored", num_devices=2, num_workers=1,
-                all_reduce="auto", all_reduce_pack_mb=0.0)
-  check_all_reduce_applies(DistributeConfig(**values))
-  values.update(overrides)
-  with pytest.raises(ConfigError) as error:
-    check_all_reduce_applies(DistributeConfig(**values))
-  assert error.value.flag == flag
-  assert f"--strategy={values['strategy']} has no all-reduce" in str(
-      error.value)
-
-
-def test_nccl_needs_a_gpu():
-  nccl = DistributeConfig(strategy="multi_worker", num_devices=1,
-                          num_workers=2, all_reduce="nccl",
-                          all_reduce_pack_mb=0.0)
-  check_nccl_has_gpus(nccl, num_gpus=1)
-  with pytest.raises(ConfigError, match="NCCL needs GPUs"):
-    check_nccl_has_gpus(nccl, num_gpus=0)
 
 
 def test_cost_calibration_measures_once_and_scales():

@@ -1,7 +1,7 @@
 """What the TensorFlow pipeline refuses: one readable line per reason.
 
 The flags are parsed as the trainer parses them and the refusal is asked
-of `pipeline.check_pipeline_supported` directly; one command line checks
+of the trainer's `check_supported` in-process; one command line checks
 that the trainer turns a refusal into exit status 2 and one line.
 """
 
@@ -11,7 +11,7 @@ from absl.testing import flagsaver
 
 import flags as tfo_flags
 from overlap_core.runtime.config import ConfigError
-from tfoverlap import pipeline
+from tfoverlap import pipeline, trainer
 from tfoverlap.models import build_model
 
 from tests.helpers import run_module
@@ -33,7 +33,7 @@ def _config(**changes):
 
 
 def test_the_runnable_pipeline_is_not_refused():
-  pipeline.check_pipeline_supported(_config())
+  trainer.check_supported(_config(), num_gpus=0)
 
 
 @pytest.mark.parametrize("changes, line", [
@@ -64,7 +64,7 @@ def test_the_runnable_pipeline_is_not_refused():
 def test_each_refusal_is_one_line_naming_the_flag(changes, line):
   config = _config(**changes)
   with pytest.raises(ConfigError) as raised:
-    pipeline.check_pipeline_supported(config)
+    trainer.check_supported(config, num_gpus=0)
   message = str(raised.value)
   assert message.startswith(line), message
   assert "\n" not in message and "allowed" in message

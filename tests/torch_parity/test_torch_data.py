@@ -601,19 +601,6 @@ def test_resident_batches_are_the_same_tensors_every_step():
 # --- errors ------------------------------------------------------------------
 
 
-def test_data_service_is_refused():
-  cfg = make_cfg(data_service="grpc://localhost:5050")
-  calls = (lambda: data.describe(cfg),
-           lambda: loader(cfg),
-           lambda: data.make_resident_iterator(
-               cfg, task="classification", seed=0, upscale=1, device="cpu"))
-  for call in calls:
-    with pytest.raises(ConfigError, match="no PyTorch counterpart") as error:
-      call()
-    assert error.value.flag == "data_service"
-    assert str(error.value).startswith("--data_service=grpc://localhost:5050:")
-
-
 def test_missing_tfds_dataset_names_the_flag(tfds_dir, tmp_path):
   root, _ = tfds_dir
   for name, data_dir in (("no_such_dataset", root), ("mnist", str(tmp_path))):

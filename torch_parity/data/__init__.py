@@ -50,7 +50,8 @@ What each knob becomes (TensorFlow's meaning kept):
                      background thread preparing that many batches ahead.
   --synthetic_on_device `make_resident_iterator`: one batch made once on
                      the device and returned every step.
-  --data_service     No PyTorch meaning: refused with a ConfigError.
+  --data_service     No PyTorch meaning: refused by the compatibility
+                     table (overlap_core.runtime.compat_table).
 
 Distributed: rank r of w reads elements r, r + w, ... of each split (TF's
 shard), with batches of batch_size / w (ConfigError if w does not divide

@@ -267,11 +267,10 @@ def make_loader(cfg: DataConfig, *, split: str, task: str, seed: int,
   Raises:
     ConfigError: the data set is missing or unreadable; evaluation of a
       data set without an evaluation split; image_size not a multiple of
-      upscale; batch_size not a multiple of world_size; data_service set;
-      a knob outside its allowed values.
+      upscale; batch_size not a multiple of world_size; a knob outside its
+      allowed values.
     ValueError: unknown split or task, or a bad rank or skip_batches.
   """
-  sources.check_supported(cfg)
   datasets.check_input_request(split=split, task=task,
                                image_size=cfg.image_size, upscale=upscale)
   if world_size < 1 or not 0 <= rank < world_size:

@@ -42,9 +42,6 @@ from overlap_core.runtime.datasets import DatasetInfo
 # Pillow modes whose pixels are one grey channel as TensorFlow decodes them;
 # every other mode is converted to RGB(A) first.
 _GREY_MODES = ("L", "I", "I;16", "I;16B", "I;16L")
-_NO_SERVICE = ("the tf.data service has no PyTorch counterpart; allowed: "
-               "empty with torch_parity (--map_parallelism and --prefetch "
-               "move preprocessing off the training thread instead)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,10 +83,9 @@ def load_source(cfg: DataConfig) -> Source:
   Raises:
     ConfigError: naming `dataset`, `data_dir` or `tfds_name` when the data
       set is unknown, missing, has no train split or no images, or cannot be
-      decoded, the same refusals as the TensorFlow side; naming
-      `data_service` when it is set (see `check_supported`).
+      decoded, the same refusals as the TensorFlow side. (--data_service
+      is refused before, by the compatibility table.)
   """
-  check_supported(cfg)
   loaders = {
       "digits": _digits_source,
       "synthetic": _synthetic_source,
@@ -100,16 +96,6 @@ def load_source(cfg: DataConfig) -> Source:
     raise ConfigError("dataset", cfg.dataset,
                       f"allowed: {', '.join(loaders)}")
   return loaders[cfg.dataset](cfg)
-
-
-def check_supported(cfg: DataConfig) -> None:
-  """Refuses the data knobs that have no meaning in PyTorch.
-
-  Raises:
-    ConfigError: `data_service` is set.
-  """
-  if cfg.data_service:
-    raise ConfigError("data_service", cfg.data_service, _NO_SERVICE)
 
 
 def to_rgb_float(image, image_size: int) -> torch.Tensor:

@@ -1,0 +1,380 @@
+"""Which features combine, as data: the features, then the rows that refuse.
+
+A feature is a named predicate over the frozen `TrainConfig` (and, for the
+host features, over the host), defined once here. A row names the features
+that must all hold for it to refuse (a tuple inside `features` means any one
+of them), the frameworks it applies to, the flag and value its message
+names, the reason, and what is allowed instead. `compat.check_combinations`
+raises the first row that matches; `compat.render_matrix` draws the README's
+feature-by-feature matrix from the same rows. Rows are in the order they are
+checked: a framework's missing features first, then the combinations.
+
+Each feature also carries `example`: flag values that make it hold, which
+the tests merge to show that every row can match (no dead rows) and to
+train the combinations no row refuses.
+"""
+
+import dataclasses
+from typing import Callable, Dict, Optional, Tuple, Union
+
+TF = "tensorflow"
+PT = "pytorch"
+BOTH = (TF, PT)
+# A burst plan file stands in for this; the tests write one.
+BURST_PLAN = "{burst_plan}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+  """What the host contributes to a combination."""
+  num_gpus: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Feature:
+  name: str
+  holds: Callable  # (TrainConfig, Host) -> bool
+  example: Dict[str, str] = dataclasses.field(default_factory=dict)
+  host: Optional[Host] = None  # set for the host's own features
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  features: Tuple[Union[str, Tuple[str, ...]], ...]
+  frameworks: Tuple[str, ...]
+  flag: str
+  reason: str
+  allowed: str
+  # Where the alternative applies ("with --burst_parallel"); "" for plain
+  # "allowed:". May name {strategy}, as may `reason`.
+  given: str = ""
+
+
+def _strategy(name):
+  return lambda c, h: c.distribute.strategy == name
+
+
+def _offload(target):
+  return lambda c, h: target in c.offload.targets
+
+
+def _checkpoint(mode):
+  return lambda c, h: c.checkpoint.mode == mode
+
+
+def _precision(name):
+  return lambda c, h: c.model.precision == name
+
+
+def _schedule(name):
+  return lambda c, h: c.pipeline.stages > 1 and c.pipeline.schedule == name
+
+
+def _all_reduce(name):
+  return lambda c, h: c.distribute.all_reduce == name
+
+
+def _data_parallel(c, h) -> bool:
+  """More than one replica all-reduces gradients (a world of one does not
+  need to, but multi_worker and horovod wrap the model all the same)."""
+  d = c.distribute
+  return (d.strategy in ("multi_worker", "horovod") or d.num_workers > 1 or
+          (d.strategy == "mirrored" and d.num_devices > 1))
+
+
+_PIPE = {"pipeline_stages": "2", "pipeline_split": "even",
+         "strategy": "mirrored", "num_devices": "2"}
+FEATURES = {f.name: f for f in (
+    Feature("strategy=default", _strategy("default"),
+            {"strategy": "default"}),
+    Feature("strategy=one_device", _strategy("one_device"),
+            {"strategy": "one_device"}),
+    Feature("strategy=mirrored", _strategy("mirrored"),
+            {"strategy": "mirrored", "num_devices": "2"}),
+    Feature("strategy=multi_worker", _strategy("multi_worker"),
+            {"strategy": "multi_worker"}),
+    Feature("strategy=horovod", _strategy("horovod"),
+            {"strategy": "horovod"}),
+    Feature("data_parallel", _data_parallel,
+            {"strategy": "mirrored", "num_devices": "2"}),
+    Feature("num_workers>1", lambda c, h: c.distribute.num_workers > 1,
+            {"strategy": "multi_worker", "num_workers": "2"}),
+    Feature("all_reduce=ring", _all_reduce("ring"), {"all_reduce": "ring"}),
+    Feature("all_reduce=nccl", _all_reduce("nccl"), {"all_reduce": "nccl"}),
+    Feature("all_reduce_pack_mb",
+            lambda c, h: bool(c.distribute.all_reduce_pack_mb),
+            {"all_reduce_pack_mb": "4"}),
+    Feature("pipeline", lambda c, h: c.pipeline.stages > 1, _PIPE),
+    Feature("schedule=1f1b", _schedule("1f1b"),
+            {**_PIPE, "pipeline_schedule": "1f1b",
+             "pipeline_microbatches": "2"}),
+    Feature("schedule=interleaved_1f1b", _schedule("interleaved_1f1b"),
+            {**_PIPE, "pipeline_schedule": "interleaved_1f1b",
+             "pipeline_virtual_stages": "2", "pipeline_microbatches": "2"}),
+    Feature("schedule=zero_bubble", _schedule("zero_bubble"),
+            {**_PIPE, "pipeline_schedule": "zero_bubble",
+             "pipeline_virtual_stages": "2", "pipeline_microbatches": "2"}),
+    Feature("burst", lambda c, h: c.burst.enabled,
+            {"burst_parallel": BURST_PLAN, "strategy": "mirrored",
+             "num_devices": "2"}),
+    Feature("background_job", lambda c, h: c.burst.background,
+            {"background_job": "small_mlp"}),
+    Feature("offload=activations", _offload("activations"),
+            {"offload": "activations"}),
+    Feature("offload=parameters", _offload("parameters"),
+            {"offload": "parameters"}),
+    Feature("offload_pin_memory", lambda c, h: c.offload.pin_memory,
+            {"offload": "activations", "offload_pin_memory": "true"}),
+    Feature("offload_non_blocking", lambda c, h: c.offload.non_blocking,
+            {"offload": "activations", "offload_non_blocking": "true"}),
+    Feature("offload_prefetch", lambda c, h: c.offload.prefetch,
+            {"offload": "activations", "offload_non_blocking": "true",
+             "offload_prefetch": "true"}),
+    Feature("checkpoint=sync", _checkpoint("sync"), {"checkpoint": "sync"}),
+    Feature("checkpoint=async", _checkpoint("async"), {"checkpoint": "async"}),
+    Feature("checkpoint=tf_async", _checkpoint("tf_async"),
+            {"checkpoint": "tf_async"}),
+    Feature("steps_per_execution>1",
+            lambda c, h: c.run.steps_per_execution > 1,
+            {"steps_per_execution": "2", "train_steps": "2",
+             "checkpoint_every": "2"}),
+    Feature("loop=fit", lambda c, h: c.run.loop == "fit", {"loop": "fit"}),
+    Feature("precision=mixed_float16", _precision("mixed_float16"),
+            {"precision": "mixed_float16"}),
+    Feature("precision=mixed_bfloat16", _precision("mixed_bfloat16"),
+            {"precision": "mixed_bfloat16"}),
+    Feature("data_service", lambda c, h: bool(c.data.data_service),
+            {"data_service": "local"}),
+    Feature("synthetic_on_device", lambda c, h: c.data.synthetic_on_device,
+            {"dataset": "synthetic", "synthetic_on_device": "true"}),
+    Feature("deterministic", lambda c, h: c.run.deterministic,
+            {"deterministic": "true"}),
+    Feature("evaluate", lambda c, h: c.run.evaluate, {"evaluate": "true"}),
+    Feature("gpu_host", lambda c, h: h is not None and h.num_gpus > 0,
+            host=Host(num_gpus=1)),
+    Feature("no_gpu", lambda c, h: h is not None and h.num_gpus == 0,
+            host=Host(num_gpus=0)),
+)}
+
+# How a row's flag shows its value in the message.
+FLAG_VALUES = {
+    "strategy": lambda c: c.distribute.strategy,
+    "num_workers": lambda c: c.distribute.num_workers,
+    "all_reduce": lambda c: c.distribute.all_reduce,
+    "all_reduce_pack_mb": lambda c: c.distribute.all_reduce_pack_mb,
+    "pipeline_schedule": lambda c: c.pipeline.schedule,
+    "burst_parallel": lambda c: c.burst.plan_path,
+    "background_job": lambda c: c.burst.background_job,
+    "offload": lambda c: ",".join(c.offload.targets),
+    "offload_pin_memory": lambda c: c.offload.pin_memory,
+    "offload_non_blocking": lambda c: c.offload.non_blocking,
+    "offload_prefetch": lambda c: c.offload.prefetch,
+    "checkpoint": lambda c: c.checkpoint.mode,
+    "steps_per_execution": lambda c: c.run.steps_per_execution,
+    "loop": lambda c: c.run.loop,
+    "precision": lambda c: c.model.precision,
+    "data_service": lambda c: c.data.data_service,
+    "synthetic_on_device": lambda c: c.data.synthetic_on_device,
+    "evaluate": lambda c: c.run.evaluate,
+}
+
+_MIXED = ("precision=mixed_float16", "precision=mixed_bfloat16")
+_OFFLOAD = ("offload=activations", "offload=parameters")
+_SAVES = ("checkpoint=sync", "checkpoint=async", "checkpoint=tf_async")
+_ONE_PROCESS = ("strategy=default", "strategy=one_device")
+_NOT_DDP = ("strategy=default", "strategy=one_device", "strategy=horovod")
+_PIPELINED = "with --pipeline_stages > 1"
+_BURST = "with --burst_parallel"
+_TF_SIDE = "on the TensorFlow side"
+DATA_PARALLEL_REFUSAL = (
+    "data parallelism across pipelines is not built in TensorFlow: a "
+    "tf.distribute replica owns one device, so a replica cannot hold stages "
+    "on several devices, and the stages' gradients would need an all-reduce "
+    "outside the strategy")
+
+ROWS = (
+    # --- What one framework does not have at all.
+    Row(("loop=fit",), (PT,), "loop",
+        "model.fit is Keras'; PyTorch has no counterpart, and the PyTorch "
+        "trainer's loop is the measured custom loop", "ctl"),
+    # torch.compile cannot trace a loop that pulls from a DataLoader (a
+    # graph break at every batch), and CUDA graphs need a GPU and inputs
+    # copied into static buffers.
+    Row(("steps_per_execution>1",), (PT,), "steps_per_execution",
+        "PyTorch runs each step eagerly from Python and has no traced "
+        "multi-step loop over a DataLoader (CUDA graphs would need a GPU and "
+        "static input buffers)", "1"),
+    Row(("data_service",), (PT,), "data_service",
+        "the tf.data service has no PyTorch counterpart",
+        "empty (--map_parallelism and --prefetch move preprocessing off the "
+        "training thread instead)"),
+    Row(("checkpoint=tf_async",), (PT,), "checkpoint",
+        "TensorFlow's own asynchronous save has no PyTorch counterpart",
+        "none, sync, async"),
+    Row(("strategy=horovod",), (TF,), "strategy",
+        "Horovod's TensorFlow extension does not build against TensorFlow "
+        "2.21 and its Keras integration fails on Keras 3 "
+        "(horovod/horovod#4290); run Horovod with python -m "
+        "torch_parity.train", "default, one_device, mirrored, multi_worker"),
+    Row(("offload_pin_memory",), (TF,), "offload_pin_memory",
+        "TensorFlow allocates and pins host buffers itself and has no "
+        "setting for it", "false", _TF_SIDE),
+    Row(("offload_non_blocking",), (TF,), "offload_non_blocking",
+        "TensorFlow's runtime schedules its copies and has no setting for "
+        "it", "false", _TF_SIDE),
+    Row(("offload_prefetch",), (TF,), "offload_prefetch",
+        "TensorFlow places its copies inside the compiled step and has no "
+        "side-stream prefetch of them", "false", _TF_SIDE),
+    Row(("offload=parameters",), (TF,), "offload",
+        "TensorFlow keeps a layer's weights where their variables live and "
+        "has no per-layer move", "none or activations", _TF_SIDE),
+    # --- Processes and all-reduce.
+    Row(("num_workers>1", ("strategy=default", "strategy=one_device",
+                           "strategy=mirrored")), BOTH, "num_workers",
+        "more than 1 worker needs --strategy=multi_worker or horovod", "1",
+        "with --strategy={strategy}"),
+    Row((_ONE_PROCESS, ("all_reduce=ring", "all_reduce=nccl")), BOTH,
+        "all_reduce", "--strategy={strategy} has no all-reduce", "auto"),
+    Row((_ONE_PROCESS, "all_reduce_pack_mb"), BOTH, "all_reduce_pack_mb",
+        "--strategy={strategy} has no all-reduce", "0"),
+    # Before mirrored's own: a pipeline's stages are not replicas.
+    Row(("pipeline", ("all_reduce=ring", "all_reduce=nccl")), (TF,),
+        "all_reduce", "one pipeline runs no all-reduce", "auto", _PIPELINED),
+    Row(("strategy=mirrored", "all_reduce=ring"), (TF,), "all_reduce",
+        "MirroredStrategy has no ring all-reduce", "auto or nccl (ring: "
+        "multi_worker)", "with mirrored"),
+    Row(("strategy=mirrored", "all_reduce_pack_mb"), (TF,),
+        "all_reduce_pack_mb", "MirroredStrategy packs by count, not size",
+        "0 (pack size: multi_worker)", "with mirrored"),
+    Row(("all_reduce=nccl", "no_gpu"), BOTH, "all_reduce",
+        "NCCL needs GPUs and this host has none", "auto or ring"),
+    Row(("synthetic_on_device", "loop=fit"), (TF,), "synthetic_on_device",
+        "model.fit reads a tf.data pipeline; device-resident batches need "
+        "--loop=ctl", "false", "with --loop=fit"),
+    # --- Burst parallelism.
+    Row(("burst", "pipeline"), BOTH, "burst_parallel",
+        "burst parallelism and pipeline stages do not combine",
+        "--pipeline_stages=1", "with --burst_parallel"),
+    # The idle-class process would share the CPU, not the GPU the
+    # foreground runs on: it would say nothing about multiplexing a GPU.
+    Row(("background_job", "gpu_host"), (TF,), "background_job",
+        "TensorFlow exposes no CUDA stream priority, so a job on this host's "
+        "GPUs could not be ranked below the foreground's kernels",
+        "none (the PyTorch trainer runs it)", "on a GPU host"),
+    Row(("burst", ("strategy=default", "strategy=one_device",
+                   "strategy=multi_worker", "strategy=horovod")), (TF,),
+        "strategy", "the plan's devices are this process's --num_devices",
+        "mirrored", _BURST),
+    Row(("burst", _NOT_DDP), (PT,), "strategy",
+        "a burst plan runs on torch.distributed process groups",
+        "mirrored, multi_worker", _BURST),
+    Row(("burst", "loop=fit"), (TF,), "loop", "model.fit runs no burst step",
+        "ctl", _BURST),
+    Row(("burst", _MIXED), (TF,), "precision",
+        "the burst step runs no loss scaling yet", "float32", _BURST),
+    Row(("burst", _MIXED), (PT,), "precision",
+        "the burst step runs no autocast or loss scaling yet", "float32",
+        _BURST),
+    Row(("burst", _OFFLOAD), (TF,), "offload",
+        "offload does not follow a burst plan's parts yet", "none", _BURST),
+    Row(("burst", _OFFLOAD), (PT,), "offload",
+        "offload hooks do not follow a burst plan's layers yet", "none",
+        _BURST),
+    Row(("burst", "steps_per_execution>1"), (TF,), "steps_per_execution",
+        "a burst step is traced per step", "1", _BURST),
+    # --- Pipeline stages.
+    Row(("schedule=1f1b",), (TF,), "pipeline_schedule",
+        "1F1B frees a micro-batch's activations by running its backward "
+        "before later forwards; in one traced function TensorFlow's executor "
+        "orders ops by data dependence alone and keeps every activation a "
+        "later gradient reads, so a 1F1B order frees nothing earlier "
+        "without control edges this runtime does not add", "gpipe"),
+    Row(("schedule=interleaved_1f1b",), (TF,), "pipeline_schedule",
+        "virtual stages interleave 1F1B, which this runtime does not run "
+        "(see 1f1b)", "gpipe"),
+    Row(("schedule=zero_bubble",), (TF,), "pipeline_schedule",
+        "zero-bubble splits backward into input and weight gradients, "
+        "which one gradient tape per stage does not provide", "gpipe"),
+    Row(("schedule=zero_bubble",), (PT,), "pipeline_schedule",
+        "zero-bubble schedules split backward into input and weight "
+        "gradients, which the fx stage modules here do not provide",
+        "gpipe, 1f1b, interleaved_1f1b"),
+    Row(("pipeline", "strategy=multi_worker"), (TF,), "strategy",
+        DATA_PARALLEL_REFUSAL, "mirrored", _PIPELINED),
+    Row(("pipeline", _NOT_DDP), (TF,), "strategy",
+        "pipeline stages run on the --num_devices local devices, one each",
+        "mirrored", _PIPELINED),
+    Row(("pipeline", _NOT_DDP), (PT,), "strategy",
+        "pipeline stages are separate processes", "mirrored, multi_worker",
+        _PIPELINED),
+    Row(("pipeline", _SAVES), (PT,), "checkpoint",
+        "each pipeline rank holds one stage, and a checkpoint of the whole "
+        "model from stages is not built yet", "none", _PIPELINED),
+    Row(("pipeline", "evaluate"), (PT,), "evaluate",
+        "evaluation runs the whole model, which no pipeline rank holds",
+        "false", _PIPELINED),
+    Row(("pipeline", _MIXED), (TF,), "precision",
+        "the pipelined step runs no loss scaling yet", "float32", _PIPELINED),
+    Row(("pipeline", _MIXED), (PT,), "precision",
+        "the pipeline schedules run no loss scaling or autocast yet",
+        "float32", _PIPELINED),
+    Row(("pipeline", _OFFLOAD), (TF,), "offload",
+        "offload wraps layers the stages share", "none", _PIPELINED),
+    Row(("pipeline", _OFFLOAD), (PT,), "offload",
+        "the offload hooks do not follow a schedule's micro-batches yet",
+        "none", _PIPELINED),
+    Row(("pipeline", "loop=fit"), (TF,), "loop",
+        "the trainer splits a pipelined step's time in its custom loop "
+        "(your own model.fit pipelines through "
+        "tfoverlap.pipelined_model.PipelinedModel)", "ctl", _PIPELINED),
+    Row(("pipeline", "steps_per_execution>1"), (TF,), "steps_per_execution",
+        "a pipelined step times its stages per step", "1", _PIPELINED),
+    # --- Offload.
+    Row(("offload_pin_memory", "no_gpu"), (PT,), "offload_pin_memory",
+        "pinned host memory needs a CUDA device and this host has none",
+        "false"),
+    Row(("offload=parameters", "data_parallel"), (PT,), "offload",
+        "parameters offload steps the optimizer on host gradients, which DDP "
+        "and Horovod cannot all-reduce", "--offload=activations, or one "
+        "replica (--strategy=default or one_device)"),
+    Row(("offload=parameters", "precision=mixed_float16"), (PT,), "offload",
+        "parameters offload unscales gradients on the host, which the loss "
+        "scaler does not do", "--precision=float32 or mixed_bfloat16"),
+    # Found by training the table's "yes" cells: the recompute in the
+    # offloaded layer's gradient fails with "Input 'b' of 'MatMul' Op has
+    # type float32 that does not match type bfloat16".
+    Row((_OFFLOAD, _MIXED), (TF,), "precision",
+        "an offloaded layer recomputes its forward in backward outside the "
+        "mixed-precision cast and fails on mismatched dtypes", "float32",
+        "with --offload"),
+    Row((_OFFLOAD, "loop=fit"), (TF,), "loop",
+        "Keras' fit may compile the step with XLA, which ignores host "
+        "placement", "ctl", "with --offload"),
+    # --- Several steps per traced call.
+    # Keras 3's multi-step train function under a replicated strategy fails
+    # at its first call with "You must feed a value for placeholder tensor"
+    # (keras-team/keras#19246, open); plain Keras does the same.
+    Row(("steps_per_execution>1", "loop=fit",
+         ("strategy=mirrored", "strategy=multi_worker")), (TF,),
+        "steps_per_execution",
+        "Keras 3's model.fit fails with several steps per execution under a "
+        "replicated strategy (keras-team/keras#19246)",
+        "--loop=ctl, or 1 with --strategy={strategy}"),
+)
+
+# Features of one flag (or of the host) that cannot hold together.
+EXCLUSIVE = (
+    ("strategy=default", "strategy=one_device", "strategy=mirrored",
+     "strategy=multi_worker", "strategy=horovod"),
+    ("all_reduce=ring", "all_reduce=nccl"),
+    ("schedule=1f1b", "schedule=interleaved_1f1b", "schedule=zero_bubble"),
+    ("checkpoint=sync", "checkpoint=async", "checkpoint=tf_async"),
+    ("precision=mixed_float16", "precision=mixed_bfloat16"),
+    ("gpu_host", "no_gpu"),
+)
+
+# What a planning command plans: it checks only the rows made of these,
+# since the trainer it plans for checks the rest when it runs.
+PLANNED_FEATURES = frozenset(
+    {"pipeline", "schedule=1f1b", "schedule=interleaved_1f1b",
+     "schedule=zero_bubble", "burst"})
