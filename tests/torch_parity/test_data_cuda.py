@@ -1,6 +1,6 @@
 """torch_parity.data on a CUDA device: the side-stream prefetcher.
 
-Apart from tests/torch_parity/test_torch_data.py because that module
+Apart from tests/torch_parity/test_data.py because that module
 compares against tf.data and imports TensorFlow, which the GPU hosts do not
 have; this one imports none, so the GPU campaign's cuda_tests part can run
 it there.
