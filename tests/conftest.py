@@ -18,6 +18,8 @@ if REPO_ROOT not in sys.path:
   sys.path.insert(0, REPO_ROOT)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The fixtures both framework sides' tests share.
+pytest_plugins = ("tests.fixtures",)
 NUM_LOGICAL_CPUS = 2
 
 

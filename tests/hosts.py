@@ -21,7 +21,9 @@ import time
 from typing import List
 
 from tests import sockets
-from tests.helpers import REPO_ROOT, wait_until
+from overlap_core.runtime import run_record
+
+from tests.helpers import REPO_ROOT, run_module, wait_until
 
 # The second "host": any 127.x.y.z reaches this machine.
 HOST_ADDRESSES = ("127.0.0.1", "127.0.0.2")
@@ -90,6 +92,25 @@ def wait_all(hosts: List[Host], timeout_s: float) -> List[int]:
                            f"{timeout_s} s:\n{host.stderr()[-2000:]}"
                            ) from None
   return codes
+
+
+def run_all(hosts: List[Host], timeout_s: float) -> List[int]:
+  """`wait_all`, then every host stopped, so that a failed wait leaves no
+  process behind."""
+  try:
+    return wait_all(hosts, timeout_s)
+  finally:
+    stop_all(hosts)
+
+
+def launched_digest(launcher: str, trainer_args: List[str], model_dir,
+                    timeout_s: float) -> str:
+  """The weights digest of a 2-worker job launched on one host by
+  `python -m launcher`: what the same job over two hosts must match."""
+  result = run_module(launcher, "--num_workers=2", "--", *trainer_args,
+                      f"--model_dir={model_dir}", timeout=timeout_s)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return run_record.load_run_record(str(model_dir))["weights_digest"]
 
 
 def wait_for_output(host: Host, needle: str, timeout_s: float) -> None:

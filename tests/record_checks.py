@@ -1,8 +1,12 @@
 """Checks of a trainer's run.json that both frameworks' tests share."""
 
+import json
+
 import pytest
 
 from overlap_core.runtime import trace
+
+from tests.helpers import run_module
 
 
 def offload_copy_spans_us(record: dict) -> list:
@@ -39,3 +43,19 @@ def assert_background_beside_foreground(bg: dict) -> None:
   # The foreground's own throughput over the steps the job overlapped.
   assert fg["samples_per_second_with"] == pytest.approx(
       16 / fg["step_s_with"])
+
+
+def check_background_job_beside_trainer(module: str, model_dir) -> None:
+  """Runs `python -m module` (a trainer) with --background_job=small_mlp
+  and checks both jobs' numbers in its run.json."""
+  result = run_module(
+      module, "--strategy=default", "--model=small_cnn",
+      "--background_job=small_mlp", "--train_steps=24", "--batch_size=16",
+      "--evaluate=false", "--progress=false", "--intra_op_threads=1",
+      f"--model_dir={model_dir}", timeout=600)
+  assert result.returncode == 0, result.stderr
+  assert "background job small_mlp started" in result.stdout
+  with open(model_dir / "run.json", encoding="utf-8") as f:
+    bg = json.load(f)["background"]
+  assert bg["policy_seen_by_foreground"] == "SCHED_IDLE"
+  assert_background_beside_foreground(bg)

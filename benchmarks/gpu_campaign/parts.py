@@ -25,10 +25,10 @@ OUTPUT_FLAGS = {"json": ("--output", ".json"),
 # test_gpu_campaign.py checks that this list names them all.
 CUDA_TEST_FILES = (
     "tests/torch_parity/test_background_cuda.py",
-    "tests/torch_parity/test_torch_burst.py",
-    "tests/torch_parity/test_torch_checkpoint.py",
-    "tests/torch_parity/test_torch_data_cuda.py",
-    "tests/torch_parity/test_torch_offload_cuda.py",
+    "tests/torch_parity/test_burst.py",
+    "tests/torch_parity/test_checkpoint.py",
+    "tests/torch_parity/test_data_cuda.py",
+    "tests/torch_parity/test_offload_cuda.py",
 )
 RESNET50 = "resnet50_synthetic224_resident_default"  # common.GPU_TRAINER_PRESETS
 # The dry run's sizes: a step takes well under a second on a CPU.

@@ -13,6 +13,7 @@ from overlap_core.runtime.config import (BurstConfig, ConfigError,
                                          check_burst_supported)
 
 from tests.helpers import run_module
+from tests.refusals import trainer_refusal, usage_error_line
 
 tfo_flags.define_flags()
 if not tfo_flags.FLAGS.is_parsed():
@@ -106,12 +107,8 @@ def test_a_plan_for_more_devices_than_the_host_has_exits_2(tmp_path):
                       "--strategy=mirrored", f"--num_devices={devices}",
                       f"--batch_size={batch}",
                       f"--model_dir={tmp_path / 'run'}", timeout=300)
-  assert result.returncode == 2, result.stderr
-  errors = [l for l in result.stderr.splitlines() if ": error: " in l]
-  assert len(errors) == 1, result.stderr
   assert (f"the plan needs {devices} devices and this host has {cores} "
-          "CPU cores") in errors[0], errors[0]
-  assert "Traceback" not in result.stderr
+          "CPU cores") in usage_error_line(result), result.stderr
   assert not (tmp_path / "run").exists()  # refused before any process ran
 
 
@@ -121,19 +118,28 @@ def test_a_plan_for_more_devices_than_the_host_has_exits_2(tmp_path):
 ])
 def test_trainers_refuse_a_plan_with_one_line(tmp_path, module, extra):
   path, _ = _write_plan(tmp_path, limit=2.0)
-  result = run_module(module, f"--burst_parallel={path}", *extra,
-                      f"--model_dir={tmp_path / 'run'}", timeout=300)
-  assert result.returncode == 2, result.stderr
-  errors = [l for l in result.stderr.splitlines() if ": error: " in l]
-  assert len(errors) == 1, result.stderr
-  assert extra[0] in errors[0] or (
-      "this host has" in errors[0] and os.cpu_count() < 2), errors[0]
-  assert "Traceback" not in result.stderr
+  line = trainer_refusal(module, [f"--burst_parallel={path}", *extra,
+                                  f"--model_dir={tmp_path / 'run'}"])
+  assert extra[0] in line or (
+      "this host has" in line and os.cpu_count() < 2), line
 
 
-def test_a_limit_below_one_exits_2():
-  result = run_module("torch_parity.burst_plan", "--amplification_limit=0.5",
+# The TensorFlow trainer's command refuses a plan with exit status 2 and one
+# line (the PyTorch trainer's is the test of a plan for too many devices).
+def test_the_tensorflow_trainer_exits_2_on_a_plan_it_refuses(tmp_path):
+  path, _ = _write_plan(tmp_path, limit=2.0)
+  result = run_module("tfoverlap.train", f"--burst_parallel={path}",
+                      "--loop=fit", f"--model_dir={tmp_path / 'run'}",
                       timeout=300)
-  assert result.returncode == 2, result.stderr
-  assert "amplification_limit" in result.stderr
-  assert "Traceback" not in result.stderr
+  assert "--loop=fit" in usage_error_line(result), result.stderr
+
+
+def test_a_limit_below_one_exits_2(capsys):
+  # The planning command's own parser (app.run's flags_parser), in-process.
+  with flagsaver.flagsaver():
+    with pytest.raises(SystemExit) as exited:
+      tfo_flags.parse_or_exit(["torch_parity.burst_plan",
+                               "--amplification_limit=0.5"])
+  assert exited.value.code == 2
+  errors = capsys.readouterr().err.splitlines()
+  assert len(errors) == 1 and "amplification_limit" in errors[0], errors

@@ -75,7 +75,7 @@ def test_prefetch_depth_parses(text, expected):
     ({"synthetic_on_device": "true"}, "synthetic_on_device"),
     # (Features that do not combine, --loop=fit with synthetic_on_device or
     # --num_workers=2 with mirrored, are the compatibility table's:
-    # tests/overlap_core/test_compat.py.)
+    # tests/overlap_core/runtime/test_compat.py.)
     ({"data_service": "not an address"}, "data_service"),
     ({"model": "inception_v3"}, "image_size"),
     ({"model": "edsr", "image_size": "33"}, "image_size"),

@@ -17,6 +17,7 @@ from tensorflow.core.framework import graph_pb2
 
 from tfoverlap import data, distribute
 from overlap_core.runtime.config import AUTOTUNE, ConfigError, DataConfig
+from tests.fixtures import TFDS_NAME, data_config, image_counter
 from tests.helpers import PROGRESS_WAIT_S, wait_until
 from tfoverlap.data import device, pipeline, preprocess_cost, sources
 
@@ -32,13 +33,9 @@ ASYNC_OP_PREFIXES = ("Prefetch", "Parallel", "MapAndBatch")
 
 
 def make_cfg(**overrides) -> DataConfig:
-  base = DataConfig(dataset="digits", data_dir=None, tfds_name="mnist",
-                    image_size=8, num_classes=10, batch_size=16,
-                    synthetic_on_device=False, prefetch=AUTOTUNE,
-                    prefetch_to_device=False, map_parallelism=AUTOTUNE,
-                    cache=False, shuffle_buffer=256, preprocess_cost_ms=0.0,
-                    data_service="")
-  return dataclasses.replace(base, **overrides)
+  # tf.data's own defaults: AUTOTUNE prefetch and parallel maps.
+  return data_config(**{"prefetch": AUTOTUNE, "map_parallelism": AUTOTUNE,
+                        **overrides})
 
 
 def first_batches(ds, count):
@@ -49,17 +46,6 @@ def one_pass(ds):
   """All (image, label) pairs of a finite dataset, concatenated."""
   images, labels = zip(*[(x.numpy(), y.numpy()) for x, y in ds])
   return np.concatenate(images), np.concatenate(labels)
-
-
-def image_counter(images, levels=None):
-  """Multiset of images, comparable across orders.
-
-  With `levels`, pixels are compared as integers (pixel * levels), so that
-  float32 and float64 renderings of the same k/levels values agree.
-  """
-  if levels:
-    images = np.round(np.asarray(images) * levels).astype(np.int64)
-  return collections.Counter(image.tobytes() for image in images)
 
 
 def digits_reference(split):
@@ -236,32 +222,9 @@ def test_synthetic_pool_is_fixed_and_the_seed_only_orders_it():
   assert not image_counter(eval_images) & image_counter(images)
 
 
-@pytest.fixture(scope="module")
-def tfds_dir(tmp_path_factory):
-  """A real TFDS dataset (train 20, test 8 grayscale 12x12) written here."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  root = tmp_path_factory.mktemp("tfds")
-  rng = np.random.default_rng(7)
-  splits = {}
-  for split, count in (("train", 20), ("test", 8)):
-    splits[split] = (rng.integers(0, 256, (count, 12, 12, 1), dtype=np.uint8),
-                     rng.integers(0, 3, count))
-  features = tfds.features.FeaturesDict({
-      "image": tfds.features.Image(shape=(12, 12, 1)),
-      "label": tfds.features.ClassLabel(num_classes=3)})
-  tfds.dataset_builders.store_as_tfds_dataset(
-      name="tiny_gray", version="1.0.0", features=features,
-      split_datasets={
-          split: tf.data.Dataset.from_tensor_slices(
-              {"image": images, "label": labels})
-          for split, (images, labels) in splits.items()},
-      data_dir=str(root))
-  return str(root), splits
-
-
 def test_tfds_reads_a_locally_prepared_dataset(tfds_dir):
   root, written = tfds_dir
-  cfg = make_cfg(dataset="tfds", data_dir=root, tfds_name="tiny_gray",
+  cfg = make_cfg(dataset="tfds", data_dir=root, tfds_name=TFDS_NAME,
                  image_size=12, batch_size=4)
   assert data.describe(cfg) == data.DatasetInfo(3, 20, 8, 12, 3)
   images, labels = one_pass(data.make_input_fn(

@@ -73,7 +73,7 @@ def test_cluster_comes_from_tf_config(monkeypatch):
 
 
 # Which knobs a strategy takes is the compatibility table's, checked by
-# the trainer first (tests/overlap_core/test_compat.py); building refuses
+# the trainer first (tests/overlap_core/runtime/test_compat.py); building refuses
 # what only the strategy itself can tell.
 @pytest.mark.parametrize("overrides, flag", [
     ({"strategy": "horovod"}, "strategy"),

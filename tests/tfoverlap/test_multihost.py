@@ -15,7 +15,7 @@ import pytest
 
 from overlap_core.runtime import cluster, processes, run_record
 from tests import hosts as hosts_lib
-from tests.helpers import run_module, subprocess_env
+from tests.helpers import subprocess_env
 
 TINY_RUN = ["--model=mlp", "--dataset=synthetic", "--image_size=8",
             "--batch_size=16", "--prefetch=2", "--log_every_steps=5",
@@ -51,23 +51,12 @@ def _start_tf_config_hosts(model_dirs, log_dir, *extra, **env):
       log_dir=log_dir) for index in range(2)]
 
 
-def _run_hosts(hosts):
-  try:
-    return hosts_lib.wait_all(hosts, JOB_TIMEOUT_S)
-  finally:
-    hosts_lib.stop_all(hosts)
-
-
 @pytest.fixture(scope="module")
 def single_host_digest(tmp_path_factory):
   """The weights of the same job launched on one host."""
-  model_dir = tmp_path_factory.mktemp("single_host")
-  result = run_module("tfoverlap.launch", "--num_workers=2", "--", *TINY_RUN,
-                      *CHECKPOINTED, "--train_steps=10",
-                      f"--model_dir={model_dir}",
-                      timeout=JOB_TIMEOUT_S)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return run_record.load_run_record(str(model_dir))["weights_digest"]
+  return hosts_lib.launched_digest(
+      "tfoverlap.launch", [*TINY_RUN, *CHECKPOINTED, "--train_steps=10"],
+      tmp_path_factory.mktemp("single_host"), JOB_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +66,7 @@ def two_hosts_dir(tmp_path_factory):
   logs = tmp_path_factory.mktemp("two_hosts_logs")
   hosts = _start_tf_config_hosts([model_dir, model_dir], logs,
                                  *CHECKPOINTED, "--train_steps=10")
-  codes = _run_hosts(hosts)
+  codes = hosts_lib.run_all(hosts, JOB_TIMEOUT_S)
   assert codes == [0, 0], hosts[0].stderr()[-3000:] + hosts[1].stderr()[-3000:]
   return model_dir
 
@@ -103,7 +92,7 @@ def test_a_worker_that_cannot_see_the_checkpoint_does_not_start_over(
   local = tmp_path / "host1_local"  # host 1 was given a directory of its own
   hosts = _start_tf_config_hosts([shared, local], tmp_path,
                                  *CHECKPOINTED, "--train_steps=15")
-  codes = _run_hosts(hosts)
+  codes = hosts_lib.run_all(hosts, JOB_TIMEOUT_S)
   assert codes == [1, 1]
   errors = hosts_lib.error_lines(hosts[1].stderr(), "tfoverlap.train")
   assert errors == [
@@ -146,7 +135,7 @@ def test_two_srun_tasks_train_to_the_single_host_weights(
           SLURM_TASKS_PER_NODE="2", SLURM_NODEID="0",
           SLURM_LOCALID=str(procid)),
       log_dir=tmp_path) for procid in range(2)]
-  codes = _run_hosts(hosts)
+  codes = hosts_lib.run_all(hosts, JOB_TIMEOUT_S)
   assert codes == [0, 0], hosts[0].stderr()[-3000:]
   chief = run_record.load_run_record(str(tmp_path / "run"))
   assert chief["worker"] == {"index": 0, "num_workers": 2}

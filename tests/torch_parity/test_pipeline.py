@@ -212,7 +212,7 @@ def test_the_trainer_refuses_a_pipelined_checkpoint_in_one_line(tmp_path):
 
 
 if __name__ == "__main__":
-  # The pipeline's ranks: python test_torch_pipeline.py NAME SCHEDULE PORT DIR
+  # The pipeline's ranks: python test_pipeline.py NAME SCHEDULE PORT DIR
   torch.multiprocessing.spawn(_worker, args=(sys.argv[1], sys.argv[2],
                                              int(sys.argv[3]), sys.argv[4]),
                               nprocs=2)

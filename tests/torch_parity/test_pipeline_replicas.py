@@ -135,6 +135,6 @@ def test_two_stages_by_two_replicas_train_like_the_full_batch(tmp_path):
 
 
 if __name__ == "__main__":
-  # The ranks: python test_torch_pipeline_replicas.py PORT DIR
+  # The ranks: python test_pipeline_replicas.py PORT DIR
   torch.multiprocessing.spawn(_worker, args=(int(sys.argv[1]), sys.argv[2]),
                               nprocs=STAGES * REPLICAS)

@@ -26,7 +26,8 @@ import flags as tfo_flags
 from tfoverlap import data as tf_data
 from overlap_core.runtime import datasets
 from overlap_core.runtime import zoo
-from overlap_core.runtime.config import AUTOTUNE, ConfigError, DataConfig
+from overlap_core.runtime.config import AUTOTUNE, ConfigError
+from tests.fixtures import TFDS_NAME, data_config, image_counter
 from tests.helpers import PROGRESS_WAIT_S, wait_until
 from torch_parity import data, distribute, trainer
 from torch_parity.data import device, pipeline, preprocess_cost, sources
@@ -34,16 +35,7 @@ from torch_parity.data import device, pipeline, preprocess_cost, sources
 DIGITS_TRAIN, DIGITS_EVAL = 1437, 360
 
 
-def make_cfg(**overrides) -> DataConfig:
-  # Inline loading unless a test asks for workers: forking workers is the
-  # slow part of a DataLoader, and most tests are about values, not overlap.
-  base = DataConfig(dataset="digits", data_dir=None, tfds_name="mnist",
-                    image_size=8, num_classes=10, batch_size=16,
-                    synthetic_on_device=False, prefetch=0,
-                    prefetch_to_device=False, map_parallelism=1,
-                    cache=False, shuffle_buffer=256, preprocess_cost_ms=0.0,
-                    data_service="")
-  return dataclasses.replace(base, **overrides)
+make_cfg = data_config
 
 
 def loader(cfg, split="train", task="classification", seed=0, **kwargs):
@@ -77,14 +69,6 @@ def tf_reference(cfg, split, task="classification", upscale=1, count=None):
 
 def nhwc(images):
   return np.transpose(images, (0, 2, 3, 1))
-
-
-def image_counter(images, levels=None):
-  """Multiset of images, comparable across orders (and, with `levels`,
-  across float renderings of the same k/levels values)."""
-  if levels:
-    images = np.round(np.asarray(images) * levels).astype(np.int64)
-  return collections.Counter(image.tobytes() for image in images)
 
 
 def digits_reference(split):
@@ -165,32 +149,9 @@ def test_synthetic_pool_is_fixed_and_the_seed_only_orders_it():
   assert not image_counter(eval_images) & image_counter(images)
 
 
-@pytest.fixture(scope="module")
-def tfds_dir(tmp_path_factory):
-  """A real TFDS dataset (train 20, test 8 grayscale 12x12) written here."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  root = tmp_path_factory.mktemp("tfds")
-  rng = np.random.default_rng(11)
-  splits = {}
-  for split, count in (("train", 20), ("test", 8)):
-    splits[split] = (rng.integers(0, 256, (count, 12, 12, 1), dtype=np.uint8),
-                     rng.integers(0, 3, count))
-  features = tfds.features.FeaturesDict({
-      "image": tfds.features.Image(shape=(12, 12, 1)),
-      "label": tfds.features.ClassLabel(num_classes=3)})
-  tfds.dataset_builders.store_as_tfds_dataset(
-      name="tiny_gray_torch", version="1.0.0", features=features,
-      split_datasets={
-          split: tf.data.Dataset.from_tensor_slices(
-              {"image": images, "label": labels})
-          for split, (images, labels) in splits.items()},
-      data_dir=str(root))
-  return str(root), splits
-
-
 def test_tfds_reads_a_locally_prepared_dataset_as_tensorflow_does(tfds_dir):
   root, written = tfds_dir
-  cfg = make_cfg(dataset="tfds", data_dir=root, tfds_name="tiny_gray_torch",
+  cfg = make_cfg(dataset="tfds", data_dir=root, tfds_name=TFDS_NAME,
                  image_size=12, batch_size=4, shuffle_buffer=0)
   assert data.describe(cfg) == data.DatasetInfo(3, 20, 8, 12, 3)
   images, labels = one_pass(loader(cfg, split="eval"))

@@ -1,7 +1,7 @@
 """torch_parity.offload on a CUDA device: pinned, non-blocking copies, the
 side-stream prefetch and the copy times from CUDA events.
 
-tests/torch_parity/test_torch_offload.py runs the same hooks with the CPU
+tests/torch_parity/test_offload.py runs the same hooks with the CPU
 as the device; these are the paths only a GPU takes. No TensorFlow is
 imported: the GPU campaign's cuda_tests part runs this module on a host
 without it.

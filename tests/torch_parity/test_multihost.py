@@ -14,7 +14,7 @@ import pytest
 
 from overlap_core.runtime import processes, run_record
 from tests import hosts as hosts_lib
-from tests.helpers import run_module, subprocess_env, wait_until
+from tests.helpers import subprocess_env, wait_until
 
 TINY_RUN = ["--model=small_cnn", "--dataset=synthetic", "--image_size=8",
             "--batch_size=16", "--prefetch=2", "--log_every_steps=5",
@@ -51,21 +51,12 @@ def _start_two_nodes(model_dirs, log_dir, *extra, **env):
       log_dir=log_dir) for node in range(2)]
 
 
-def _run_nodes(nodes):
-  try:
-    return hosts_lib.wait_all(nodes, JOB_TIMEOUT_S)
-  finally:
-    hosts_lib.stop_all(nodes)
-
-
 @pytest.fixture(scope="module")
 def single_host_digest(tmp_path_factory):
-  model_dir = tmp_path_factory.mktemp("single_host")
-  result = run_module("torch_parity.launch", "--num_workers=2", "--",
-                      *TINY_RUN, *CHECKPOINTED, "--train_steps=10",
-                      f"--model_dir={model_dir}", timeout=JOB_TIMEOUT_S)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return run_record.load_run_record(str(model_dir))["weights_digest"]
+  """The weights of the same job launched on one host."""
+  return hosts_lib.launched_digest(
+      "torch_parity.launch", [*TINY_RUN, *CHECKPOINTED, "--train_steps=10"],
+      tmp_path_factory.mktemp("single_host"), JOB_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +65,7 @@ def two_nodes_dir(tmp_path_factory):
   logs = tmp_path_factory.mktemp("two_nodes_logs")
   nodes = _start_two_nodes([model_dir, model_dir], logs, *CHECKPOINTED,
                            "--train_steps=10")
-  codes = _run_nodes(nodes)
+  codes = hosts_lib.run_all(nodes, JOB_TIMEOUT_S)
   assert codes == [0, 0], nodes[0].stderr()[-3000:] + nodes[1].stderr()[-3000:]
   return model_dir
 
@@ -99,7 +90,7 @@ def test_a_rank_that_cannot_see_the_checkpoint_does_not_start_over(
   local = tmp_path / "node1_local"
   nodes = _start_two_nodes([shared, local], tmp_path, *CHECKPOINTED,
                            "--train_steps=15")
-  codes = _run_nodes(nodes)
+  codes = hosts_lib.run_all(nodes, JOB_TIMEOUT_S)
   assert codes[0] != 0 and codes[1] != 0
   errors = hosts_lib.error_lines(nodes[1].stderr(), "torch_parity.train")
   assert len(errors) == 1, nodes[1].stderr()[-3000:]

@@ -1,5 +1,5 @@
 """TensorFlow planning side: Keras layer graphs of the zoo, the profiler, the
-plan command end to end (the mirror of test_torch_planning.py)."""
+plan command end to end (the mirror of tests/torch_parity/test_planning.py)."""
 
 import json
 import os

@@ -1,8 +1,8 @@
 """Bounded waits and failure records: the framework-neutral part.
 
 The end-to-end tests (a worker stuck on purpose until its peers time out)
-are in tests/tfoverlap/test_launch.py and tests/torch_parity/
-test_torch_launch.py; here, each framework's own timeout message, taken
+are in tests/tfoverlap/test_launch.py and
+tests/torch_parity/test_launch.py; here, each framework's own timeout message, taken
 from those runs, is recognized, and nothing else is.
 """
 
