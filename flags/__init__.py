@@ -26,10 +26,10 @@ from absl import flags as absl_flags
 
 from flags import (burst, checkpoint, data, distribute, model, offload,
                    pipeline, run)
+from overlap_core.planning.dims import ParallelDims
 from overlap_core.runtime import zoo
-from overlap_core.runtime.config import (AUTOTUNE, CHECKPOINT_AUTO,
-                                         CheckpointConfig, ConfigError,
-                                         DataConfig, DistributeConfig,
+from overlap_core.runtime.config import (AUTOTUNE, CheckpointConfig,
+                                         ConfigError, DataConfig, DistributeConfig,
                                          ModelConfig, OffloadConfig,
                                          PipelineConfig, RunConfig,
                                          TrainConfig, USAGE_ERROR_EXIT_CODE,
@@ -192,24 +192,18 @@ def _check_data(values) -> None:
                       f"{spec.upscale} (its upscale factor)")
 
 
-def _data_parallel_replicas(values) -> int:
-  """The replicas the global batch is split over.
-
-  The world (--num_devices mirrored devices, or --num_workers processes)
-  is pipeline stages x data-parallel replicas, and every stage of one
-  replica reads the same batch: a TensorFlow pipeline's S devices are one
-  replica, and a PyTorch world of 4 ranks in 2 stages is 2. A world the
-  stages do not divide counts as one replica here; each trainer refuses it
-  with its own reason.
-  """
-  world = values.num_workers
-  if values.strategy == "mirrored":
-    world *= values.num_devices
-  return max(1, world // values.pipeline_stages)
+def _parallel_dims(values) -> ParallelDims:
+  """The run's degrees as the shared flags reckon them, before a trainer is
+  known: a world the stages do not divide counts as one pipeline, and each
+  trainer refuses it with its own reason (`ParallelDims.for_run`)."""
+  return ParallelDims.for_run(
+      strategy=values.strategy, num_workers=values.num_workers,
+      num_devices=values.num_devices, pipeline_stages=values.pipeline_stages,
+      framework=None)
 
 
 def _check_distribute(values) -> None:
-  replicas = _data_parallel_replicas(values)
+  replicas = _parallel_dims(values).data_parallel
   if values.batch_size % replicas:
     raise ConfigError("batch_size", values.batch_size,
                       f"must divide evenly over {replicas} replicas")
@@ -231,7 +225,7 @@ def _parse_pipeline(values) -> PipelineConfig:
                           "--pipeline_stages of 2 or more")
   # Each pipeline splits its replica's batch, which for a TensorFlow
   # pipeline (its stages are the devices) is the whole batch.
-  per_pipeline = values.batch_size // _data_parallel_replicas(values)
+  per_pipeline = _parallel_dims(values).replica_batch_size(values.batch_size)
   if per_pipeline % micro:
     raise ConfigError("pipeline_microbatches", micro,
                       f"must divide each pipeline's batch of {per_pipeline}")
@@ -317,7 +311,7 @@ def to_config(values=FLAGS) -> TrainConfig:
                                  minimum=1)
   _check_data(values)
   _check_distribute(values)
-  config = TrainConfig(
+  return TrainConfig(
       run=RunConfig(
           model_dir=values.model_dir,
           train_steps=values.train_steps,
@@ -372,25 +366,6 @@ def to_config(values=FLAGS) -> TrainConfig:
       pipeline=_parse_pipeline(values),
       offload=_build_offload(values),
       burst=burst.build_config(values))
-  _check_steps_per_execution(config)
-  return config
-
-
-def _check_steps_per_execution(config: TrainConfig) -> None:
-  """K steps per traced call: nothing may need to happen between them."""
-  k = config.run.steps_per_execution
-  if k == 1:
-    return
-  every = config.checkpoint.every_steps
-  if (config.checkpoint.mode != "none" and every != CHECKPOINT_AUTO
-      and every % k):
-    raise ConfigError("checkpoint_every", every,
-                      f"must be a multiple of --steps_per_execution={k}: "
-                      "checkpoints are taken between traced calls")
-  if config.run.loop == "fit" and config.run.train_steps % k:
-    raise ConfigError("train_steps", config.run.train_steps,
-                      "model.fit runs whole executions; must be a multiple "
-                      f"of --steps_per_execution={k}")
 
 
 def flag_names(flag_values=FLAGS) -> dict:

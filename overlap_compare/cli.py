@@ -44,7 +44,7 @@ from overlap_compare import launcher as launcher_lib
 from overlap_compare import matrix as matrix_lib
 from overlap_compare import autotune
 from overlap_compare import metrics as overlap_metrics
-from overlap_core.runtime import run_record
+from overlap_core.runtime import compat, compat_table, run_record
 from overlap_compare import trainer_runs
 from overlap_core.runtime.config import ConfigError
 from overlap_compare import plan as compare_plan
@@ -154,12 +154,29 @@ def check_trainer_args(args: Sequence[str]) -> absl_flags.FlagValues:
   """Parses and validates one run's trainer flags, as the trainer will.
 
   Raises:
-    ConfigError or absl_flags.Error: what the shared flag surface refuses.
+    ConfigError or absl_flags.Error: what the shared flag surface refuses,
+      or a combination every framework refuses (`check_shared_combinations`).
   """
   values = _fresh_trainer_flags()
   values(["trainer", *args])
-  tfo_flags.to_config(values)
+  check_shared_combinations(tfo_flags.to_config(values))
   return values
+
+
+def check_shared_combinations(config) -> None:
+  """Refuses a run whose features every framework refuses together, by one
+  shared row of the compatibility table (as the flags once did): no
+  trainer could run it, so the matrix is wrong, not one framework. What
+  only one framework refuses is its to refuse when the cell runs, and the
+  report says "not supported by" it.
+
+  Raises:
+    ConfigError: the row's one line (`compat.refusal`).
+  """
+  shared = [row for row in compat.matching_rows(config, compat_table.TF)
+            if set(row.frameworks) == set(compat_table.BOTH)]
+  if shared:
+    raise compat.refusal(shared[0], config)
 
 
 def validate_plan(plan: Plan, trainers: Dict[str, trainer_runs.Trainer]

@@ -71,3 +71,18 @@ def wait_until(predicate, what: str, timeout_s: float = PROGRESS_WAIT_S):
       raise AssertionError(f"{what}: not within {timeout_s} s")
     time.sleep(0.01)
   return value
+
+
+_CHECKPOINT_FIELDS = ("every_steps", "keep", "max_overhead_frac", "on_error",
+                      "if_busy")
+
+
+def checkpoint_config(kwargs: dict):
+  """The CheckpointConfig a test's engine takes, built from the checkpoint
+  settings among `kwargs` (taken out of it): async, every auto, 3 kept,
+  unless told."""
+  # pylint: disable=g-import-not-at-top
+  from overlap_core.runtime.config import CHECKPOINT_AUTO, CheckpointConfig
+  fields = {"mode": "async", "every_steps": CHECKPOINT_AUTO, "keep": 3}
+  fields.update({k: kwargs.pop(k) for k in _CHECKPOINT_FIELDS if k in kwargs})
+  return CheckpointConfig(**fields)

@@ -17,6 +17,8 @@ import tensorflow as tf
 
 from tfoverlap import steps
 from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.runtime.config import (CHECKPOINT_AUTO, ConfigError,
+                                         TrainConfig)
 from overlap_core.runtime.loop_context import (LoopContext, ScalarWindows,
                                                after_execution, after_step,
                                                compute_phase)
@@ -44,6 +46,32 @@ def run_custom_loop(ctx: LoopContext, *, train_step, iterator,
       loss = float(train_step(batch))
     after_step(ctx, step, loss)
   return loss
+
+
+def check_steps_per_execution(config: TrainConfig) -> None:
+  """K steps per traced call: nothing may need to happen between them.
+
+  The custom loop cuts its calls so that they end at multiples of K
+  (`execution_sizes`), so a fixed checkpoint cadence must be one; Keras'
+  fit runs whole executions only. (PyTorch has no multi-step call at all:
+  the compatibility table refuses K > 1 there.)
+
+  Raises:
+    ConfigError: naming --checkpoint_every or --train_steps.
+  """
+  k = config.run.steps_per_execution
+  if k == 1:
+    return
+  every = config.checkpoint.every_steps
+  if (config.checkpoint.mode != "none" and every != CHECKPOINT_AUTO
+      and every % k):
+    raise ConfigError("checkpoint_every", every,
+                      f"must be a multiple of --steps_per_execution={k}: "
+                      "checkpoints are taken between traced calls")
+  if config.run.loop == "fit" and config.run.train_steps % k:
+    raise ConfigError("train_steps", config.run.train_steps,
+                      "model.fit runs whole executions; must be a multiple "
+                      f"of --steps_per_execution={k}")
 
 
 def execution_sizes(first_step: int, last_step: int, steps_per_execution: int):

@@ -155,8 +155,11 @@ def apply_pipeline(build_model: Callable[[], keras.Model],
                                       num_microbatches=cfg.microbatches)
   if spec.profile is not None:
     runtime.predicted_by = plan
-  dims = ParallelDims(world_size=cfg.stages, data_parallel=1,
-                      pipeline=cfg.stages, world_flag="num_devices")
+  # Its stages are this process's devices, one replica.
+  dims = ParallelDims.for_run(strategy="mirrored", num_workers=1,
+                              num_devices=len(spec.devices),
+                              pipeline_stages=cfg.stages,
+                              framework="tensorflow")
   return Parallelized(model, model, optimizer, dims, None, runtime)
 
 

@@ -39,9 +39,9 @@ from overlap_core.planning import command as command_lib
 from overlap_core.planning import conditions as conditions_lib
 from overlap_core.planning import partition as partition_lib
 from overlap_core.planning import split as split_lib
+from overlap_core.planning.dims import ParallelDims
 from overlap_core.planning.profile import Profile
 from overlap_core.runtime import pipeline_stats
-from overlap_core.runtime.compat_table import DATA_PARALLEL_REFUSAL
 from overlap_core.runtime.config import (ConfigError, PipelineConfig,
                                          TrainConfig)
 from tfoverlap import pipeline_timing
@@ -85,7 +85,8 @@ def check_profile(config: TrainConfig, *,
 
 def check_pipeline_supported(config: TrainConfig, *,
                              num_gpus: Optional[int] = None) -> None:
-  """The pipeline's counts: one device per stage, and a usable profile.
+  """The pipeline's counts: one device per stage (`ParallelDims.for_run`),
+  and a usable profile.
 
   Which features combine with stages is the compatibility table's
   (`overlap_core.runtime.compat_table`, checked first by the trainer).
@@ -97,11 +98,7 @@ def check_pipeline_supported(config: TrainConfig, *,
   if cfg.stages == 1:
     check_profile(config)
     return
-  dist = config.distribute
-  if dist.num_devices != cfg.stages:
-    raise ConfigError("num_devices", dist.num_devices,
-                      DATA_PARALLEL_REFUSAL + "; allowed: one device per "
-                      f"stage, --num_devices={cfg.stages}")
+  ParallelDims.from_config(config, "tensorflow")
   check_profile(config, num_gpus=num_gpus)
 
 

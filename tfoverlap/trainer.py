@@ -49,6 +49,7 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
   compat.check_combinations(config, FRAMEWORK,
                             host=compat.Host(num_gpus=num_gpus))
   pipeline.check_pipeline_supported(config, num_gpus=num_gpus)
+  loops.check_steps_per_execution(config)
   check_burst_supported(
       config.burst, host_devices=num_gpus or os.cpu_count(),
       device_kind="GPUs" if num_gpus else "CPU cores")

@@ -379,11 +379,13 @@ class HorovodStrategy(Strategy):
     hvd.shutdown()
 
 
-def _dims(cfg: DistributeConfig, world_size: int) -> ParallelDims:
-  """Every process a data-parallel replica of the whole model (no pipeline
-  stages yet), named after the flag that sets the world."""
-  world_flag = "num_devices" if cfg.strategy == "mirrored" else "num_workers"
-  return ParallelDims.data_parallel_only(world_size, world_flag=world_flag)
+def _dims(cfg: DistributeConfig) -> ParallelDims:
+  """Every process a data-parallel replica of the whole model, until the
+  trainer puts the world on its pipeline mesh (`apply_pipeline_dims`).
+  `_check_world` has made the launched world the one the flags describe."""
+  return ParallelDims.for_run(strategy=cfg.strategy,
+                              num_workers=cfg.num_workers,
+                              num_devices=cfg.num_devices, framework="pytorch")
 
 
 def _launched_world(cfg: DistributeConfig):
@@ -436,7 +438,7 @@ def _build_ddp(cfg: DistributeConfig) -> Strategy:
     # A world of one needs no rendezvous: an in-process store will do.
     rendezvous.init_process_group(backend, store=dist.HashStore(), rank=0,
                                   world_size=1, timeout=timeout)
-  return DDPStrategy(cfg, backend=backend, dims=_dims(cfg, world_size),
+  return DDPStrategy(cfg, backend=backend, dims=_dims(cfg),
                      device=device, rank=rank, local_rank=local_rank)
 
 
@@ -461,7 +463,7 @@ def _build_horovod(cfg: DistributeConfig) -> Strategy:
   device = _device_for(hvd.local_rank())
   if device.type == "cuda":
     torch.cuda.set_device(device)
-  return HorovodStrategy(cfg, dims=_dims(cfg, hvd.size()), device=device,
+  return HorovodStrategy(cfg, dims=_dims(cfg), device=device,
                          rank=hvd.rank(), local_rank=hvd.local_rank())
 
 
@@ -472,13 +474,11 @@ def apply_pipeline_dims(strategy: Strategy, num_stages: int) -> Strategy:
   Raises:
     ConfigError: the world does not divide into that many stages.
   """
-  world = strategy.dims.world_size
-  if world % num_stages:
-    raise ConfigError(strategy.dims.world_flag, world,
-                      f"--pipeline_stages={num_stages} must divide the world "
-                      f"of {world} processes")
-  strategy.dims = ParallelDims(world, world // num_stages, num_stages,
-                               world_flag=strategy.dims.world_flag)
+  cfg = strategy.cfg
+  strategy.dims = ParallelDims.for_run(
+      strategy=cfg.strategy, num_workers=cfg.num_workers,
+      num_devices=cfg.num_devices, pipeline_stages=num_stages,
+      framework="pytorch")
   return strategy
 
 
@@ -510,7 +510,7 @@ def build_strategy(cfg: DistributeConfig) -> Strategy:
     return _build_horovod(cfg)
   if cfg.strategy in ("default", "one_device"):
     _check_world(cfg, _env_int("WORLD_SIZE", 1), 1)
-    return Strategy(cfg, dims=_dims(cfg, 1), device=_device_for(0))
+    return Strategy(cfg, dims=_dims(cfg), device=_device_for(0))
   raise ConfigError("strategy", cfg.strategy,
                     "allowed: default, one_device, mirrored, multi_worker, "
                     "horovod")

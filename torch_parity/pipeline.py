@@ -69,7 +69,7 @@ def stage_conditions(config: TrainConfig, *, num_gpus: Optional[int] = None
   return conditions_lib.StageConditions(
       framework=PROFILE_FRAMEWORK, device="cuda" if num_gpus else "cpu",
       threads=command_lib.profiling_threads(
-          config, command_lib.world_size(config)),
+          config, ParallelDims.from_config(config, None).world_size),
       dtype=conditions_lib.compute_dtype(config.model.precision),
       microbatch_size=command_lib.plan_microbatch_size(config))
 

@@ -41,6 +41,7 @@ def main(argv):
   import torch
   from overlap_core.planning import command
   from overlap_core.planning import split
+  from overlap_core.planning.dims import ParallelDims
   from overlap_core.runtime.config import ConfigError
   from torch_parity.models import build_model
   from torch_parity.planning.graph import build_layer_graph
@@ -78,7 +79,7 @@ def main(argv):
     # One process per stage (and replica): each gets that share of the
     # host's cores, and its layers are timed on that share.
     torch.set_num_threads(command.profiling_threads(
-        config, command.world_size(config)))
+        config, ParallelDims.from_config(config, None).world_size))
     profile = profile_layers(model, make_input, device=device,
                              batch_sizes=sizes, warmup=values.plan_warmup,
                              repeats=values.plan_repeats,

@@ -18,11 +18,11 @@ import torch
 from overlap_core.checkpoint import engine as checkpoint_engine
 from overlap_core.planning import burst_report, command, conditions
 from overlap_core.planning import split as split_lib
+from overlap_core.planning.dims import ParallelDims
 from overlap_core.runtime import background, compat, ledger as ledger_lib
 from overlap_core.runtime import (datasets, outputs, pipeline_stats,
                                   run_record, zoo)
-from overlap_core.runtime.config import (ConfigError, TrainConfig,
-                                         check_burst_supported)
+from overlap_core.runtime.config import TrainConfig, check_burst_supported
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
 from torch_parity import (background_cuda, checkpoint, data, distribute,
@@ -63,17 +63,10 @@ def check_pipeline_supported(config: TrainConfig, *,
   """The pipeline's counts (stages x replicas must be the world) and its
   profile; which features combine with stages is the compatibility
   table's (`overlap_core.runtime.compat_table`, checked first)."""
-  cfg = config.pipeline
-  if cfg.stages == 1:
+  if config.pipeline.stages == 1:
     pipeline.check_profile(config)
     return
-  world = (config.distribute.num_devices
-           if config.distribute.strategy == "mirrored"
-           else config.distribute.num_workers)
-  if world % cfg.stages:
-    raise ConfigError("pipeline_stages", cfg.stages,
-                      f"stages x replicas must be the world of {world} "
-                      f"processes; allowed: a divisor of {world}")
+  ParallelDims.from_config(config, FRAMEWORK)  # the stages divide the world
   pipeline.check_profile(config, num_gpus=num_gpus)
 
 

@@ -144,10 +144,7 @@ class Checkpointer:
       self._held = dir_lock.acquire(self.directory, log=self._log)
     try:
       self.engine = checkpoint_engine.CheckpointEngine(
-          write_dir or self.directory, mode=cfg.mode,
-          every_steps=cfg.every_steps,
-          max_overhead_frac=cfg.max_overhead_frac, keep=cfg.keep,
-          on_error=cfg.on_error, if_busy=cfg.if_busy,
+          write_dir or self.directory, cfg,
           is_writer=self.is_chief if is_writer is None else is_writer,
           agree=self._agree, log=self._log, **how)
     except BaseException:

@@ -26,8 +26,9 @@ checkpoint of the final step nor writes one behind the restored step: a
 finished run that is run again stays finished.
 
 Usage:
-  engine = CheckpointEngine(directory, mode="async", every_steps=AUTO,
-                            take_snapshot=snap, to_host=copy_to_host)
+  cfg = CheckpointConfig(mode="async", every_steps=AUTO, keep=3)
+  engine = CheckpointEngine(directory, cfg, take_snapshot=snap,
+                            to_host=copy_to_host)
   for step in ...:
     train_step()
     if engine.is_due(step):
@@ -45,10 +46,8 @@ from overlap_core.checkpoint import cadence
 from overlap_core.checkpoint import files as checkpoint_files
 from overlap_core.checkpoint import persist
 from overlap_core.checkpoint.files import CheckpointError
-from overlap_core.runtime.config import DataConfig
+from overlap_core.runtime.config import CheckpointConfig, DataConfig
 
-ON_ERROR_POLICIES = ("raise", "warn")
-IF_BUSY_POLICIES = ("wait", "skip")
 CHECKPOINT_DIR_NAME = "checkpoints"
 DEFAULT_PERSIST_TIMEOUT_S = 600.0
 _ERRORS_KEPT = 5
@@ -162,15 +161,15 @@ class CheckpointEngine:
 
   Args:
     directory: where this process writes checkpoints.
-    mode: a name for the record ("sync", "tf_async", "async").
-    every_steps: a fixed interval, or `cadence.AUTO`.
-    max_overhead_frac: the bound of the adaptive cadence.
-    keep: committed checkpoints kept (two-phase mode prunes; a baseline's
-      own manager prunes in the other modes).
-    on_error: "raise" a CheckpointError on the training thread, or "warn"
-      and go on training.
-    if_busy: when the previous persist is still running at the next due
-      step: "wait" for it (the wait is stall) or "skip" this checkpoint.
+    cfg: the checkpoint settings, validated when `CheckpointConfig` was
+      built (the one place they are): its mode names the record ("sync",
+      "tf_async", "async"); every_steps is a fixed interval or
+      `cadence.AUTO`, under the adaptive bound max_overhead_frac; keep
+      committed checkpoints are kept (two-phase mode prunes; a baseline's
+      own manager prunes in the other modes); on_error "raise"s a
+      CheckpointError on the training thread, or "warn"s and goes on
+      training; if_busy says what a due step does while the previous
+      persist still runs: "wait" for it (the wait is stall) or "skip".
     is_writer: False on the workers that only take part in the cadence.
     take_snapshot: step -> Snapshot, for two-phase checkpoints.
     to_host: value -> NumPy array, run on the persist thread.
@@ -186,15 +185,12 @@ class CheckpointEngine:
     resolve_hint: what the refusal tells the user to do.
 
   Raises:
-    ValueError: a bad argument.
+    ValueError: both or neither of take_snapshot and save_inline.
     CheckpointDirectoryInUseError: `restoring=False`, no `overwrite`, and
       checkpoints in `directory`.
   """
 
-  def __init__(self, directory: str, *, mode: str,
-               every_steps: int = cadence.AUTO,
-               max_overhead_frac: float = 0.03, keep: int = 3,
-               on_error: str = "raise", if_busy: str = "wait",
+  def __init__(self, directory: str, cfg: CheckpointConfig, *,
                is_writer: bool = True,
                take_snapshot: Optional[Callable[[int], Snapshot]] = None,
                to_host: Callable[[Any], Any] = lambda value: value,
@@ -204,22 +200,14 @@ class CheckpointEngine:
                persist_timeout_s: float = DEFAULT_PERSIST_TIMEOUT_S,
                restoring: bool = True, overwrite: bool = False,
                resolve_hint: str = checkpoint_files.DEFAULT_RESOLVE_HINT):
-    if on_error not in ON_ERROR_POLICIES:
-      raise ValueError(f"on_error={on_error!r}: allowed: "
-                       f"{', '.join(ON_ERROR_POLICIES)}")
-    if if_busy not in IF_BUSY_POLICIES:
-      raise ValueError(f"if_busy={if_busy!r}: allowed: "
-                       f"{', '.join(IF_BUSY_POLICIES)}")
-    if keep < 1:
-      raise ValueError(f"keep={keep}: allowed: an integer >= 1")
     if (take_snapshot is None) == (save_inline is None):
       raise ValueError("give exactly one of take_snapshot (two-phase) and "
                        "save_inline (one blocking call)")
     self.directory = directory
-    self.mode = mode
-    self.keep = keep
-    self.on_error = on_error
-    self.if_busy = if_busy
+    self.mode = cfg.mode
+    self.keep = cfg.keep
+    self.on_error = cfg.on_error
+    self.if_busy = cfg.if_busy
     self.is_writer = is_writer
     self._take_snapshot = take_snapshot
     self._to_host = to_host
@@ -227,7 +215,7 @@ class CheckpointEngine:
     self._agree = agree
     self._log = log
     self.policy = cadence.CadencePolicy(
-        every_steps, max_overhead_frac=max_overhead_frac,
+        cfg.every_steps, max_overhead_frac=cfg.max_overhead_frac,
         first_step=first_step, log=log)
     self._persists = persist.PersistThread(timeout_s=persist_timeout_s)
     self._last_mark: Optional[float] = None

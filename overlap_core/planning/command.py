@@ -16,6 +16,7 @@ here, so both commands print the same plan for the same flags.
 from typing import List, Optional, Sequence
 
 from overlap_core.planning import partition, report
+from overlap_core.planning.dims import ParallelDims
 from overlap_core.planning.graph import LayerGraph
 from overlap_core.planning.profile import Profile
 from overlap_core.runtime import compat, processes
@@ -32,22 +33,6 @@ def check_plannable(config: TrainConfig, framework: str, *,
     ConfigError: one line, e.g. --pipeline_schedule=1f1b for TensorFlow.
   """
   compat.check_planned(config, framework, burst=burst)
-
-
-def world_size(config: TrainConfig) -> int:
-  """--num_workers, times --num_devices under mirrored."""
-  dist = config.distribute
-  return dist.num_workers * (dist.num_devices
-                             if dist.strategy == "mirrored" else 1)
-
-
-def data_parallel_replicas(config: TrainConfig) -> int:
-  """Data-parallel copies of the pipeline: the world over the stages.
-
-  A pipelined world is stages x replicas, so each replica's pipeline sees
-  its share of the global batch.
-  """
-  return max(1, world_size(config) // config.pipeline.stages)
 
 
 def profiling_threads(config: TrainConfig, num_processes: int) -> int:
@@ -88,9 +73,10 @@ def replan_command(program: str, config: TrainConfig) -> str:
 
 
 def plan_microbatch_size(config: TrainConfig) -> int:
-  """The micro-batch one stage runs: the replica's batch over M."""
-  per_replica = config.data.batch_size // data_parallel_replicas(config)
-  return max(1, per_replica // config.pipeline.microbatches)
+  """The micro-batch one stage runs: the replica's batch over M
+  (`ParallelDims.microbatch_size`, as the flags reckon the replicas)."""
+  return ParallelDims.from_config(config, None).microbatch_size(
+      config.data.batch_size, config.pipeline.microbatches)
 
 
 def profile_batch_sizes(requested: Sequence[str], microbatch: int) -> List[int]:

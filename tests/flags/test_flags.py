@@ -93,11 +93,6 @@ def test_prefetch_depth_parses(text, expected):
     ({"checkpoint_every": "often"}, "checkpoint_every"),
     ({"checkpoint_keep": "0"}, "checkpoint_keep"),
     ({"checkpoint_max_overhead": "1.5"}, "checkpoint_max_overhead"),
-    # Checkpoints fall between traced calls, and model.fit runs whole ones.
-    ({"steps_per_execution": "4", "checkpoint": "async",
-      "checkpoint_every": "6"}, "checkpoint_every"),
-    ({"steps_per_execution": "4", "loop": "fit", "train_steps": "10"},
-     "train_steps"),
 ])
 def test_bad_values_name_the_flag(overrides, flag):
   with flagsaver.as_parsed(**overrides):
@@ -105,13 +100,6 @@ def test_bad_values_name_the_flag(overrides, flag):
       tfo_flags.to_config()
   assert error.value.flag == flag
   assert f"--{flag}=" in str(error.value)
-
-
-@pytest.mark.parametrize("every", ["8", "auto"])
-def test_steps_per_execution_takes_a_cadence_that_lands_between_calls(every):
-  with flagsaver.as_parsed(steps_per_execution="4", checkpoint="async",
-                           checkpoint_every=every):
-    assert tfo_flags.to_config().run.steps_per_execution == 4
 
 
 @pytest.mark.parametrize("text, targets", [

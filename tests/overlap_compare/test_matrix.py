@@ -197,3 +197,24 @@ def test_a_pipelined_runs_compute_is_its_three_phases():
   stats = metrics.summarize_records([record])
   assert stats.phases_s["compute"] == pytest.approx(0.008)
   assert sum(stats.phases_s.values()) == pytest.approx(stats.step_s)
+
+
+def test_a_cell_no_framework_combines_is_refused_before_any_run():
+  from overlap_compare import cli  # pylint: disable=g-import-not-at-top
+  trainers = trainer_runs.parse_trainers(trainer_runs.DEFAULT_TRAINERS)
+  # More than one worker needs a multi-worker strategy in both frameworks
+  # (a row of the compatibility table, no longer a refusal of the flags).
+  plan = compare_plan.Plan(
+      matrix_spec="strategy=default,multi_worker", workloads_spec="",
+      frameworks=["tensorflow", "pytorch"], repeats=1,
+      trainer_args=["--num_workers=2"])
+  with pytest.raises(MatrixSpecError) as raised:
+    cli.validate_plan(plan, trainers)
+  assert ("cell [strategy=default]: --num_workers=2: more than 1 worker "
+          "needs --strategy=multi_worker or horovod") in str(raised.value)
+  # A cell only PyTorch refuses still runs: the report says "not supported
+  # by pytorch" from the trainer's own refusal.
+  plan = compare_plan.Plan(
+      matrix_spec="checkpoint=sync,tf_async", workloads_spec="",
+      frameworks=["tensorflow", "pytorch"], repeats=1, trainer_args=[])
+  cli.validate_plan(plan, trainers)

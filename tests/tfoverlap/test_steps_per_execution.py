@@ -14,10 +14,14 @@ import time
 import keras
 import pytest
 import tensorflow as tf
+from absl.testing import flagsaver
+
+import flags as tfo_flags
 
 from overlap_core.runtime import run_record
+from overlap_core.runtime.config import ConfigError
 from overlap_core.runtime.zoo import CLASSIFICATION
-from tfoverlap import steps
+from tfoverlap import steps, trainer
 from tfoverlap.loops import execution_sizes
 
 from tests.helpers import run_module
@@ -25,6 +29,11 @@ from tests.helpers import run_module
 EXACT = ["--model=mlp", "--dataset=digits", "--batch_size=32",
          "--deterministic", "--log_every_steps=5", "--tensorboard=false",
          "--trace=false", "--evaluate=false"]
+
+
+tfo_flags.define_flags()
+if not tfo_flags.FLAGS.is_parsed():
+  tfo_flags.FLAGS.mark_as_parsed()
 
 
 def _train(model_dir, *args):
@@ -41,6 +50,30 @@ def test_calls_end_at_multiples_of_k_also_after_any_resume():
   assert list(execution_sizes(3, 3, 4)) == [(3, 1)]
   assert not list(execution_sizes(11, 10, 4))
   assert list(execution_sizes(1, 3, 1)) == [(1, 1), (2, 1), (3, 1)]
+
+
+@pytest.mark.parametrize("overrides, flag", [
+    # Checkpoints fall between traced calls, and model.fit runs whole ones.
+    ({"checkpoint": "async", "checkpoint_every": "6"}, "checkpoint_every"),
+    ({"loop": "fit", "strategy": "default", "train_steps": "10"},
+     "train_steps"),
+])
+def test_what_falls_inside_a_call_is_refused_naming_the_flag(overrides,
+                                                             flag):
+  with flagsaver.as_parsed(steps_per_execution="4", **overrides):
+    config = tfo_flags.to_config()
+  with pytest.raises(ConfigError) as error:
+    trainer.check_supported(config, num_gpus=0)
+  assert error.value.flag == flag
+  assert str(error.value).startswith(f"--{flag}=")
+  assert "--steps_per_execution=4" in str(error.value)
+
+
+@pytest.mark.parametrize("every", ["8", "auto"])
+def test_a_cadence_that_lands_between_calls_is_taken(every):
+  with flagsaver.as_parsed(steps_per_execution="4", checkpoint="async",
+                           checkpoint_every=every):
+    trainer.check_supported(tfo_flags.to_config(), num_gpus=0)
 
 
 # model.fit runs several steps per call on one replica only: Keras 3 fails

@@ -25,9 +25,10 @@ from overlap_core.checkpoint import persist
 from overlap_core.checkpoint import tensor_file
 from overlap_core.checkpoint.files import (CheckpointError,
                                              CorruptCheckpointError)
+from overlap_core.runtime.config import CheckpointConfig
 
-from tests.helpers import (PROGRESS_WAIT_S, REPO_ROOT, subprocess_env,
-                           wait_for_line, wait_until)
+from tests.helpers import (PROGRESS_WAIT_S, REPO_ROOT, checkpoint_config,
+                           subprocess_env, wait_for_line, wait_until)
 
 
 def _arrays(step: int) -> dict:
@@ -328,9 +329,9 @@ def _engine(directory, **kwargs):
     return checkpoint_engine.Snapshot(step=step,
                                   groups={"model": _arrays(step)},
                                   state={"step": step})
-  return checkpoint_engine.CheckpointEngine(str(directory), mode="async",
-                                        take_snapshot=snapshot,
-                                        log=lambda m: None, **kwargs)
+  return checkpoint_engine.CheckpointEngine(str(directory), checkpoint_config(kwargs),
+                                            take_snapshot=snapshot,
+                                            log=lambda m: None, **kwargs)
 
 
 def _blocked_writer():
@@ -483,7 +484,8 @@ def test_warn_policy_trains_on_and_counts_failures(tmp_path):
   blocker.write_text("x")
   logged = []
   engine = checkpoint_engine.CheckpointEngine(
-      str(blocker / "ckpts"), mode="async", every_steps=1, on_error="warn",
+      str(blocker / "ckpts"),
+      CheckpointConfig(mode="async", every_steps=1, keep=3, on_error="warn"),
       take_snapshot=lambda step: checkpoint_engine.Snapshot(step, {"m": {}}, {}),
       log=logged.append)
   for step in range(1, 4):
@@ -540,7 +542,8 @@ def test_a_hung_persist_under_warn_trains_on_and_fails_each_checkpoint(
   to_host, release = _blocked_writer()
   logged = []
   engine = checkpoint_engine.CheckpointEngine(
-      str(tmp_path), mode="async", every_steps=1, on_error="warn",
+      str(tmp_path),
+      CheckpointConfig(mode="async", every_steps=1, keep=3, on_error="warn"),
       to_host=to_host, persist_timeout_s=0.2, log=logged.append,
       take_snapshot=lambda step: checkpoint_engine.Snapshot(
           step, {"model": _arrays(step)}, {"step": step}))

@@ -11,6 +11,8 @@ from overlap_core.checkpoint import engine as checkpoint_engine
 from overlap_core.checkpoint import files as checkpoint_files
 from overlap_core.checkpoint.files import CheckpointDirectoryInUseError
 
+from tests.helpers import checkpoint_config
+
 
 def _arrays(step: int, version: int = 0) -> dict:
   return {"w": np.full((16, 8), 10 * step + version, np.float32)}
@@ -139,7 +141,8 @@ def _engine(directory, snapshot_version=0, **kwargs):
         {"step": step, "version": snapshot_version})
   kwargs.setdefault("log", lambda m: None)
   return checkpoint_engine.CheckpointEngine(
-      str(directory), mode="async", take_snapshot=take_snapshot, **kwargs)
+      str(directory), checkpoint_config(kwargs), take_snapshot=take_snapshot,
+      **kwargs)
 
 
 @pytest.mark.parametrize("on_error", ["raise", "warn"])
