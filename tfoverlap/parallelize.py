@@ -46,7 +46,7 @@ class Parallelized(NamedTuple):
     optimizer: its optimizer, slots built, so a restore fills them in place.
     dims: the run's degrees of parallelism.
     offload: the `Offloader` that wrapped the model's layers, or None.
-    pipeline: the `GPipeRuntime` when pipelined (its stages share the
+    pipeline: the `PipelineRuntime` when pipelined (its stages share the
       model's layers; the train step runs its schedule), else None.
     burst: the forward that runs a burst plan (forward(x, training)), or
       None; then the train step calls it in place of `train_model`.
@@ -59,7 +59,7 @@ class Parallelized(NamedTuple):
   optimizer: keras.optimizers.Optimizer
   dims: ParallelDims
   offload: Optional[offload_lib.Offloader] = None
-  pipeline: Optional[pipeline_lib.GPipeRuntime] = None
+  pipeline: Optional[pipeline_lib.PipelineRuntime] = None
   burst: Optional[Callable] = None
   burst_placements: Optional[Dict[str, dict]] = None
 
@@ -151,7 +151,7 @@ def apply_pipeline(build_model: Callable[[], keras.Model],
   optimizer.build(model.trainable_variables)
   plan = pipeline_lib.plan_split(model, cfg, batch_size=spec.microbatch_size,
                                  profile=spec.profile)
-  runtime = pipeline_lib.GPipeRuntime(model, plan.cuts, devices=spec.devices,
+  runtime = pipeline_lib.PipelineRuntime(model, plan.cuts, devices=spec.devices,
                                       num_microbatches=cfg.microbatches)
   if spec.profile is not None:
     runtime.predicted_by = plan

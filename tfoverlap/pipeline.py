@@ -24,7 +24,7 @@ On a CPU the logical devices share one thread pool, so the stages overlap
 in the graph but hardly in time; on GPUs each device has its own streams.
 
   cuts = plan_cut_layers(model, cfg, batch_size=8)
-  runtime = GPipeRuntime(model, cuts, devices=["/cpu:0", "/cpu:1"],
+  runtime = PipelineRuntime(model, cuts, devices=["/cpu:0", "/cpu:1"],
                          num_microbatches=4)
   train_step = runtime.make_train_step(optimizer, loss_fn)
 """
@@ -172,8 +172,10 @@ def build_stage_models(model: keras.Model,
           for k in range(len(bounds) - 1)]
 
 
-class GPipeRuntime:
-  """A model's stages on their devices, and the GPipe step over them.
+class PipelineRuntime:
+  """A model's stages on their devices, and the GPipe step over them (the
+  same job as `torch_parity.pipeline.PipelineRuntime`, whose schedule is
+  chosen by --pipeline_schedule).
 
   Attributes:
     model: the whole model; its variables are the stages' variables.

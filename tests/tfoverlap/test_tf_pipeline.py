@@ -135,7 +135,7 @@ def test_two_stages_train_like_the_unsplit_model(name, two_cpu_devices):
   model.set_weights(initial)
   cuts = pipeline.plan_cut_layers(model, CONFIG,
                                   batch_size=BATCH // MICROBATCHES)
-  runtime = pipeline.GPipeRuntime(model, cuts, devices=two_cpu_devices,
+  runtime = pipeline.PipelineRuntime(model, cuts, devices=two_cpu_devices,
                                   num_microbatches=MICROBATCHES)
   got = _train(model, tf.function(
       lambda x, y: runtime.forward_backward(x, y, loss_fn)))
@@ -161,7 +161,7 @@ def test_each_stage_runs_forward_and_backward_on_its_own_device(
     two_cpu_devices):
   model = build_model("vgg16", image_size=IMAGE_SIZE, num_classes=10)
   cuts = pipeline.plan_cut_layers(model, CONFIG, batch_size=2)
-  runtime = pipeline.GPipeRuntime(model, cuts, devices=two_cpu_devices,
+  runtime = pipeline.PipelineRuntime(model, cuts, devices=two_cpu_devices,
                                   num_microbatches=MICROBATCHES)
   loss_fn = steps.make_microbatch_loss("classification", BATCH)
   step = runtime.make_train_step(keras.optimizers.SGD(0.01), loss_fn)
@@ -225,7 +225,7 @@ def test_stage_models_share_the_models_layers_and_refuse_a_non_cut():
 def test_measurements_partition_the_compute_span(two_cpu_devices):
   model = build_model("small_cnn", image_size=16, num_classes=10)
   cuts = pipeline.plan_cut_layers(model, CONFIG, batch_size=2)
-  runtime = pipeline.GPipeRuntime(model, cuts, devices=two_cpu_devices,
+  runtime = pipeline.PipelineRuntime(model, cuts, devices=two_cpu_devices,
                                   num_microbatches=MICROBATCHES)
   loss_fn = steps.make_microbatch_loss("classification", BATCH)
   inputs, targets = steps.example_batch(model, "classification", BATCH)
