@@ -129,8 +129,8 @@ def plan_cut_layers(model: keras.Model, cfg: PipelineConfig, *,
   return list(plan_split(model, cfg, batch_size=batch_size, name=name).cuts)
 
 
-def build_stage_models(model: keras.Model,
-                       cut_layers: Sequence[str]) -> List[keras.Model]:
+def build_stages(model: keras.Model,
+                 cut_layers: Sequence[str]) -> List[keras.Model]:
   """The model as len(cut_layers) + 1 stage sub-models, in order.
 
   Each stage is built from the model's own layers (shared, not copied), so
@@ -197,7 +197,7 @@ class PipelineRuntime:
                        f"Received: {num_microbatches}; allowed: >= 1")
     self.model = model
     self.cut_layers = list(cut_layers)
-    self.stages = build_stage_models(model, cut_layers)
+    self.stages = build_stages(model, cut_layers)
     self.devices = list(devices)
     self.num_microbatches = num_microbatches
     self.recorders = [pipeline_stats.StageRecorder() for _ in self.stages]

@@ -129,7 +129,7 @@ def apply_pipeline(strategy: Strategy, model: nn.Module,
   cfg = spec.config
   split = pipeline_lib.plan_split(model, spec.example_input, cfg,
                                   profile=spec.profile)
-  modules = pipeline_lib.build_stage_modules(model, split.cuts)
+  modules = pipeline_lib.build_stages(model, split.cuts)
   mesh = pipeline_lib.build_mesh_groups(strategy.dims, strategy.rank)
   runtime = pipeline_lib.build_runtime(
       modules, cfg, mesh, strategy.device, spec.loss_fn,

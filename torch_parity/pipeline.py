@@ -15,7 +15,7 @@ holding that stage (`average_stage_gradients`). Every step's bubble and
 transfer are timed (`torch_parity.pipeline_timing`).
 
   split = plan_split(model, example, cfg)
-  modules = build_stage_modules(model, split.cuts)
+  modules = build_stages(model, split.cuts)
   runtime = build_runtime(modules, cfg, mesh, device, loss_fn)
   losses = runtime.step(inputs, targets)   # the last stage gets the losses
 """
@@ -114,8 +114,8 @@ def plan_cut_layers(model: nn.Module, example: torch.Tensor,
   return list(plan_split(model, example, cfg, name=name).cuts)
 
 
-def build_stage_modules(model: nn.Module, cut_layers: Sequence[str]
-            ) -> List[fx.GraphModule]:
+def build_stages(model: nn.Module, cut_layers: Sequence[str]
+                 ) -> List[fx.GraphModule]:
   """The model as len(cut_layers) + 1 stage modules, in order.
 
   A stage's parameters and buffers are the model's own tensors (shared,
@@ -358,7 +358,7 @@ def build_runtime(stage_modules: Sequence[nn.Module], cfg: PipelineConfig,
 
   Args:
       stage_modules: every stage of the model (S * V), from
-    `build_stage_modules`.
+    `build_stages`.
       cfg: the pipeline configuration (stages, micro-batches, schedule).
       mesh: this rank's groups.
       device: where this rank computes.

@@ -210,14 +210,14 @@ def test_each_stage_runs_forward_and_backward_on_its_own_device(
 
 def test_stage_models_share_the_models_layers_and_refuse_a_non_cut():
   model = build_model("resnet18", image_size=IMAGE_SIZE, num_classes=10)
-  first, second = pipeline.build_stage_models(model, ["layer2_1_out"])
+  first, second = pipeline.build_stages(model, ["layer2_1_out"])
   assert first.get_layer("conv1") is model.get_layer("conv1")
   assert second.get_layer("fc") is model.get_layer("fc")
   x = tf.random.normal((2, IMAGE_SIZE, IMAGE_SIZE, 3))
   np.testing.assert_allclose(second(first(x)), model(x), rtol=1e-5,
                              atol=1e-5)  # float32: the same ops, in order
   with pytest.raises(ValueError, match="not cut points"):
-    pipeline.build_stage_models(model, ["layer2_1_conv1"])
+    pipeline.build_stages(model, ["layer2_1_conv1"])
   with pytest.raises(ConfigError, match="--pipeline_split=auto"):
     pipeline.plan_cut_layers(model, PipelineConfig(stages=2), batch_size=2)
 
