@@ -89,6 +89,31 @@ def check_profile(config: TrainConfig, *,
       replan=command_lib.replan_command(PLAN_PROGRAM, config))
 
 
+def check_pipeline_supported(config: TrainConfig, *,
+                             num_gpus: Optional[int] = None) -> None:
+  """The pipeline's counts: stages x replicas must be the world, and a
+  usable profile.
+
+  Which features combine with stages is the compatibility table's
+  (`overlap_core.runtime.compat_table`, checked first by the trainer).
+
+  Raises:
+    ConfigError: naming the flag, the value and why.
+  """
+  cfg = config.pipeline
+  if cfg.stages == 1:
+    check_profile(config)
+    return
+  world = (config.distribute.num_devices
+           if config.distribute.strategy == "mirrored"
+           else config.distribute.num_workers)
+  if world % cfg.stages:
+    raise ConfigError("pipeline_stages", cfg.stages,
+                      f"stages x replicas must be the world of {world} "
+                      f"processes; allowed: a divisor of {world}")
+  check_profile(config, num_gpus=num_gpus)
+
+
 def plan_split(model: nn.Module, example: torch.Tensor, cfg: PipelineConfig,
                *, profile: Optional[Profile] = None,
                name: str = "") -> partition_lib.StagePlan:

@@ -21,8 +21,7 @@ from overlap_core.planning import split as split_lib
 from overlap_core.runtime import background, compat, ledger as ledger_lib
 from overlap_core.runtime import (datasets, outputs, pipeline_stats,
                                   run_record, zoo)
-from overlap_core.runtime.config import (ConfigError, TrainConfig,
-                                         check_burst_supported)
+from overlap_core.runtime.config import TrainConfig, check_burst_supported
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
 from torch_parity import (background_cuda, checkpoint, data, distribute,
@@ -51,30 +50,11 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
     num_gpus = torch.cuda.device_count()
   compat.check_combinations(config, FRAMEWORK,
                             host=compat.Host(num_gpus=num_gpus))
-  check_pipeline_supported(config, num_gpus=num_gpus)
+  pipeline.check_pipeline_supported(config, num_gpus=num_gpus)
   distribute.check_strategy(config.distribute, num_gpus=num_gpus)
   check_burst_supported(
       config.burst, host_devices=num_gpus or os.cpu_count(),
       device_kind="GPUs" if num_gpus else "CPU cores")
-
-
-def check_pipeline_supported(config: TrainConfig, *,
-                             num_gpus: int = None) -> None:
-  """The pipeline's counts (stages x replicas must be the world) and its
-  profile; which features combine with stages is the compatibility
-  table's (`overlap_core.runtime.compat_table`, checked first)."""
-  cfg = config.pipeline
-  if cfg.stages == 1:
-    pipeline.check_profile(config)
-    return
-  world = (config.distribute.num_devices
-           if config.distribute.strategy == "mirrored"
-           else config.distribute.num_workers)
-  if world % cfg.stages:
-    raise ConfigError("pipeline_stages", cfg.stages,
-                      f"stages x replicas must be the world of {world} "
-                      f"processes; allowed: a divisor of {world}")
-  pipeline.check_profile(config, num_gpus=num_gpus)
 
 
 def describe_environment(strategy: distribute.Strategy) -> dict:
