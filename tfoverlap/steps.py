@@ -85,9 +85,18 @@ def _make_replica_step(model, optimizer, *, task: str,
   return replica_step
 
 
-def make_train_step(strategy, model, optimizer, *, task: str,
+def make_train_step(model, optimizer, strategy, *, task: str,
                     global_batch_size: int):
   """A tf.function running one optimizer step on a distributed batch.
+
+  Args:
+    model: the Keras model, its variables created under `strategy`.
+    optimizer: its optimizer, built under `strategy`.
+    strategy: the run's tf.distribute strategy.
+    task: CLASSIFICATION or SUPER_RESOLUTION.
+    global_batch_size: the batch over every replica; each replica's loss
+      sums its examples over it (where PyTorch takes --precision: Keras
+      reads it from the global policy, `apply_precision_policy`).
 
   Returns:
     train_step(distributed_batch) -> the global mean loss (a scalar tensor).
@@ -114,7 +123,7 @@ def _next_timed(iterator, step):
     return batch, tf.timestamp() - asked
 
 
-def make_multi_step_train_step(strategy, model, optimizer, *, task: str,
+def make_multi_step_train_step(model, optimizer, strategy, *, task: str,
                                global_batch_size: int, time_waits: bool):
   """A tf.function running several optimizer steps per call, as Keras'
   `steps_per_execution` does: the iterator is read inside the traced loop,
@@ -173,8 +182,14 @@ def _replica_eval_sums(model, task, inputs, targets):
   return tf.reduce_sum(losses), quality, count
 
 
-def evaluate(strategy, model, distributed_eval_data, *, task: str) -> dict:
+def evaluate(model, batches, strategy, *, task: str) -> dict:
   """One pass over the eval data.
+
+  Args:
+    model: the Keras model.
+    batches: the eval data, distributed by `strategy`.
+    strategy: the run's tf.distribute strategy.
+    task: CLASSIFICATION or SUPER_RESOLUTION.
 
   Returns:
     {"eval_loss", "eval_accuracy"} for classification, {"eval_loss",
@@ -190,7 +205,7 @@ def evaluate(strategy, model, distributed_eval_data, *, task: str) -> dict:
             for s in sums]
 
   loss_sum = quality_sum = count = 0.0
-  for batch in distributed_eval_data:
+  for batch in batches:
     batch_loss, batch_quality, batch_count = eval_step(batch)
     loss_sum += float(batch_loss)
     quality_sum += float(batch_quality)
