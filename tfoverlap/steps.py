@@ -214,13 +214,17 @@ def evaluate(model, batches, strategy, *, task: str) -> dict:
                            count=count)
 
 
-def make_burst_train_step(forward, model, optimizer, *, task: str,
+def make_burst_train_step(burst, model, optimizer, *, task: str,
                           global_batch_size: int):
   """A tf.function running one optimizer step of a burst plan.
 
   Args:
-    forward: `tfoverlap.burst.make_burst_forward`'s function: every layer
+    burst: `tfoverlap.burst.make_burst_forward`'s function: every layer
       on its planned devices, in one replica.
+    model: the Keras model whose variables `burst` reads (PyTorch's
+      BurstModel holds its module, and takes the strategy here instead:
+      a TensorFlow burst runs under the default strategy).
+    optimizer: its optimizer.
 
   Returns:
     train_step((inputs, targets)) -> the global mean loss.
@@ -230,7 +234,7 @@ def make_burst_train_step(forward, model, optimizer, *, task: str,
   def train_step(batch):
     inputs, targets = batch
     with tf.GradientTape() as tape:
-      outputs = forward(inputs, training=True)
+      outputs = burst(inputs, training=True)
       loss = tf.nn.compute_average_loss(
           per_example_loss(task, targets, outputs),
           global_batch_size=global_batch_size)

@@ -160,7 +160,7 @@ def _make_train_step(config: TrainConfig, spec, strategy, parallel):
   if parallel.burst:
     return steps.make_burst_train_step(
         parallel.burst, parallel.optimizer, strategy, task=spec.task,
-        global_batch=config.data.batch_size)
+        global_batch_size=config.data.batch_size)
   if parallel.pipeline:
     return steps.make_pipeline_train_step(parallel.pipeline,
                                           parallel.optimizer, strategy)
