@@ -13,9 +13,10 @@ def _build_model():
 
 def test_variables_are_mirrored_and_the_optimizer_built(two_cpu_devices):
   strategy = tf.distribute.MirroredStrategy(two_cpu_devices)
-  model, train_model, optimizer, dims, _, _, burst = parallelize.parallelize(
-      strategy, _build_model, lambda: keras.optimizers.Adam())
-  assert train_model is model and burst is None
+  built = parallelize.parallelize(strategy, _build_model,
+                                  lambda: keras.optimizers.Adam())
+  model, optimizer, dims = built.model, built.optimizer, built.dims
+  assert built.train_model is model and built.burst is None
   assert (dims.world_size, dims.data_parallel, dims.pipeline) == (2, 2, 1)
   # Mirrored: one component per replica device, so apply_gradients
   # all-reduces; built slots, so a checkpoint restores into them in place.
@@ -25,7 +26,7 @@ def test_variables_are_mirrored_and_the_optimizer_built(two_cpu_devices):
 
 
 def test_the_default_strategy_is_one_replica():
-  _, _, _, dims, _, _, _ = parallelize.parallelize(
+  built = parallelize.parallelize(
       tf.distribute.get_strategy(), _build_model,
       lambda: keras.optimizers.SGD())
-  assert not dims.is_data_parallel
+  assert not built.dims.is_data_parallel
