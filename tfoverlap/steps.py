@@ -43,10 +43,11 @@ def per_example_loss(task: str, targets, outputs):
                                                       from_logits=True)
 
 
-def make_microbatch_loss(task: str, global_batch_size: int):
+def make_pipeline_loss(task: str, global_batch_size: int):
   """A pipelined micro-batch's loss: its examples' sum over the global
   batch, so the micro-batches' losses (and gradients) add up to the
-  batch mean the unpipelined step computes."""
+  batch mean the unpipelined step computes. (PyTorch's takes the mean and
+  its runtime divides by the micro-batches, so it needs no batch size.)"""
 
   def loss_fn(targets, outputs):
     return tf.reduce_sum(per_example_loss(task, targets, outputs)) / float(

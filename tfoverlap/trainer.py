@@ -192,7 +192,7 @@ def _run_pipelined_loop(ctx: LoopContext, config: TrainConfig, spec, runtime,
                         optimizer, iterator) -> float:
   """The custom loop over GPipe steps, each step's compute span split into
   stage compute, transfer and bubble from stages timed alone first."""
-  loss_fn = steps.make_microbatch_loss(spec.task, config.data.batch_size)
+  loss_fn = steps.make_pipeline_loss(spec.task, config.data.batch_size)
   inputs, targets = steps.example_batch(runtime.model, spec.task,
                                         config.data.batch_size)
   runtime.measure_stages(inputs, targets, loss_fn, optimizer=optimizer)

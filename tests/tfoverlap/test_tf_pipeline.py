@@ -130,7 +130,7 @@ def _train(model, step):
 def test_two_stages_train_like_the_unsplit_model(name, two_cpu_devices):
   model = _model(name)
   initial = model.get_weights()
-  loss_fn = steps.make_microbatch_loss("classification", BATCH)
+  loss_fn = steps.make_pipeline_loss("classification", BATCH)
   expected = _train(model, _unsplit_step(model, loss_fn))
   model.set_weights(initial)
   cuts = pipeline.plan_cut_layers(model, CONFIG,
@@ -163,7 +163,7 @@ def test_each_stage_runs_forward_and_backward_on_its_own_device(
   cuts = pipeline.plan_cut_layers(model, CONFIG, batch_size=2)
   runtime = pipeline.PipelineRuntime(model, cuts, devices=two_cpu_devices,
                                   num_microbatches=MICROBATCHES)
-  loss_fn = steps.make_microbatch_loss("classification", BATCH)
+  loss_fn = steps.make_pipeline_loss("classification", BATCH)
   step = runtime.make_train_step(keras.optimizers.SGD(0.01), loss_fn)
   spec = (tf.TensorSpec((BATCH, IMAGE_SIZE, IMAGE_SIZE, 3)),
           tf.TensorSpec((BATCH,), tf.int32))
@@ -227,7 +227,7 @@ def test_measurements_partition_the_compute_span(two_cpu_devices):
   cuts = pipeline.plan_cut_layers(model, CONFIG, batch_size=2)
   runtime = pipeline.PipelineRuntime(model, cuts, devices=two_cpu_devices,
                                   num_microbatches=MICROBATCHES)
-  loss_fn = steps.make_microbatch_loss("classification", BATCH)
+  loss_fn = steps.make_pipeline_loss("classification", BATCH)
   inputs, targets = steps.example_batch(model, "classification", BATCH)
   # An optimizer with state of its own (a step count, momentum slots) that
   # an update would change.
