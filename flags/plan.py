@@ -1,5 +1,5 @@
 """Flags of the planning commands only (python -m tfoverlap.plan,
-python -m torch_parity.plan and python -m torch_parity.burst_plan).
+python -m torch_parity.plan, and both burst_plan commands).
 
 Not a trainer group: these say how to profile and report, not how to
 train, so `define_flags()` of the package leaves them out and the trainers
@@ -35,9 +35,21 @@ def define_flags():
       "profile.py), per_layer_times (this project's interchange table) or "
       "deeppool (DeepPool's layer time table, with --plan_deeppool_job); "
       "the last two are described in overlap_core/planning/"
-      "profile_formats.py and read by python -m torch_parity.burst_plan.")
+      "profile_formats.py and read by both burst_plan commands.")
   flags.DEFINE_string(
       "plan_deeppool_job", "",
       "DeepPool's job description JSON (its layers, their params, "
       "prevLayers and dims): the layer graph to plan with "
       "--plan_profile_format=deeppool, in place of --model's.")
+
+
+def burst_request(values):
+  """The --plan_* flags a burst planning command reads, as plain data."""
+  # pylint: disable=g-import-not-at-top
+  from overlap_core.planning.burst_report import BurstRequest
+  return BurstRequest(profile_path=values.plan_profile,
+                      profile_format=values.plan_profile_format,
+                      deeppool_job=values.plan_deeppool_job,
+                      batch_sizes=tuple(values.plan_batch_sizes),
+                      bandwidth_gbps=values.plan_bandwidth_gbps,
+                      output_dir=values.plan_output_dir)

@@ -80,7 +80,7 @@ def widths_for_model(model: keras.Model, plan: BurstPlan) -> dict:
                      f"({foreign[0].op_type}), which model {model.name!r} "
                      f"lacks ({len(foreign)} such layers); allowed: a plan "
                      "made for this model by python -m "
-                     "torch_parity.burst_plan")
+                     "tfoverlap.burst_plan (or torch_parity.burst_plan)")
   widths_by_layer = plan.widths_by_layer()
   first = neutral[layers[0].name]
   if first not in widths_by_layer:

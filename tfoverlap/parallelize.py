@@ -1,24 +1,21 @@
 """The one place a TensorFlow run's parallelism is applied to its model.
 
-`parallelize` builds the model and optimizer and applies, in a fixed order:
+`parallelize` builds the model and optimizer and applies, in a fixed order
+(the same as `torch_parity.parallelize`; why is beside the code):
 
   1. pipeline stages: the model is cut at the plan's layers into stage
      sub-models on one device each, run by a GPipe step
      (`tfoverlap.pipeline`); a pipelined run has no data parallelism here;
-  2. data parallelism: the model's and optimizer's variables are created
+  2. burst: a burst plan (`--burst_parallel`) in place of data
+     parallelism: the run has one replica, and the train step splits each
+     layer's batch over the layer's planned devices (`tfoverlap.burst`).
+     The variables are not mirrored: each part reads the same variables,
+     so their gradients are already summed;
+  3. data parallelism: the model's and optimizer's variables are created
      under the strategy's scope, so they are mirrored on every replica and
      `apply_gradients` all-reduces the gradients;
-  3. offload: each Conv and Dense layer's input lives in host memory
+  4. offload: each Conv and Dense layer's input lives in host memory
      between forward and backward (`tfoverlap.offload.apply_offload`).
-
-Why this order: a stage is the unit that gets replicated, so stages are
-placed before the variables are mirrored; offload decides where the
-variables of an already placed, already replicated model live.
-
-A burst plan (`--burst_parallel`) replaces steps 1 and 2: the run has one
-replica, and the train step splits each layer's batch over the layer's
-planned devices (`tfoverlap.burst`). The variables are not mirrored: each
-part reads the same variables, so their gradients are already summed.
 """
 
 from typing import Callable, Dict, NamedTuple, Optional, Sequence
@@ -46,7 +43,7 @@ class Parallelized(NamedTuple):
     optimizer: its optimizer, slots built, so a restore fills them in place.
     dims: the run's degrees of parallelism.
     offload: the `Offloader` that wrapped the model's layers, or None.
-    pipeline: the `GPipeRuntime` when pipelined (its stages share the
+    pipeline: the `PipelineRuntime` when pipelined (its stages share the
       model's layers; the train step runs its schedule), else None.
     burst: the forward that runs a burst plan (forward(x, training)), or
       None; then the train step calls it in place of `train_model`.
@@ -59,7 +56,7 @@ class Parallelized(NamedTuple):
   optimizer: keras.optimizers.Optimizer
   dims: ParallelDims
   offload: Optional[offload_lib.Offloader] = None
-  pipeline: Optional[pipeline_lib.GPipeRuntime] = None
+  pipeline: Optional[pipeline_lib.PipelineRuntime] = None
   burst: Optional[Callable] = None
   burst_placements: Optional[Dict[str, dict]] = None
 
@@ -107,14 +104,21 @@ def parallelize(strategy: tf.distribute.Strategy,
     time_offload_copies: time the offload copies in the graph; False
       under op determinism, which refuses `tf.timestamp`.
 
-  Neither pipeline stages nor a burst plan combine with offload or with a
-  strategy's replicas; the compatibility table refuses those before this
-  runs (`trainer.check_supported`).
   """
+  # The order is the same on both sides (torch_parity.parallelize):
+  # pipeline first, because a stage is the unit the other parallelisms
+  # replicate, so the model is cut before anything is copied; burst next,
+  # because it replaces data parallelism and must be chosen before any
+  # variable is mirrored; data parallelism then, because it decides the
+  # replicas every variable has; offload last, because it decides where
+  # the variables of an already placed, already replicated model live.
+  # Pipeline, burst and offload do not combine with one another or with a
+  # strategy's replicas; the compatibility table refuses those before
+  # this runs (`trainer.check_supported`).
   if pipeline is not None and pipeline.config.stages > 1:
-    return apply_pipeline(build_model, build_optimizer, pipeline)
+    return apply_pipeline(strategy, build_model, build_optimizer, pipeline)
   if burst is not None:
-    return apply_burst(build_model, build_optimizer, burst)
+    return apply_burst(strategy, build_model, build_optimizer, burst)
   dims = parallel_dims(strategy)
   with strategy.scope():
     model = build_model()
@@ -136,22 +140,27 @@ def _local_replicas(strategy: tf.distribute.Strategy) -> int:
     return 1
 
 
-def apply_pipeline(build_model: Callable[[], keras.Model],
+def apply_pipeline(strategy: tf.distribute.Strategy,
+                   build_model: Callable[[], keras.Model],
                    build_optimizer: Callable[[], keras.optimizers.Optimizer],
                    spec: PipelineSpec) -> Parallelized:
-  """Step 1: the whole model in this process (under the default strategy),
-  its stages on their devices.
+  """Step 1: the whole model in this process, its stages on their devices.
+
+  Args:
+    strategy: the default strategy (a pipelined run has one replica
+      here); the variables are created under its scope.
 
   Raises:
     ConfigError: for a split the model cannot take.
   """
   cfg = spec.config
-  model = build_model()
-  optimizer = build_optimizer()
-  optimizer.build(model.trainable_variables)
+  with strategy.scope():
+    model = build_model()
+    optimizer = build_optimizer()
+    optimizer.build(model.trainable_variables)
   plan = pipeline_lib.plan_split(model, cfg, batch_size=spec.microbatch_size,
                                  profile=spec.profile)
-  runtime = pipeline_lib.GPipeRuntime(model, plan.cuts, devices=spec.devices,
+  runtime = pipeline_lib.PipelineRuntime(model, plan.cuts, devices=spec.devices,
                                       num_microbatches=cfg.microbatches)
   if spec.profile is not None:
     runtime.predicted_by = plan
@@ -163,18 +172,24 @@ def apply_pipeline(build_model: Callable[[], keras.Model],
   return Parallelized(model, model, optimizer, dims, None, runtime)
 
 
-def apply_burst(build_model: Callable[[], keras.Model],
+def apply_burst(strategy: tf.distribute.Strategy,
+                build_model: Callable[[], keras.Model],
                 build_optimizer: Callable[[], keras.optimizers.Optimizer],
                 spec: BurstSpec) -> Parallelized:
-  """Replaces steps 1 and 2: every layer on its planned devices (under the
-  default strategy).
+  """Replaces step 2: every layer on its planned devices.
+
+  Args:
+    strategy: the default strategy (a burst run has one replica: its
+      parts read the same variables); the variables are created under
+      its scope.
 
   Raises:
     ConfigError: the plan does not fit the model (one line).
   """
-  model = build_model()
-  optimizer = build_optimizer()
-  optimizer.build(model.trainable_variables)
+  with strategy.scope():
+    model = build_model()
+    optimizer = build_optimizer()
+    optimizer.build(model.trainable_variables)
   try:
     widths = burst_lib.widths_for_model(model, spec.plan)
     forward = burst_lib.make_burst_forward(model, widths, spec.devices)

@@ -24,7 +24,7 @@ On a CPU the logical devices share one thread pool, so the stages overlap
 in the graph but hardly in time; on GPUs each device has its own streams.
 
   cuts = plan_cut_layers(model, cfg, batch_size=8)
-  runtime = GPipeRuntime(model, cuts, devices=["/cpu:0", "/cpu:1"],
+  runtime = PipelineRuntime(model, cuts, devices=["/cpu:0", "/cpu:1"],
                          num_microbatches=4)
   train_step = runtime.make_train_step(optimizer, loss_fn)
 """
@@ -126,8 +126,8 @@ def plan_cut_layers(model: keras.Model, cfg: PipelineConfig, *,
   return list(plan_split(model, cfg, batch_size=batch_size, name=name).cuts)
 
 
-def build_stage_models(model: keras.Model,
-                       cut_layers: Sequence[str]) -> List[keras.Model]:
+def build_stages(model: keras.Model,
+                 cut_layers: Sequence[str]) -> List[keras.Model]:
   """The model as len(cut_layers) + 1 stage sub-models, in order.
 
   Each stage is built from the model's own layers (shared, not copied), so
@@ -169,8 +169,10 @@ def build_stage_models(model: keras.Model,
           for k in range(len(bounds) - 1)]
 
 
-class GPipeRuntime:
-  """A model's stages on their devices, and the GPipe step over them.
+class PipelineRuntime:
+  """A model's stages on their devices, and the GPipe step over them (the
+  same job as `torch_parity.pipeline.PipelineRuntime`, whose schedule is
+  chosen by --pipeline_schedule).
 
   Attributes:
     model: the whole model; its variables are the stages' variables.
@@ -192,7 +194,7 @@ class GPipeRuntime:
                        f"Received: {num_microbatches}; allowed: >= 1")
     self.model = model
     self.cut_layers = list(cut_layers)
-    self.stages = build_stage_models(model, cut_layers)
+    self.stages = build_stages(model, cut_layers)
     self.devices = list(devices)
     self.num_microbatches = num_microbatches
     self.recorders = [pipeline_stats.StageRecorder() for _ in self.stages]

@@ -69,7 +69,7 @@ def time_stages(runtime, example_inputs, example_targets, loss_fn: Callable,
   what training computes.
 
   Args:
-    runtime: a `tfoverlap.pipeline.GPipeRuntime`.
+    runtime: a `tfoverlap.pipeline.PipelineRuntime`.
     example_inputs, example_targets: one batch (values do not matter).
     loss_fn: the last stage's loss, as the step uses it.
     repeats: timed runs per part, after one untimed (the trace).
@@ -109,7 +109,7 @@ def time_updates(runtime, optimizer, *, repeats: int = 3) -> List[float]:
   does not change what training computes.
 
   Args:
-    runtime: a `tfoverlap.pipeline.GPipeRuntime`.
+    runtime: a `tfoverlap.pipeline.PipelineRuntime`.
     optimizer: the step's optimizer; built on the model's trainable
       variables here if it is not yet (as the trainer builds it).
     repeats: timed runs per stage, after one untimed (the trace).

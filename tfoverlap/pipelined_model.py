@@ -29,7 +29,7 @@ from typing import Sequence
 import keras
 import tensorflow as tf
 
-from tfoverlap.pipeline import GPipeRuntime
+from tfoverlap.pipeline import PipelineRuntime
 
 
 class PipelinedModel(keras.Model):
@@ -51,12 +51,12 @@ class PipelinedModel(keras.Model):
     super().__init__(name=kwargs.pop("name", f"{model.name}_pipelined"),
                      **kwargs)
     self.inner = model
-    self._runtime = GPipeRuntime(model, cut_layers, devices=devices,
+    self._runtime = PipelineRuntime(model, cut_layers, devices=devices,
                                  num_microbatches=num_microbatches)
     self.built = True
 
   @property
-  def runtime(self) -> GPipeRuntime:
+  def runtime(self) -> PipelineRuntime:
     """The stages, their devices and the schedule."""
     return self._runtime
 

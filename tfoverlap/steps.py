@@ -43,10 +43,11 @@ def per_example_loss(task: str, targets, outputs):
                                                       from_logits=True)
 
 
-def make_microbatch_loss(task: str, global_batch_size: int):
+def make_pipeline_loss(task: str, global_batch_size: int):
   """A pipelined micro-batch's loss: its examples' sum over the global
   batch, so the micro-batches' losses (and gradients) add up to the
-  batch mean the unpipelined step computes."""
+  batch mean the unpipelined step computes. (PyTorch's takes the mean and
+  its runtime divides by the micro-batches, so it needs no batch size.)"""
 
   def loss_fn(targets, outputs):
     return tf.reduce_sum(per_example_loss(task, targets, outputs)) / float(
@@ -85,9 +86,18 @@ def _make_replica_step(model, optimizer, *, task: str,
   return replica_step
 
 
-def make_train_step(strategy, model, optimizer, *, task: str,
+def make_train_step(model, optimizer, strategy, *, task: str,
                     global_batch_size: int):
   """A tf.function running one optimizer step on a distributed batch.
+
+  Args:
+    model: the Keras model, its variables created under `strategy`.
+    optimizer: its optimizer, built under `strategy`.
+    strategy: the run's tf.distribute strategy.
+    task: CLASSIFICATION or SUPER_RESOLUTION.
+    global_batch_size: the batch over every replica; each replica's loss
+      sums its examples over it (where PyTorch takes --precision: Keras
+      reads it from the global policy, `apply_precision_policy`).
 
   Returns:
     train_step(distributed_batch) -> the global mean loss (a scalar tensor).
@@ -114,7 +124,7 @@ def _next_timed(iterator, step):
     return batch, tf.timestamp() - asked
 
 
-def make_multi_step_train_step(strategy, model, optimizer, *, task: str,
+def make_multi_step_train_step(model, optimizer, strategy, *, task: str,
                                global_batch_size: int, time_waits: bool):
   """A tf.function running several optimizer steps per call, as Keras'
   `steps_per_execution` does: the iterator is read inside the traced loop,
@@ -173,8 +183,14 @@ def _replica_eval_sums(model, task, inputs, targets):
   return tf.reduce_sum(losses), quality, count
 
 
-def evaluate(strategy, model, distributed_eval_data, *, task: str) -> dict:
+def evaluate(model, batches, strategy, *, task: str) -> dict:
   """One pass over the eval data.
+
+  Args:
+    model: the Keras model.
+    batches: the eval data, distributed by `strategy`.
+    strategy: the run's tf.distribute strategy.
+    task: CLASSIFICATION or SUPER_RESOLUTION.
 
   Returns:
     {"eval_loss", "eval_accuracy"} for classification, {"eval_loss",
@@ -190,7 +206,7 @@ def evaluate(strategy, model, distributed_eval_data, *, task: str) -> dict:
             for s in sums]
 
   loss_sum = quality_sum = count = 0.0
-  for batch in distributed_eval_data:
+  for batch in batches:
     batch_loss, batch_quality, batch_count = eval_step(batch)
     loss_sum += float(batch_loss)
     quality_sum += float(batch_quality)
@@ -199,13 +215,17 @@ def evaluate(strategy, model, distributed_eval_data, *, task: str) -> dict:
                            count=count)
 
 
-def make_burst_train_step(forward, model, optimizer, *, task: str,
+def make_burst_train_step(burst, model, optimizer, *, task: str,
                           global_batch_size: int):
   """A tf.function running one optimizer step of a burst plan.
 
   Args:
-    forward: `tfoverlap.burst.make_burst_forward`'s function: every layer
+    burst: `tfoverlap.burst.make_burst_forward`'s function: every layer
       on its planned devices, in one replica.
+    model: the Keras model whose variables `burst` reads (PyTorch's
+      BurstModel holds its module, and takes the strategy here instead:
+      a TensorFlow burst runs under the default strategy).
+    optimizer: its optimizer.
 
   Returns:
     train_step((inputs, targets)) -> the global mean loss.
@@ -215,7 +235,7 @@ def make_burst_train_step(forward, model, optimizer, *, task: str,
   def train_step(batch):
     inputs, targets = batch
     with tf.GradientTape() as tape:
-      outputs = forward(inputs, training=True)
+      outputs = burst(inputs, training=True)
       loss = tf.nn.compute_average_loss(
           per_example_loss(task, targets, outputs),
           global_batch_size=global_batch_size)

@@ -168,7 +168,7 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
   if k > 1:
     return loops.run_multi_step_loop(
         ctx, train_steps=steps.make_multi_step_train_step(
-            strategy, model, optimizer, task=spec.task,
+            model, optimizer, strategy, task=spec.task,
             global_batch_size=config.data.batch_size,
             time_waits=not config.run.deterministic),
         iterator=iter(train_input), steps_per_execution=k,
@@ -182,7 +182,7 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
         model, built.burst_placements)
   else:
     train_step = steps.make_train_step(
-        strategy, model, optimizer, task=spec.task,
+        model, optimizer, strategy, task=spec.task,
         global_batch_size=config.data.batch_size)
   return loops.run_custom_loop(
       ctx, train_step=train_step, iterator=iter(train_input),
@@ -193,7 +193,7 @@ def _run_pipelined_loop(ctx: LoopContext, config: TrainConfig, spec, runtime,
                         optimizer, iterator) -> float:
   """The custom loop over GPipe steps, each step's compute span split into
   stage compute, transfer and bubble from stages timed alone first."""
-  loss_fn = steps.make_microbatch_loss(spec.task, config.data.batch_size)
+  loss_fn = steps.make_pipeline_loss(spec.task, config.data.batch_size)
   inputs, targets = steps.example_batch(runtime.model, spec.task,
                                         config.data.batch_size)
   runtime.measure_stages(inputs, targets, loss_fn, optimizer=optimizer)
@@ -227,9 +227,9 @@ def _describe_strategy(strategy, config: TrainConfig,
 def _evaluate(strategy, config: TrainConfig, spec, model) -> dict:
   eval_fn = data.make_input_fn(config.data, split="eval", task=spec.task,
                                seed=config.run.seed, upscale=spec.upscale)
-  return steps.evaluate(strategy, model,
+  return steps.evaluate(model,
                         data.distribute_input(strategy, eval_fn, config.data),
-                        task=spec.task)
+                        strategy, task=spec.task)
 
 
 def train(config: TrainConfig) -> dict:

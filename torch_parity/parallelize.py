@@ -1,26 +1,22 @@
 """The one place a PyTorch run's parallelism is applied to its model.
 
 `parallelize` takes the model (on this process's device) and its optimizer
-and applies, in a fixed order:
+and applies, in a fixed order (the same as `tfoverlap.parallelize`; why is
+beside the code):
 
   1. pipeline stages: keep this rank's stage(s) of the model, cut at the
      plan's layers, under a torch.distributed.pipelining schedule
      (torch_parity.pipeline), which averages each stage's gradients over
      its replicas after every step;
-  2. data parallelism: DDP wraps the module, so gradient buckets are
+  2. burst: a burst plan (`--burst_parallel`) in place of data
+     parallelism: every layer runs on its own planned ranks
+     (`torch_parity.burst.BurstModel`), which all-reduces each layer's
+     gradients within its own group;
+  3. data parallelism: DDP wraps the module, so gradient buckets are
      all-reduced while backward still runs; or Horovod wraps the optimizer,
      which all-reduces from backward hooks;
-  3. offload: saved activations and/or each layer's weights live in host
+  4. offload: saved activations and/or each layer's weights live in host
      memory between uses (`torch_parity.offload.apply_offload`).
-
-A burst plan (`--burst_parallel`) replaces steps 1 and 2: every layer runs
-on its own planned ranks (`torch_parity.burst.BurstModel`), which
-all-reduces each layer's gradients within its own group, so DDP must not
-wrap the model too (it would all-reduce every gradient over the world).
-
-Why this order: DDP and Horovod must wrap the module a rank really runs, so
-the model is cut into stages first; offload moves the tensors of an already
-wrapped module, whose hooks must not see them move underneath.
 """
 
 from typing import Callable, NamedTuple, Optional
@@ -98,18 +94,27 @@ def parallelize(strategy: Strategy, build_model: Callable[[], nn.Module],
     pipeline: how to cut the model, when strategy.dims.pipeline > 1.
     burst: the burst plan to run in place of data parallelism, or None.
   """
-  # Neither a burst plan nor pipeline stages combine with offload or with
-  # each other; the compatibility table refuses those before this runs
-  # (`trainer.check_supported`).
+  # The order is the same on both sides (tfoverlap.parallelize):
+  # pipeline first, because a stage is the unit the other parallelisms
+  # replicate, so the model is cut before anything is copied; burst next,
+  # because it replaces data parallelism and must be chosen before DDP or
+  # Horovod wraps the model (they would all-reduce every gradient over
+  # the world); data parallelism then, because DDP and Horovod must wrap
+  # the module a rank really runs; offload last, because it moves the
+  # tensors of an already wrapped module, whose hooks must not see them
+  # move underneath.
+  # Pipeline, burst and offload do not combine with one another or with a
+  # strategy's replicas; the compatibility table refuses those before
+  # this runs (`trainer.check_supported`).
   dims = strategy.dims
-  if burst is not None:
-    return apply_burst(strategy, build_model(), build_optimizer, burst)
   if dims.is_pipelined:
     if pipeline is None:
       raise ValueError(f"Invalid value for argument `pipeline`. Received: "
                        f"None with pipeline={dims.pipeline}; allowed: a "
                        "PipelineSpec")
-    return apply_pipeline(strategy, build_model(), build_optimizer, pipeline)
+    return apply_pipeline(strategy, build_model, build_optimizer, pipeline)
+  if burst is not None:
+    return apply_burst(strategy, build_model, build_optimizer, burst)
   model = build_model().to(strategy.device)
   optimizer = build_optimizer(model)
   train_model = strategy.wrap_model(model)
@@ -119,17 +124,18 @@ def parallelize(strategy: Strategy, build_model: Callable[[], nn.Module],
   return Parallelized(model, train_model, optimizer, dims, offloader)
 
 
-def apply_pipeline(strategy: Strategy, model: nn.Module,
+def apply_pipeline(strategy: Strategy, build_model: Callable[[], nn.Module],
                    build_optimizer: Callable[[nn.Module], object],
                    spec: PipelineSpec) -> Parallelized:
-  """Step 1, then step 2 within it: cut, keep this rank's stages; with
+  """Step 1, then step 3 within it: cut, keep this rank's stages; with
   replicas, the runtime averages each stage's gradients over the ranks
   holding it after every schedule step (no DDP wrapper: see
   `pipeline.average_stage_gradients`)."""
   cfg = spec.config
+  model = build_model()
   split = pipeline_lib.plan_split(model, spec.example_input, cfg,
                                   profile=spec.profile)
-  modules = pipeline_lib.build_stage_modules(model, split.cuts)
+  modules = pipeline_lib.build_stages(model, split.cuts)
   mesh = pipeline_lib.build_mesh_groups(strategy.dims, strategy.rank)
   runtime = pipeline_lib.build_runtime(
       modules, cfg, mesh, strategy.device, spec.loss_fn,
@@ -142,15 +148,15 @@ def apply_pipeline(strategy: Strategy, model: nn.Module,
   return Parallelized(own, own, optimizer, strategy.dims, None, runtime)
 
 
-def apply_burst(strategy: Strategy, model: nn.Module,
+def apply_burst(strategy: Strategy, build_model: Callable[[], nn.Module],
                 build_optimizer: Callable[[nn.Module], object],
                 spec: BurstSpec) -> Parallelized:
-  """Replaces steps 1 and 2: every layer on its planned ranks.
+  """Replaces step 3: every layer on its planned ranks.
 
   Raises:
     ConfigError: the plan does not fit the model (one line).
   """
-  model = model.to(strategy.device)
+  model = build_model().to(strategy.device)
   # Every rank starts from the same weights, as DDP's broadcast at wrap
   # time gives data parallelism; rank 0's seed decides them.
   try:

@@ -15,7 +15,7 @@ holding that stage (`average_stage_gradients`). Every step's bubble and
 transfer are timed (`torch_parity.pipeline_timing`).
 
   split = plan_split(model, example, cfg)
-  modules = build_stage_modules(model, split.cuts)
+  modules = build_stages(model, split.cuts)
   runtime = build_runtime(modules, cfg, mesh, device, loss_fn)
   losses = runtime.step(inputs, targets)   # the last stage gets the losses
 """
@@ -36,7 +36,7 @@ from overlap_core.planning import partition as partition_lib
 from overlap_core.planning import split as split_lib
 from overlap_core.planning.dims import ParallelDims
 from overlap_core.planning.profile import Profile
-from overlap_core.runtime import pipeline_stats
+from overlap_core.runtime import compat_table, pipeline_stats
 from overlap_core.runtime.config import (ConfigError, PipelineConfig,
                                          TrainConfig)
 from torch_parity.pipeline_timing import P2PTimer
@@ -89,6 +89,26 @@ def check_profile(config: TrainConfig, *,
       replan=command_lib.replan_command(PLAN_PROGRAM, config))
 
 
+def check_pipeline_supported(config: TrainConfig, *,
+                             num_gpus: Optional[int] = None) -> None:
+  """The pipeline's counts: stages x replicas must be the world, and a
+  usable profile.
+
+  Which features combine with stages is the compatibility table's
+  (`overlap_core.runtime.compat_table`, checked first by the trainer).
+
+  Raises:
+    ConfigError: naming the flag, the value and why.
+  """
+  cfg = config.pipeline
+  if cfg.stages == 1:
+    check_profile(config)
+    return
+  # Refuses a world the stages do not divide, with its one line.
+  ParallelDims.from_config(config, compat_table.PT)
+  check_profile(config, num_gpus=num_gpus)
+
+
 def plan_split(model: nn.Module, example: torch.Tensor, cfg: PipelineConfig,
                *, profile: Optional[Profile] = None,
                name: str = "") -> partition_lib.StagePlan:
@@ -114,8 +134,8 @@ def plan_cut_layers(model: nn.Module, example: torch.Tensor,
   return list(plan_split(model, example, cfg, name=name).cuts)
 
 
-def build_stage_modules(model: nn.Module, cut_layers: Sequence[str]
-            ) -> List[fx.GraphModule]:
+def build_stages(model: nn.Module, cut_layers: Sequence[str]
+                 ) -> List[fx.GraphModule]:
   """The model as len(cut_layers) + 1 stage modules, in order.
 
   A stage's parameters and buffers are the model's own tensors (shared,
@@ -358,7 +378,7 @@ def build_runtime(stage_modules: Sequence[nn.Module], cfg: PipelineConfig,
 
   Args:
       stage_modules: every stage of the model (S * V), from
-    `build_stage_modules`.
+    `build_stages`.
       cfg: the pipeline configuration (stages, micro-batches, schedule).
       mesh: this rank's groups.
       device: where this rank computes.

@@ -226,9 +226,16 @@ def make_pipeline_train_step(runtime, optimizer, strategy):
   return train_step
 
 
-def make_burst_train_step(burst_model, optimizer, strategy, *, task: str,
-                          global_batch: int):
-  """One optimizer step of a burst plan (`torch_parity.burst.BurstModel`).
+def make_burst_train_step(burst, optimizer, strategy, *, task: str,
+                          global_batch_size: int):
+  """One optimizer step of a burst plan.
+
+  Args:
+    burst: the `torch_parity.burst.BurstModel` running the plan.
+    optimizer: the optimizer of the module it runs.
+    strategy: a `torch_parity.distribute.Strategy`.
+    task: CLASSIFICATION or SUPER_RESOLUTION.
+    global_batch_size: the batch every rank reads whole.
 
   Every rank reads the whole global batch and keeps the rows its first
   layer needs (inputs) and its last layer produces (targets).
@@ -241,15 +248,15 @@ def make_burst_train_step(burst_model, optimizer, strategy, *, task: str,
   def train_step(batch):
     inputs, targets = batch
     optimizer.zero_grad()
-    outputs = burst_model(burst_model.local_input(
+    outputs = burst(burst.local_input(
         inputs.to(device, non_blocking=True)))
-    targets = burst_model.local_rows(targets.to(device, non_blocking=True))
+    targets = burst.local_rows(targets.to(device, non_blocking=True))
     # This rank's rows summed over the global batch: the group all-reduce
     # of each layer's gradients then gives the global mean's gradient (a
     # rank outside the last layer's set has no rows and adds zero).
-    loss = per_example_loss(task, targets, outputs).sum() / global_batch
+    loss = per_example_loss(task, targets, outputs).sum() / global_batch_size
     loss.backward()
-    burst_model.allreduce_gradients()
+    burst.allreduce_gradients()
     optimizer.step()
     return strategy.sum_over_replicas(loss.detach())
 

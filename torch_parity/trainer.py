@@ -18,7 +18,6 @@ import torch
 from overlap_core.checkpoint import engine as checkpoint_engine
 from overlap_core.planning import burst_report, command, conditions
 from overlap_core.planning import split as split_lib
-from overlap_core.planning.dims import ParallelDims
 from overlap_core.runtime import background, compat, ledger as ledger_lib
 from overlap_core.runtime import (datasets, outputs, pipeline_stats,
                                   run_record, zoo)
@@ -51,23 +50,11 @@ def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
     num_gpus = torch.cuda.device_count()
   compat.check_combinations(config, FRAMEWORK,
                             host=compat.Host(num_gpus=num_gpus))
-  check_pipeline_supported(config, num_gpus=num_gpus)
+  pipeline.check_pipeline_supported(config, num_gpus=num_gpus)
   distribute.check_strategy(config.distribute, num_gpus=num_gpus)
   check_burst_supported(
       config.burst, host_devices=num_gpus or os.cpu_count(),
       device_kind="GPUs" if num_gpus else "CPU cores")
-
-
-def check_pipeline_supported(config: TrainConfig, *,
-                             num_gpus: int = None) -> None:
-  """The pipeline's counts (stages x replicas must be the world) and its
-  profile; which features combine with stages is the compatibility
-  table's (`overlap_core.runtime.compat_table`, checked first)."""
-  if config.pipeline.stages == 1:
-    pipeline.check_profile(config)
-    return
-  ParallelDims.from_config(config, FRAMEWORK)  # the stages divide the world
-  pipeline.check_profile(config, num_gpus=num_gpus)
 
 
 def describe_environment(strategy: distribute.Strategy) -> dict:
@@ -173,7 +160,7 @@ def _make_train_step(config: TrainConfig, spec, strategy, parallel):
   if parallel.burst:
     return steps.make_burst_train_step(
         parallel.burst, parallel.optimizer, strategy, task=spec.task,
-        global_batch=config.data.batch_size)
+        global_batch_size=config.data.batch_size)
   if parallel.pipeline:
     return steps.make_pipeline_train_step(parallel.pipeline,
                                           parallel.optimizer, strategy)

@@ -130,12 +130,12 @@ def _train(model, step):
 def test_two_stages_train_like_the_unsplit_model(name, two_cpu_devices):
   model = _model(name)
   initial = model.get_weights()
-  loss_fn = steps.make_microbatch_loss("classification", BATCH)
+  loss_fn = steps.make_pipeline_loss("classification", BATCH)
   expected = _train(model, _unsplit_step(model, loss_fn))
   model.set_weights(initial)
   cuts = pipeline.plan_cut_layers(model, CONFIG,
                                   batch_size=BATCH // MICROBATCHES)
-  runtime = pipeline.GPipeRuntime(model, cuts, devices=two_cpu_devices,
+  runtime = pipeline.PipelineRuntime(model, cuts, devices=two_cpu_devices,
                                   num_microbatches=MICROBATCHES)
   got = _train(model, tf.function(
       lambda x, y: runtime.forward_backward(x, y, loss_fn)))
@@ -161,9 +161,9 @@ def test_each_stage_runs_forward_and_backward_on_its_own_device(
     two_cpu_devices):
   model = build_model("vgg16", image_size=IMAGE_SIZE, num_classes=10)
   cuts = pipeline.plan_cut_layers(model, CONFIG, batch_size=2)
-  runtime = pipeline.GPipeRuntime(model, cuts, devices=two_cpu_devices,
+  runtime = pipeline.PipelineRuntime(model, cuts, devices=two_cpu_devices,
                                   num_microbatches=MICROBATCHES)
-  loss_fn = steps.make_microbatch_loss("classification", BATCH)
+  loss_fn = steps.make_pipeline_loss("classification", BATCH)
   step = runtime.make_train_step(keras.optimizers.SGD(0.01), loss_fn)
   spec = (tf.TensorSpec((BATCH, IMAGE_SIZE, IMAGE_SIZE, 3)),
           tf.TensorSpec((BATCH,), tf.int32))
@@ -210,14 +210,14 @@ def test_each_stage_runs_forward_and_backward_on_its_own_device(
 
 def test_stage_models_share_the_models_layers_and_refuse_a_non_cut():
   model = build_model("resnet18", image_size=IMAGE_SIZE, num_classes=10)
-  first, second = pipeline.build_stage_models(model, ["layer2_1_out"])
+  first, second = pipeline.build_stages(model, ["layer2_1_out"])
   assert first.get_layer("conv1") is model.get_layer("conv1")
   assert second.get_layer("fc") is model.get_layer("fc")
   x = tf.random.normal((2, IMAGE_SIZE, IMAGE_SIZE, 3))
   np.testing.assert_allclose(second(first(x)), model(x), rtol=1e-5,
                              atol=1e-5)  # float32: the same ops, in order
   with pytest.raises(ValueError, match="not cut points"):
-    pipeline.build_stage_models(model, ["layer2_1_conv1"])
+    pipeline.build_stages(model, ["layer2_1_conv1"])
   with pytest.raises(ConfigError, match="--pipeline_split=auto"):
     pipeline.plan_cut_layers(model, PipelineConfig(stages=2), batch_size=2)
 
@@ -225,9 +225,9 @@ def test_stage_models_share_the_models_layers_and_refuse_a_non_cut():
 def test_measurements_partition_the_compute_span(two_cpu_devices):
   model = build_model("small_cnn", image_size=16, num_classes=10)
   cuts = pipeline.plan_cut_layers(model, CONFIG, batch_size=2)
-  runtime = pipeline.GPipeRuntime(model, cuts, devices=two_cpu_devices,
+  runtime = pipeline.PipelineRuntime(model, cuts, devices=two_cpu_devices,
                                   num_microbatches=MICROBATCHES)
-  loss_fn = steps.make_microbatch_loss("classification", BATCH)
+  loss_fn = steps.make_pipeline_loss("classification", BATCH)
   inputs, targets = steps.example_batch(model, "classification", BATCH)
   # An optimizer with state of its own (a step count, momentum slots) that
   # an update would change.

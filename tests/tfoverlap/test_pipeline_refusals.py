@@ -97,4 +97,4 @@ def test_a_model_with_two_inputs_or_outputs_is_refused():
     with pytest.raises(ValueError, match=f"{model.name}' with {counts}; "
                        "allowed: a functional model with one input and one "
                        "output"):
-      pipeline.build_stage_models(model, ["hidden"])
+      pipeline.build_stages(model, ["hidden"])

@@ -174,7 +174,7 @@ class _PausingDense(keras.layers.Dense):
 def _time_waits(model, dataset, num_steps=3):
   """Runs one call of `num_steps` steps; each step's measured data wait."""
   train_steps = steps.make_multi_step_train_step(
-      tf.distribute.get_strategy(), model, keras.optimizers.SGD(0.1),
+      model, keras.optimizers.SGD(0.1), tf.distribute.get_strategy(),
       task=CLASSIFICATION, global_batch_size=4, time_waits=True)
   _, waits = train_steps(iter(dataset), tf.constant(num_steps))
   return waits.numpy()

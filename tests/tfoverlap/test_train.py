@@ -320,7 +320,7 @@ def test_precision_sets_the_dtype_the_train_step_computes_in(
   built = trainer._build_model_and_optimizer(  # pylint: disable=protected-access
       strategy, config, num_classes=10, channels=3)
   model, optimizer = built.model, built.optimizer
-  train_step = steps.make_train_step(strategy, model, optimizer,
+  train_step = steps.make_train_step(model, optimizer, strategy,
                                      task="classification",
                                      global_batch_size=8)
   batch = (tf.random.uniform([8, 16, 16, 3]), tf.zeros([8], tf.int32))

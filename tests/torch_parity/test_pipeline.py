@@ -85,7 +85,7 @@ def _worker(rank: int, name: str, schedule: str, port: int, out_dir: str):
   model = _model(name)
   names = {id(p): n for n, p in model.named_parameters()}
   cfg = _config(schedule)
-  modules = pipeline.build_stage_modules(model, _cut_layers(model, schedule))
+  modules = pipeline.build_stages(model, _cut_layers(model, schedule))
   mesh = pipeline.build_mesh_groups(ParallelDims(2, 1, 2), rank)
   runtime = pipeline.build_runtime(modules, cfg, mesh, torch.device("cpu"),
                                    _loss)
@@ -166,7 +166,7 @@ def test_stage_modules_compose_to_the_model():
   model = _model("resnet18").eval()
   x = _batches()[0][0][:2]
   cuts = ["layer1.1.relu_4", "layer3.1.relu_12"]
-  stages = pipeline.build_stage_modules(model, cuts)
+  stages = pipeline.build_stages(model, cuts)
   assert len(stages) == 3
   y = x
   for stage in stages:

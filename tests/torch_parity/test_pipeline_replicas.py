@@ -64,7 +64,7 @@ def _worker(rank: int, port: int, out_dir: str):
                        split="even")
   half = BATCH // REPLICAS
   cuts = pipeline.plan_cut_layers(model, _batches()[0][0][:half], cfg)
-  modules = pipeline.build_stage_modules(model, cuts)
+  modules = pipeline.build_stages(model, cuts)
   mesh = pipeline.build_mesh_groups(
       ParallelDims(STAGES * REPLICAS, REPLICAS, STAGES), rank)
   # A bucket smaller than the stage's gradients: several all-reduces.
