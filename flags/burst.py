@@ -13,7 +13,8 @@ BACKGROUND_JOBS = ("none", "small_mlp")
 def define_flags():
   flags.DEFINE_string(
       "burst_parallel", "off",
-      "off, or a burst plan JSON (python -m torch_parity.burst_plan): every "
+      "off, or a burst plan JSON (python -m tfoverlap.burst_plan or "
+      "torch_parity.burst_plan; either plan runs in either trainer): every "
       "layer runs on its own number of devices, the batch scattered and "
       "gathered between layers of different width. The plan's devices must "
       "equal the run's replicas.")
@@ -43,7 +44,8 @@ def build_config(values) -> BurstConfig:
   except ValueError as e:
     raise ConfigError("burst_parallel", path,
                       f"{e}; allowed: off or a burst plan JSON from python "
-                      "-m torch_parity.burst_plan") from None
+                      "-m tfoverlap.burst_plan or torch_parity.burst_plan"
+                      ) from None
   if plan.model != values.model:
     raise ConfigError("burst_parallel", path,
                       f"the plan is for model {plan.model!r}, not "
