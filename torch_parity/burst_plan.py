@@ -34,16 +34,10 @@ timed, so the plan can be set beside DeepPool's own for the same numbers:
 
 import sys
 
-from absl import app
-
-import flags as tfo_flags
-from flags import plan as plan_flags
+from flags import entry_point
 from overlap_core.planning import command
-from overlap_core.runtime import host_allocator
 from torch_parity import plan
 
-tfo_flags.define_flags()
-plan_flags.define_flags()
 PROGRAM = "torch_parity.burst_plan"
 
 
@@ -60,18 +54,7 @@ def _profile_layers(model, config, batch_sizes, warmup, repeats):
 
 MEASURER = command.Measurer("pytorch", plan.build_graph, _profile_layers)
 
-
-def main(argv):
-  del argv
-  config = tfo_flags.to_config(tfo_flags.FLAGS)
-  # Layers are timed under the allocator policy the trainer runs with.
-  host_allocator.apply(config.run.host_allocator)
-  return command.burst_plan_main(tfo_flags.FLAGS, config, MEASURER,
-                                 usage_error=tfo_flags.exit_with_usage_error)
-
-
-def run_main():
-  app.run(main, flags_parser=tfo_flags.parse_or_exit)
+main, run_main = entry_point.make_plan_main(command.burst_plan_main, MEASURER)
 
 
 if __name__ == "__main__":

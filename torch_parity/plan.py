@@ -20,15 +20,9 @@ profile as --plan_profile with --pipeline_split=auto. Nothing is trained.
 
 import sys
 
-from absl import app
-
-import flags as tfo_flags
-from flags import plan as plan_flags
+from flags import entry_point
 from overlap_core.planning import command
-from overlap_core.runtime import host_allocator
 
-tfo_flags.define_flags()
-plan_flags.define_flags()
 PROGRAM = "torch_parity.plan"
 
 
@@ -77,18 +71,7 @@ def _profile_layers(model, config, batch_sizes, warmup, repeats):
 
 MEASURER = command.Measurer("pytorch", build_graph, _profile_layers)
 
-
-def main(argv):
-  del argv
-  config = tfo_flags.to_config(tfo_flags.FLAGS)
-  # Layers are timed under the allocator policy the trainer runs with.
-  host_allocator.apply(config.run.host_allocator)
-  return command.plan_main(tfo_flags.FLAGS, config, MEASURER,
-                           usage_error=tfo_flags.exit_with_usage_error)
-
-
-def run_main():
-  app.run(main, flags_parser=tfo_flags.parse_or_exit)
+main, run_main = entry_point.make_plan_main(command.plan_main, MEASURER)
 
 
 if __name__ == "__main__":
