@@ -1,11 +1,11 @@
-"""The trainers' shared main(): flags in, one run, its summary or one line out.
+"""The commands' shared main(): flags in, one run, its summary or one line out.
 
 Both `python -m tfoverlap.train` and `python -m torch_parity.train` are this
 function with their own `train`: the same flag parsing, the same exit
 statuses (2 for a flag or setting the trainer refuses, 1 for a run that
 failed) and the same end-of-run table. The framework is imported only inside
 `train`, after the flags parsed, so `--helpfull` and a bad flag answer at
-once.
+once. The planning commands' mains are made here too (`make_plan_main`).
 """
 
 import sys
@@ -71,5 +71,28 @@ def make_trainer_main(program: str, framework: str,
 
   def run_main():
     app.run(main, argv=sys.argv, flags_parser=tfo_flags.parse_or_exit)
+
+  return main, run_main
+
+
+def make_plan_main(run_command: Callable[..., int], measurer):
+  """(main, run_main) of a planning command: `run_main()` parses the flags
+  (exit 2 on a bad one) and calls `main`, which applies the allocator
+  policy and runs `run_command` (`overlap_core.planning.command.plan_main`
+  or `burst_plan_main`) with the side's `measurer`."""
+  from flags import plan as plan_flags  # pylint: disable=g-import-not-at-top
+  tfo_flags.define_flags()
+  plan_flags.define_flags()
+
+  def main(argv):
+    del argv
+    config = tfo_flags.to_config(tfo_flags.FLAGS)
+    # Layers are timed under the allocator policy the trainer runs with.
+    host_allocator.apply(config.run.host_allocator)
+    return run_command(tfo_flags.FLAGS, config, measurer,
+                       usage_error=tfo_flags.exit_with_usage_error)
+
+  def run_main():
+    app.run(main, flags_parser=tfo_flags.parse_or_exit)
 
   return main, run_main

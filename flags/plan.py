@@ -41,15 +41,3 @@ def define_flags():
       "DeepPool's job description JSON (its layers, their params, "
       "prevLayers and dims): the layer graph to plan with "
       "--plan_profile_format=deeppool, in place of --model's.")
-
-
-def burst_request(values):
-  """The --plan_* flags a burst planning command reads, as plain data."""
-  # pylint: disable=g-import-not-at-top
-  from overlap_core.planning.burst_report import BurstRequest
-  return BurstRequest(profile_path=values.plan_profile,
-                      profile_format=values.plan_profile_format,
-                      deeppool_job=values.plan_deeppool_job,
-                      batch_sizes=tuple(values.plan_batch_sizes),
-                      bandwidth_gbps=values.plan_bandwidth_gbps,
-                      output_dir=values.plan_output_dir)

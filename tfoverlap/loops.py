@@ -174,10 +174,13 @@ def make_scalar_writer(logdir: Optional[str], every_steps: int,
                        ledger: ledger_lib.StepLedger):
   """TensorBoard scalars every `every_steps` steps: loss, throughput, shares.
 
-  Returns a `write(step, loss)` callable; a no-op when `logdir` is None.
+  Returns a `write(step, loss)` callable with a `close()` attribute; a
+  no-op when `logdir` is None.
   """
   if logdir is None:
-    return lambda step, loss: None
+    write = lambda step, loss: None
+    write.close = lambda: None
+    return write
   writer = tf.summary.create_file_writer(logdir)
   windows = ScalarWindows(ledger, every_steps)
 
@@ -191,4 +194,5 @@ def make_scalar_writer(logdir: Optional[str], every_steps: int,
         tf.summary.scalar(f"steps/{name}", value)
     writer.flush()
 
+  write.close = writer.close
   return write

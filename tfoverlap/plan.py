@@ -20,79 +20,48 @@ profile as --plan_profile with --pipeline_split=auto. Nothing is trained.
 
 import sys
 
-from absl import app
+from flags import entry_point
+from overlap_core.planning import command
 
-import flags as tfo_flags
-from flags import plan as plan_flags
-from overlap_core.runtime import host_allocator
-
-tfo_flags.define_flags()
-plan_flags.define_flags()
 PROGRAM = "tfoverlap.plan"
 
 
-def main(argv):
-  del argv
-  values = tfo_flags.FLAGS
-  config = tfo_flags.to_config(values)
-  # Layers are timed under the allocator policy the trainer runs with.
-  host_allocator.apply(config.run.host_allocator)
-  # pylint: disable=g-import-not-at-top
+# The framework is imported inside the measuring functions: after the
+# allocator policy is applied, and not at all for a refused flag.
+# pylint: disable=g-import-not-at-top
+def _build_graph(config, batch_size):
   import keras
-  from overlap_core.planning import command
-  from overlap_core.planning import split
-  from overlap_core.runtime.config import ConfigError
+  import tensorflow as tf
   from tfoverlap.models import build_model
   from tfoverlap.planning.graph import build_layer_graph
-  from tfoverlap.planning.profiler import profile_layers
-  from tfoverlap.steps import build_optimizer
-
-  try:
-    command.check_plannable(config, "tensorflow")
-  except ConfigError as e:
-    tfo_flags.exit_with_usage_error(str(e))
-  microbatch = command.plan_microbatch_size(config)
-  try:
-    sizes = command.profile_batch_sizes(values.plan_batch_sizes, microbatch)
-  except ValueError as e:
-    tfo_flags.exit_with_usage_error(str(e))
   # Before any op: layers are timed on the threads each of the trainer's
   # processes gets (one process holds every stage, on logical devices).
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf.config.threading.set_intra_op_parallelism_threads(
       command.profiling_threads(config, config.distribute.num_workers))
   keras.utils.set_random_seed(config.run.seed)
   model = build_model(config.model.name, image_size=config.data.image_size,
                       num_classes=config.data.num_classes)
-  graph = build_layer_graph(model, batch_size=microbatch,
-                            name=config.model.name)
-  try:
-    command.check_split(graph, config.pipeline, microbatch)
-    profile = split.load_profile(values.plan_profile)
-  except (ValueError, ConfigError) as e:
-    tfo_flags.exit_with_usage_error(str(e))
-  if profile is None:
-    # Layers are timed where the trainer runs them: the first GPU, else
-    # the CPU.
-    profile = profile_layers(model, batch_sizes=sizes,
-                             warmup=values.plan_warmup,
-                             repeats=values.plan_repeats,
-                             name=config.model.name, seed=config.run.seed,
-                             optimizer_factory=lambda: build_optimizer(
-                                 config.model),
-                             optimizer_name=config.model.optimizer)
-  try:
-    print(command.run_plan(
-        graph, profile, config,
-        bandwidth_bytes_per_s=values.plan_bandwidth_gbps * 1e9 or None,
-        output_dir=values.plan_output_dir))
-  except (ValueError, KeyError) as e:
-    tfo_flags.exit_with_usage_error(str(e).strip("'\""))
-  return 0
+  return model, build_layer_graph(model, batch_size=batch_size,
+                                  name=config.model.name)
 
 
-def run_main():
-  app.run(main, flags_parser=tfo_flags.parse_or_exit)
+def _profile_layers(model, config, batch_sizes, warmup, repeats):
+  from tfoverlap.planning.profiler import profile_layers
+  from tfoverlap.steps import build_optimizer
+  # Layers are timed where the trainer runs them: the first GPU, else the
+  # CPU.
+  return profile_layers(model, batch_sizes=batch_sizes, warmup=warmup,
+                        repeats=repeats, name=config.model.name,
+                        seed=config.run.seed,
+                        optimizer_factory=lambda: build_optimizer(
+                            config.model),
+                        optimizer_name=config.model.optimizer)
+# pylint: enable=g-import-not-at-top
+
+
+MEASURER = command.Measurer("tensorflow", _build_graph, _profile_layers)
+
+main, run_main = entry_point.make_plan_main(command.plan_main, MEASURER)
 
 
 if __name__ == "__main__":

@@ -5,24 +5,20 @@ device, the strategy exists before any variable, and the model and optimizer
 are built inside its scope so their variables are replicated.
 """
 
-import contextlib
 import dataclasses
 import os
 import sys
-import time
 
 import keras
 import tensorflow as tf
 
-from overlap_core.checkpoint import engine as checkpoint_engine
-from overlap_core.planning import burst_report, command, conditions
+from overlap_core.planning import burst_report, command
 from overlap_core.planning import split as split_lib
 from overlap_core.runtime import background, compat, ledger as ledger_lib
-from overlap_core.runtime import outputs, run_record, zoo
+from overlap_core.runtime import run_record, skeleton
 from overlap_core.runtime.config import (ConfigError, TrainConfig,
                                          check_burst_supported)
 from overlap_core.runtime.loop_context import LoopContext
-from overlap_core.runtime.progress import ProgressPrinter
 from tfoverlap import (burst, checkpoint, data, distribute, loops, models,
                        parallelize, pipeline, steps)
 
@@ -232,112 +228,115 @@ def _evaluate(strategy, config: TrainConfig, spec, model) -> dict:
                         strategy, task=spec.task)
 
 
-def train(config: TrainConfig) -> dict:
-  """Runs training as configured; returns the run record it wrote.
+class _TensorFlowSide:
+  """The TensorFlow hooks of `overlap_core.runtime.skeleton.run`."""
 
-  Raises:
-    ConfigError: for a setting this framework or host cannot honour.
-  """
-  start = time.perf_counter()
-  check_supported(config)
-  worker_index, num_workers = (distribute.cluster_from_env()
-                               if config.distribute.strategy == "multi_worker"
-                               else (0, 1))
-  config = run_record.with_default_model_dir(config, FRAMEWORK)
-  out_dir = run_record.worker_dir(config.run.model_dir, worker_index)
-  # Before anything is built: a second run on the directory ends at once.
-  with outputs.hold_worker_dir(out_dir):
-    return _train_holding(config, out_dir, worker_index, num_workers,
-                          start=start)
+  framework = FRAMEWORK
 
+  def __init__(self):
+    self._strategy = None
+    self._service = None
 
-def _train_holding(config: TrainConfig, out_dir: str, worker_index: int,
-                   num_workers: int, *, start: float) -> dict:
-  """`train`, once this process holds `out_dir`."""
-  distribute.configure_host(config.distribute, config.run)
-  keras.utils.set_random_seed(config.run.seed)
-  if config.run.deterministic:
-    tf.config.experimental.enable_op_determinism()
-  strategy = _build_strategy(config)
+  def check_supported(self, config: TrainConfig) -> None:
+    check_supported(config)
 
-  service = None
-  if config.data.data_service == "local":
-    service = data.start_data_service()
-    config = dataclasses.replace(config, data=dataclasses.replace(
-        config.data, data_service=service.address))
-  try:
-    spec = zoo.MODELS[config.model.name]
-    info = data.describe(config.data)
-    plan = (burst_report.read_plan(config.burst.plan_path)
-            if config.burst.enabled else None)
-    built = _build_model_and_optimizer(
-        strategy, config, info.num_classes, info.channels, plan)
-    model, optimizer = built.model, built.optimizer
-    offloader = built.offload
-    checkpointer = checkpoint.build_checkpointer(
-        config.checkpoint, config.run.model_dir, model=model,
-        optimizer=optimizer, is_chief=worker_index == 0,
-        worker_index=worker_index,
-        describe_state=checkpoint_engine.make_state_describer(
-            config.data, seed=config.run.seed,
-            num_train_examples=info.num_train_examples),
-        agree=distribute.make_agree(strategy))
-    resume = checkpointer.restore_latest() if checkpointer else None
-    restored_step = resume.step if resume else 0
+  def join(self, config: TrainConfig) -> skeleton.World:
+    worker_index, num_workers = (distribute.cluster_from_env()
+                                 if config.distribute.strategy ==
+                                 "multi_worker" else (0, 1))
+    return skeleton.World(worker_index=worker_index, num_workers=num_workers,
+                          is_chief=worker_index == 0)
 
-    ledger = ledger_lib.StepLedger()
-    ctx = LoopContext(
-        ledger=ledger,
-        progress=ProgressPrinter(
-            total_steps=config.run.train_steps,
-            every_steps=config.run.log_every_steps,
-            enabled=config.run.progress and worker_index == 0,
-            prefix="" if num_workers == 1 else f"[worker {worker_index}] "),
-        checkpointer=checkpointer,
-        write_scalars=loops.make_scalar_writer(
-            os.path.join(out_dir, "tensorboard")
-            if config.run.tensorboard else None,
-            config.run.log_every_steps, ledger),
-        first_step=restored_step + 1,
-        last_step=config.run.train_steps,
-        global_batch_size=config.data.batch_size,
-        background=(background.make_runner(
-            config.burst.background_job, out_dir,
-            first_step=restored_step + 1, last_step=config.run.train_steps,
-            global_batch_size=config.data.batch_size)
-                    if config.burst.background and worker_index == 0
-                    else None))
-    try:
-      final = {"train_loss": _run_loop(ctx, strategy, config, spec, built)}
-    except BaseException:
-      if checkpointer:
-        # The running persist completes or is dropped whole, never half;
-        # the training error is the one to report.
-        with contextlib.suppress(Exception):
-          checkpointer.close()
-      raise
-    finally:
-      if ctx.background is not None:
-        ctx.background.stop()
-    if checkpointer:
-      checkpointer.finish(ctx.last_step)
-    # Before evaluation, whose forward passes would count copies too.
-    offload_stats = (offloader.summary(num_steps=len(ledger.steps))
-                     if offloader else None)
-    pipeline_section = (built.pipeline.describe(
+  def leave(self) -> None:
+    pass  # the strategy lives as long as the process
+
+  def configure_host(self, config: TrainConfig) -> TrainConfig:
+    distribute.configure_host(config.distribute, config.run)
+    keras.utils.set_random_seed(config.run.seed)
+    if config.run.deterministic:
+      tf.config.experimental.enable_op_determinism()
+    self._strategy = _build_strategy(config)
+    if config.data.data_service != "local":
+      return config
+    self._service = data.start_data_service()
+    return dataclasses.replace(config, data=dataclasses.replace(
+        config.data, data_service=self._service.address))
+
+  def stop_services(self) -> None:
+    if self._service is not None:
+      self._service.stop()
+
+  def describe_data(self, config: TrainConfig):
+    return data.describe(config.data)
+
+  def parallelize(self, config: TrainConfig, spec, info, plan):
+    del spec  # the model zoo's builder knows its own
+    return _build_model_and_optimizer(
+        self._strategy, config, info.num_classes, info.channels, plan)
+
+  def make_checkpointer(self, config: TrainConfig, built, world,
+                        describe_state):
+    return checkpoint.build_checkpointer(
+        config.checkpoint, config.run.model_dir, model=built.model,
+        optimizer=built.optimizer, is_chief=world.is_chief,
+        worker_index=world.worker_index, describe_state=describe_state,
+        agree=distribute.make_agree(self._strategy))
+
+  def make_scalar_writer(self, logdir, every_steps, ledger):
+    return loops.make_scalar_writer(logdir, every_steps, ledger)
+
+  def make_background(self, config: TrainConfig, out_dir: str, *,
+                      first_step: int, last_step: int):
+    return background.make_runner(
+        config.burst.background_job, out_dir, first_step=first_step,
+        last_step=last_step, global_batch_size=config.data.batch_size)
+
+  def run_loop(self, ctx: LoopContext, config: TrainConfig, spec,
+               built) -> float:
+    return _run_loop(ctx, self._strategy, config, spec, built)
+
+  def after_training(self, config: TrainConfig, built, ledger):
+    if not built.pipeline:
+      return None
+    return built.pipeline.describe(
         config.pipeline, skip_steps=ledger.summary()["warmup_steps"])
-        if built.pipeline else None)
-    if pipeline_section is not None:
-      # Where predictions and measurements part, the conditions may say why.
-      pipeline_section["profile_conditions"] = conditions.describe(
-          split_lib.load_profile(config.pipeline.profile),
-          pipeline.stage_conditions(config))
-    if config.run.evaluate and info.num_eval_examples:
-      final.update(_evaluate(strategy, config, spec, model))
-  finally:
-    if service is not None:
-      service.stop()
 
+  def stage_conditions(self, config: TrainConfig) -> dict:
+    return pipeline.stage_conditions(config)
+
+  def evaluate(self, config: TrainConfig, spec, model) -> dict:
+    return _evaluate(self._strategy, config, spec, model)
+
+  def cpu_of_processes(self, config: TrainConfig, ledger):
+    return None  # one process runs all of a worker's replicas
+
+  def notes(self, config: TrainConfig, built, restored_step: int) -> list:
+    return _notes(config, built, restored_step)
+
+  def phases_measured(self, config: TrainConfig, built) -> list:
+    return _phases_measured(config, built)
+
+  def describe_environment(self) -> dict:
+    return describe_environment(self._strategy)
+
+  def describe_strategy(self, config: TrainConfig, built, plan,
+                        ledger) -> dict:
+    return _describe_strategy(self._strategy, config, built, plan, ledger)
+
+  def num_params(self, model) -> int:
+    return models.num_params(model)
+
+  def weights_digest(self, model) -> str:
+    return weights_digest(model)
+
+
+def _input_inside_step(config: TrainConfig) -> bool:
+  """Whether the step reads its input inside the traced call, untimed."""
+  return config.run.loop == "fit" or (
+      config.run.steps_per_execution > 1 and config.run.deterministic)
+
+
+def _notes(config: TrainConfig, built, restored_step: int) -> list:
   notes = []
   if config.run.loop == "fit":
     notes.append("model.fit pulls its input inside the compiled step: "
@@ -350,37 +349,37 @@ def _train_holding(config: TrainConfig, out_dir: str, worker_index: int,
                     if not config.run.deterministic else
                     "data wait is part of compute (op determinism refuses "
                     "tf.timestamp)"))
-  if restored_step:
-    notes.append(f"resumed from the checkpoint of step {restored_step}")
-    if config.data.data_service:
-      notes.append("the tf.data service hands batches to consumers in "
-                   "arrival order: the resumed data order is not exact")
-  input_inside = config.run.loop == "fit" or (
-      config.run.steps_per_execution > 1 and config.run.deterministic)
-  phases_measured = ([ledger_lib.COMPUTE, ledger_lib.CHECKPOINT_STALL]
-                     if input_inside else list(ledger_lib.PHASES))
-  if offloader is not None and offloader.timed:
-    phases_measured.insert(phases_measured.index(ledger_lib.COMPUTE) + 1,
-                           ledger_lib.OFFLOAD_COPY)
-  elif offloader is not None:
+  if restored_step and config.data.data_service:
+    notes.append("the tf.data service hands batches to consumers in "
+                 "arrival order: the resumed data order is not exact")
+  if built.offload is not None and not built.offload.timed:
     notes.append("offload copies are counted, not timed: op determinism "
                  "refuses tf.timestamp, so they are part of compute")
   if built.pipeline:
-    # The compute span is split into stage compute, transfer and bubble.
-    phases_measured = [ledger_lib.DATA_WAIT, ledger_lib.CHECKPOINT_STALL]
     notes.append("pipelined: each step's compute span is split into "
                  "stage_compute and transfer (stages and copies timed alone "
                  "before training) and bubble (the rest); see "
                  "pipeline.sources")
-  return outputs.write_worker_outputs(
-      config, out_dir, ledger, framework=FRAMEWORK,
-      worker_index=worker_index, num_workers=num_workers,
-      environment=describe_environment(strategy),
-      strategy=_describe_strategy(strategy, config, built, plan, ledger),
-      num_params=models.num_params(model),
-      weights_digest=weights_digest(model), final=final,
-      phases_measured=phases_measured,
-      checkpoint_stats=checkpointer.stats() if checkpointer else None,
-      notes=notes, wall_s=time.perf_counter() - start,
-      offload_stats=offload_stats, pipeline=pipeline_section,
-      background_stats=ctx.background.stats() if ctx.background else None)
+  return notes
+
+
+def _phases_measured(config: TrainConfig, built) -> list:
+  """The ledger phases this run times."""
+  if built.pipeline:
+    # The compute span is split into stage compute, transfer and bubble.
+    return [ledger_lib.DATA_WAIT, ledger_lib.CHECKPOINT_STALL]
+  phases = ([ledger_lib.COMPUTE, ledger_lib.CHECKPOINT_STALL]
+            if _input_inside_step(config) else list(ledger_lib.PHASES))
+  if built.offload is not None and built.offload.timed:
+    phases.insert(phases.index(ledger_lib.COMPUTE) + 1,
+                  ledger_lib.OFFLOAD_COPY)
+  return phases
+
+
+def train(config: TrainConfig) -> dict:
+  """Runs training as configured; returns the run record it wrote.
+
+  Raises:
+    ConfigError: for a setting this framework or host cannot honour.
+  """
+  return skeleton.run(_TensorFlowSide(), config)

@@ -34,76 +34,27 @@ timed, so the plan can be set beside DeepPool's own for the same numbers:
 
 import sys
 
-from absl import app
+from flags import entry_point
+from overlap_core.planning import command
+from torch_parity import plan
 
-import flags as tfo_flags
-from flags import plan as plan_flags
-from overlap_core.runtime import host_allocator
-
-tfo_flags.define_flags()
-plan_flags.define_flags()
 PROGRAM = "torch_parity.burst_plan"
 
 
-def _measure(config):
-  """The model's graph and layer timer, in PyTorch: build_graph(batch),
-  measure(batches)."""
+def _profile_layers(model, config, batch_sizes, warmup, repeats):
   # pylint: disable=g-import-not-at-top
   import torch
-  from torch_parity.models import build_model
-  from torch_parity.planning.graph import build_layer_graph
   from torch_parity.planning.profiler import profile_layers
-
-  values = tfo_flags.FLAGS
-  torch.manual_seed(config.run.seed)
-  model = build_model(config.model.name, image_size=config.data.image_size,
-                      num_classes=config.data.num_classes)
-  side = config.data.image_size // (2 if config.model.name == "edsr" else 1)
-
-  def make_input(b):
-    return torch.randn(b, 3, side, side)
-
-  def build_graph(batch):
-    return build_layer_graph(model, make_input(batch), name=config.model.name)
-
-  def measure(batches):
-    device = "cuda:0" if torch.cuda.is_available() else "cpu"
-    return profile_layers(model, make_input, device=device,
-                          batch_sizes=batches, warmup=values.plan_warmup,
-                          repeats=values.plan_repeats, name=config.model.name)
-
-  return build_graph, measure
+  device = "cuda:0" if torch.cuda.is_available() else "cpu"
+  return profile_layers(model, lambda b: plan.make_input(config, b),
+                        device=device, batch_sizes=batch_sizes,
+                        warmup=warmup, repeats=repeats,
+                        name=config.model.name)
 
 
-def main(argv):
-  del argv
-  values = tfo_flags.FLAGS
-  config = tfo_flags.to_config(values)
-  # pylint: disable=g-import-not-at-top
-  from overlap_core.planning import burst_report, command
-  from overlap_core.runtime.config import ConfigError
-  try:
-    command.check_plannable(config, "pytorch", burst=True)
-  except ConfigError as e:
-    tfo_flags.exit_with_usage_error(str(e))
-  # Layers are timed under the allocator policy the trainer runs with.
-  host_allocator.apply(config.run.host_allocator)
-  request = plan_flags.burst_request(values)
-  if request.profile_format == "deeppool":
-    build_graph = measure = None  # DeepPool's files: no model is built
-  else:
-    build_graph, measure = _measure(config)
-  try:
-    graph, profile, plan = burst_report.plan_burst_command(
-        config, request, build_graph=build_graph, measure=measure)
-  except (ValueError, KeyError) as e:
-    tfo_flags.exit_with_usage_error(str(e).strip("'\""))
-  burst_report.print_burst_plan(graph, profile, plan, request.output_dir)
-  return 0
+MEASURER = command.Measurer("pytorch", plan.build_graph, _profile_layers)
 
-
-def run_main():
-  app.run(main, flags_parser=tfo_flags.parse_or_exit)
+main, run_main = entry_point.make_plan_main(command.burst_plan_main, MEASURER)
 
 
 if __name__ == "__main__":

@@ -20,85 +20,59 @@ profile as --plan_profile with --pipeline_split=auto. Nothing is trained.
 
 import sys
 
-from absl import app
+from flags import entry_point
+from overlap_core.planning import command
+from overlap_core.planning.dims import ParallelDims
 
-import flags as tfo_flags
-from flags import plan as plan_flags
-from overlap_core.runtime import host_allocator
-
-tfo_flags.define_flags()
-plan_flags.define_flags()
 PROGRAM = "torch_parity.plan"
 
 
-def main(argv):
-  del argv
-  values = tfo_flags.FLAGS
-  config = tfo_flags.to_config(values)
-  # Layers are timed under the allocator policy the trainer runs with.
-  host_allocator.apply(config.run.host_allocator)
-  # pylint: disable=g-import-not-at-top
+# The framework is imported inside the measuring functions: after the
+# allocator policy is applied, and not at all for a refused flag.
+# pylint: disable=g-import-not-at-top
+def make_input(config, batch_size):
+  """A random batch of the model's inputs (EDSR's are half the size)."""
   import torch
-  from overlap_core.planning import command
-  from overlap_core.planning import split
-  from overlap_core.planning.dims import ParallelDims
-  from overlap_core.runtime.config import ConfigError
+  side = config.data.image_size // (2 if config.model.name == "edsr" else 1)
+  return torch.randn(batch_size, 3, side, side)
+
+
+def build_graph(config, batch_size):
+  """The seeded model and its torch.fx layer graph at `batch_size`."""
+  import torch
   from torch_parity.models import build_model
   from torch_parity.planning.graph import build_layer_graph
-  from torch_parity.planning.profiler import profile_layers
-  from torch_parity.steps import build_optimizer
-
-  try:
-    command.check_plannable(config, "pytorch")
-  except ConfigError as e:
-    tfo_flags.exit_with_usage_error(str(e))
-  microbatch = command.plan_microbatch_size(config)
-  try:
-    sizes = command.profile_batch_sizes(values.plan_batch_sizes, microbatch)
-  except ValueError as e:
-    tfo_flags.exit_with_usage_error(str(e))
   torch.manual_seed(config.run.seed)
   model = build_model(config.model.name, image_size=config.data.image_size,
                       num_classes=config.data.num_classes)
-  side = config.data.image_size // (2 if config.model.name == "edsr" else 1)
-
-  def make_input(batch):
-    return torch.randn(batch, 3, side, side)
-
-  graph = build_layer_graph(model, make_input(microbatch),
-                            name=config.model.name)
-  try:
-    command.check_split(graph, config.pipeline, microbatch)
-    profile = split.load_profile(values.plan_profile)
-  except (ValueError, ConfigError) as e:
-    tfo_flags.exit_with_usage_error(str(e))
-  if profile is None:
-    # Layers are timed where the trainer would run them: the first GPU,
-    # else the CPU.
-    device = "cuda:0" if torch.cuda.is_available() else "cpu"
-    # One process per stage (and replica): each gets that share of the
-    # host's cores, and its layers are timed on that share.
-    torch.set_num_threads(command.profiling_threads(
-        config, ParallelDims.from_config(config, None).world_size))
-    profile = profile_layers(model, make_input, device=device,
-                             batch_sizes=sizes, warmup=values.plan_warmup,
-                             repeats=values.plan_repeats,
-                             name=config.model.name,
-                             optimizer_factory=lambda params: build_optimizer(
-                                 config.model, params),
-                             optimizer_name=config.model.optimizer)
-  try:
-    print(command.run_plan(
-        graph, profile, config,
-        bandwidth_bytes_per_s=values.plan_bandwidth_gbps * 1e9 or None,
-        output_dir=values.plan_output_dir))
-  except (ValueError, KeyError) as e:
-    tfo_flags.exit_with_usage_error(str(e).strip("'\""))
-  return 0
+  return model, build_layer_graph(model, make_input(config, batch_size),
+                                  name=config.model.name)
 
 
-def run_main():
-  app.run(main, flags_parser=tfo_flags.parse_or_exit)
+def _profile_layers(model, config, batch_sizes, warmup, repeats):
+  import torch
+  from torch_parity.planning.profiler import profile_layers
+  from torch_parity.steps import build_optimizer
+  # Layers are timed where the trainer would run them: the first GPU, else
+  # the CPU.
+  device = "cuda:0" if torch.cuda.is_available() else "cpu"
+  # One process per stage (and replica): each gets that share of the
+  # host's cores, and its layers are timed on that share.
+  torch.set_num_threads(command.profiling_threads(
+      config, ParallelDims.from_config(config, None).world_size))
+  return profile_layers(model, lambda b: make_input(config, b),
+                        device=device, batch_sizes=batch_sizes,
+                        warmup=warmup, repeats=repeats,
+                        name=config.model.name,
+                        optimizer_factory=lambda params: build_optimizer(
+                            config.model, params),
+                        optimizer_name=config.model.optimizer)
+# pylint: enable=g-import-not-at-top
+
+
+MEASURER = command.Measurer("pytorch", build_graph, _profile_layers)
+
+main, run_main = entry_point.make_plan_main(command.plan_main, MEASURER)
 
 
 if __name__ == "__main__":

@@ -8,22 +8,17 @@ rank 0's weights when it wraps the model), and the optimizer is built on
 the device-resident parameters.
 """
 
-import contextlib
 import os
 import sys
-import time
 
 import torch
 
-from overlap_core.checkpoint import engine as checkpoint_engine
-from overlap_core.planning import burst_report, command, conditions
+from overlap_core.planning import burst_report, command
 from overlap_core.planning import split as split_lib
 from overlap_core.runtime import background, compat, ledger as ledger_lib
-from overlap_core.runtime import (datasets, outputs, pipeline_stats,
-                                  run_record, zoo)
+from overlap_core.runtime import (datasets, pipeline_stats, run_record,
+                                  skeleton)
 from overlap_core.runtime.config import TrainConfig, check_burst_supported
-from overlap_core.runtime.loop_context import LoopContext
-from overlap_core.runtime.progress import ProgressPrinter
 from torch_parity import (background_cuda, checkpoint, data, distribute,
                           loops, models, parallelize, pipeline,
                           pipeline_timing, steps)
@@ -231,6 +226,140 @@ def _describe_strategy(strategy, parallel, config, plan, ledger) -> dict:
   return described
 
 
+class _TorchSide:
+  """The PyTorch hooks of `overlap_core.runtime.skeleton.run`."""
+
+  framework = FRAMEWORK
+
+  def __init__(self):
+    self._strategy = None
+
+  def check_supported(self, config: TrainConfig) -> None:
+    check_supported(config)
+
+  def join(self, config: TrainConfig) -> skeleton.World:
+    distribute.configure_host(config.run)
+    strategy = self._strategy = distribute.build_strategy(config.distribute)
+    if config.pipeline.stages > 1:
+      distribute.apply_pipeline_dims(strategy, config.pipeline.stages)
+    return skeleton.World(worker_index=strategy.worker_index,
+                          num_workers=strategy.num_workers,
+                          is_chief=strategy.rank == 0,
+                          writes_outputs=strategy.writes_outputs)
+
+  def leave(self) -> None:
+    self._strategy.close()
+
+  def configure_host(self, config: TrainConfig) -> TrainConfig:
+    _seed(config, self._strategy.device)
+    return config
+
+  def stop_services(self) -> None:
+    pass  # the loader's workers end with their loader
+
+  def describe_data(self, config: TrainConfig):
+    return data.describe(config.data)
+
+  def parallelize(self, config: TrainConfig, spec, info, plan):
+    return parallelize.parallelize(
+        self._strategy,
+        build_model=lambda: models.build_model(
+            config.model.name, image_size=config.data.image_size,
+            num_classes=info.num_classes, channels=info.channels),
+        build_optimizer=lambda module: steps.build_optimizer(
+            config.model, module.parameters()),
+        offload=config.offload,
+        pipeline=_pipeline_spec(config, spec, info),
+        burst=_burst_spec(config, spec, info, plan))
+
+  def make_checkpointer(self, config: TrainConfig, built, world,
+                        describe_state):
+    # A burst run's checkpoint is rank 0's: it runs every layer, so its
+    # model and optimizer state are the whole run's.
+    # After parallelize: Horovod's DistributedOptimizer is a new optimizer
+    # with state of its own, the one to save and restore. Every rank
+    # restores rank 0's checkpoint, so all resume from the same state.
+    return checkpoint.build_checkpointer(
+        config.checkpoint, config.run.model_dir, model=built.model,
+        optimizer=built.optimizer, is_chief=world.is_chief,
+        describe_state=describe_state,
+        agree=distribute.make_agree(self._strategy))
+
+  def make_scalar_writer(self, logdir, every_steps, ledger):
+    return loops.make_scalar_writer(logdir, every_steps, ledger)
+
+  def make_background(self, config: TrainConfig, out_dir: str, *,
+                      first_step: int, last_step: int):
+    return _make_background(config, self._strategy, out_dir,
+                            first_step=first_step, last_step=last_step)
+
+  def run_loop(self, ctx, config: TrainConfig, spec, built) -> float:
+    return _run_loop(ctx, config, spec, self._strategy, built)
+
+  def after_training(self, config: TrainConfig, built, ledger):
+    if built.pipeline:
+      pipeline.average_stage_buffers(built.pipeline)
+      return pipeline_timing.gather_pipeline_section(
+          built.pipeline, config.pipeline, self._strategy.device,
+          warmup_steps=ledger_lib.default_warmup_steps(len(ledger.steps)))
+    if built.burst:
+      built.burst.share_first_rank_state(built.model)
+    else:
+      self._strategy.average_buffers(built.model)
+    return None
+
+  def stage_conditions(self, config: TrainConfig) -> dict:
+    return pipeline.stage_conditions(config)
+
+  def evaluate(self, config: TrainConfig, spec, model) -> dict:
+    return _evaluate(config, spec, self._strategy, model)
+
+  def cpu_of_processes(self, config: TrainConfig, ledger):
+    return _mirrored_cpu_work(self._strategy, config, ledger)
+
+  def notes(self, config: TrainConfig, built, restored_step: int) -> list:
+    del restored_step  # the skeleton's note says it all
+    return [self._strategy.describe_backend() if not built.burst else
+            f"burst plan {config.burst.plan_path} over "
+            f"{self._strategy.backend}"]
+
+  def phases_measured(self, config: TrainConfig, built) -> list:
+    return _phases_measured(built)
+
+  def describe_environment(self) -> dict:
+    return describe_environment(self._strategy)
+
+  def describe_strategy(self, config: TrainConfig, built, plan,
+                        ledger) -> dict:
+    return _describe_strategy(self._strategy, built, config, plan, ledger)
+
+  def num_params(self, model) -> int:
+    return models.num_params(model)
+
+  def weights_digest(self, model) -> str:
+    return weights_digest(model)
+
+
+def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel) -> float:
+  """Runs the custom loop over the remaining steps; the last loss."""
+  if ctx.first_step > ctx.last_step:
+    return float("nan")
+  # The loader draws its workers' seed from torch's generator; forked,
+  # the training stream (dropout) is the one a checkpoint restores.
+  with torch.random.fork_rng(devices=[]):
+    batches = _build_train_batches(config, spec, strategy, ctx.first_step)
+  try:
+    return loops.run_custom_loop(
+        ctx, train_step=_make_train_step(config, spec, strategy, parallel),
+        iterator=batches, device=strategy.device,
+        split_compute=_split_compute(parallel),
+        stream=_foreground_stream(ctx.background))
+  finally:
+    # The device prefetcher stages batches on a thread of its own.
+    if hasattr(batches, "close"):
+      batches.close()
+
+
 def train(config: TrainConfig):
   """Runs training as configured; returns the run record it wrote.
 
@@ -241,153 +370,7 @@ def train(config: TrainConfig):
   Raises:
     ConfigError: for a setting this framework or host cannot honour.
   """
-  start = time.perf_counter()
-  check_supported(config)
-  distribute.configure_host(config.run)
-  strategy = distribute.build_strategy(config.distribute)
-  if config.pipeline.stages > 1:
-    distribute.apply_pipeline_dims(strategy, config.pipeline.stages)
-  held = None
-  try:
-    config = run_record.with_default_model_dir(config, FRAMEWORK)
-    out_dir = run_record.worker_dir(config.run.model_dir,
-                                    strategy.worker_index)
-    if strategy.writes_outputs:
-      # Before anything is built: a second run on the directory ends at
-      # once (its launcher stops the other replicas).
-      held = outputs.hold_worker_dir(out_dir)
-    _seed(config, strategy.device)
-    spec = zoo.MODELS[config.model.name]
-    info = data.describe(config.data)
-    plan = (burst_report.read_plan(config.burst.plan_path)
-            if config.burst.enabled else None)
-    parallel = parallelize.parallelize(
-        strategy,
-        build_model=lambda: models.build_model(
-            config.model.name, image_size=config.data.image_size,
-            num_classes=info.num_classes, channels=info.channels),
-        build_optimizer=lambda module: steps.build_optimizer(
-            config.model, module.parameters()),
-        offload=config.offload,
-        pipeline=_pipeline_spec(config, spec, info),
-        burst=_burst_spec(config, spec, info, plan))
-    model, optimizer = parallel.model, parallel.optimizer
-    offloader = parallel.offload
-    # A burst run's checkpoint is rank 0's: it runs every layer, so its
-    # model and optimizer state are the whole run's.
-    # After parallelize: Horovod's DistributedOptimizer is a new optimizer
-    # with state of its own, the one to save and restore. Every rank
-    # restores rank 0's checkpoint, so all resume from the same state.
-    checkpointer = checkpoint.build_checkpointer(
-        config.checkpoint, config.run.model_dir, model=model,
-        optimizer=optimizer, is_chief=strategy.rank == 0,
-        describe_state=checkpoint_engine.make_state_describer(
-            config.data, seed=config.run.seed,
-            num_train_examples=info.num_train_examples),
-        agree=distribute.make_agree(strategy))
-    resume = checkpointer.restore_latest() if checkpointer else None
-    restored_step = resume.step if resume else 0
-
-    ledger = ledger_lib.StepLedger()
-    write_scalars = loops.make_scalar_writer(
-        os.path.join(out_dir, "tensorboard")
-        if config.run.tensorboard and strategy.writes_outputs else None,
-        config.run.log_every_steps, ledger)
-    ctx = LoopContext(
-        ledger=ledger,
-        progress=ProgressPrinter(
-            total_steps=config.run.train_steps,
-            every_steps=config.run.log_every_steps,
-            enabled=config.run.progress and strategy.rank == 0,
-            prefix=("" if strategy.num_workers == 1
-                    else f"[worker {strategy.worker_index}] ")),
-        checkpointer=checkpointer,
-        write_scalars=write_scalars,
-        first_step=restored_step + 1,
-        last_step=config.run.train_steps,
-        global_batch_size=config.data.batch_size,
-        background=_make_background(
-            config, strategy, out_dir, first_step=restored_step + 1,
-            last_step=config.run.train_steps))
-    train_loss = float("nan")
-    if ctx.first_step <= ctx.last_step:
-      # The loader draws its workers' seed from torch's generator; forked,
-      # the training stream (dropout) is the one a checkpoint restores.
-      with torch.random.fork_rng(devices=[]):
-        batches = _build_train_batches(config, spec, strategy,
-                                       ctx.first_step)
-      try:
-        train_loss = loops.run_custom_loop(
-            ctx,
-            train_step=_make_train_step(config, spec, strategy, parallel),
-            iterator=batches, device=strategy.device,
-            split_compute=_split_compute(parallel),
-            stream=_foreground_stream(ctx.background))
-      except BaseException:
-        if checkpointer:
-          # The running persist completes or is dropped whole, never half;
-          # the training error is the one to report.
-          with contextlib.suppress(Exception):
-            checkpointer.close()
-        raise
-      finally:
-        # The device prefetcher stages batches on a thread of its own.
-        if hasattr(batches, "close"):
-          batches.close()
-        if ctx.background is not None:
-          ctx.background.stop()
-    if checkpointer:
-      checkpointer.finish(ctx.last_step)
-    write_scalars.close()
-    pipeline_section = None
-    if parallel.pipeline:
-      pipeline.average_stage_buffers(parallel.pipeline)
-      # A collective: every rank, before only some go on to write.
-      pipeline_section = pipeline_timing.gather_pipeline_section(
-          parallel.pipeline, config.pipeline, strategy.device,
-          warmup_steps=ledger_lib.default_warmup_steps(len(ledger.steps)))
-      # Where predictions and measurements part, the conditions may say why.
-      pipeline_section["profile_conditions"] = conditions.describe(
-          split_lib.load_profile(config.pipeline.profile),
-          pipeline.stage_conditions(config))
-    elif parallel.burst:
-      parallel.burst.share_first_rank_state(model)
-    else:
-      strategy.average_buffers(model)
-    final = {"train_loss": train_loss}
-    # Before evaluation, whose forward passes would count copies too.
-    offload_stats = (offloader.summary(num_steps=len(ledger.steps))
-                     if offloader else None)
-    if config.run.evaluate and info.num_eval_examples:
-      final.update(_evaluate(config, spec, strategy, model))
-    cpu_of_processes = _mirrored_cpu_work(strategy, config, ledger)
-    if not strategy.writes_outputs:
-      return None
-    notes = [strategy.describe_backend() if not parallel.burst else
-             f"burst plan {config.burst.plan_path} over {strategy.backend}"]
-    if restored_step:
-      notes.append(f"resumed from the checkpoint of step {restored_step}")
-    return outputs.write_worker_outputs(
-        config, out_dir, ledger, framework=FRAMEWORK,
-        worker_index=strategy.worker_index,
-        num_workers=strategy.num_workers,
-        environment=describe_environment(strategy),
-        strategy=_describe_strategy(strategy, parallel, config, plan,
-                                    ledger),
-        num_params=models.num_params(model),
-        weights_digest=weights_digest(model), final=final,
-        phases_measured=_phases_measured(parallel),
-        checkpoint_stats=checkpointer.stats() if checkpointer else None,
-        notes=notes, wall_s=time.perf_counter() - start,
-        offload_stats=offload_stats,
-        pipeline=pipeline_section,
-        background_stats=(ctx.background.stats() if ctx.background
-                          else None),
-        cpu_of_processes=cpu_of_processes)
-  finally:
-    if held is not None:
-      held.release()
-    strategy.close()
+  return skeleton.run(_TorchSide(), config)
 
 
 def _mirrored_cpu_work(strategy, config: TrainConfig,

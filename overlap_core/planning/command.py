@@ -11,16 +11,26 @@ here, so both commands print the same plan for the same flags.
   check_split(graph, config.pipeline, microbatch)   # before profiling
   print(run_plan(graph, profile, config, bandwidth_bytes_per_s=None,
                  output_dir="plan/"))
+
+The commands' flows are here too (`plan_main`, `burst_plan_main`): a
+framework's command hands its measuring callables (`Measurer`) and its
+flags' values to them, so only how a graph is read and layers are timed
+differs between `tfoverlap.plan` and `torch_parity.plan`.
 """
 
-from typing import List, Optional, Sequence
+import dataclasses
+import os
+from typing import Any, Callable, List, NoReturn, Optional, Sequence, Tuple
 
-from overlap_core.planning import partition, report
+from overlap_core.planning import (burst_report, deeppool_format, partition,
+                                   profile_formats, report, split)
+from overlap_core.planning.burst_costs import CommModel
 from overlap_core.planning.dims import ParallelDims
 from overlap_core.planning.graph import LayerGraph
 from overlap_core.planning.profile import Profile
 from overlap_core.runtime import compat, processes
-from overlap_core.runtime.config import PipelineConfig, TrainConfig
+from overlap_core.runtime.config import (ConfigError, PipelineConfig,
+                                         TrainConfig)
 
 
 def check_plannable(config: TrainConfig, framework: str, *,
@@ -140,3 +150,153 @@ def run_plan(graph: LayerGraph, profile: Profile, config: TrainConfig, *,
     lines += [f"wrote {path}"
               for path in report.write_plan_files(result, output_dir)]
   return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurer:
+  """What a framework does in a planning command: it only measures.
+
+  Attributes:
+    framework: as the compatibility table names it ("tensorflow").
+    build_graph: (config, batch_size) -> (model, LayerGraph): the seeded
+      model and its layer graph, traced at batch_size. It may set the
+      framework's threads first (before any op runs).
+    profile_layers: (model, config, batch_sizes, warmup, repeats) ->
+      Profile: every layer timed forward and backward where the trainer
+      would run it.
+  """
+  framework: str
+  build_graph: Callable[[TrainConfig, int], Tuple[Any, LayerGraph]]
+  profile_layers: Callable[..., Profile]
+
+
+UsageError = Callable[[str], NoReturn]  # prints one line and exits 2
+
+
+def plan_main(values, config: TrainConfig, measurer: Measurer, *,
+              usage_error: UsageError) -> int:
+  """`python -m <side>.plan`: measure (or read --plan_profile), split, report.
+
+  Args:
+    values: the parsed flags (those of `flags.plan` included).
+    config: the run configuration they make.
+    measurer: the framework's measuring callables.
+    usage_error: ends the command on a refused input.
+  """
+  try:
+    check_plannable(config, measurer.framework)
+  except ConfigError as e:
+    usage_error(str(e))
+  microbatch = plan_microbatch_size(config)
+  try:
+    sizes = profile_batch_sizes(values.plan_batch_sizes, microbatch)
+  except ValueError as e:
+    usage_error(str(e))
+  model, graph = measurer.build_graph(config, microbatch)
+  try:
+    check_split(graph, config.pipeline, microbatch)
+    profile = split.load_profile(values.plan_profile)
+  except (ValueError, ConfigError) as e:
+    usage_error(str(e))
+  if profile is None:
+    profile = measurer.profile_layers(model, config, sizes,
+                                      values.plan_warmup, values.plan_repeats)
+  try:
+    print(run_plan(
+        graph, profile, config,
+        bandwidth_bytes_per_s=values.plan_bandwidth_gbps * 1e9 or None,
+        output_dir=values.plan_output_dir))
+  except (ValueError, KeyError) as e:
+    usage_error(str(e).strip("'\""))
+  return 0
+
+
+def burst_plan_main(values, config: TrainConfig, measurer: Measurer, *,
+                    usage_error: UsageError) -> int:
+  """`python -m <side>.burst_plan`: measure (or read a profile, or
+  DeepPool's files), give each layer its width, report.
+
+  Args: as `plan_main`'s; `measurer.profile_layers` is given the
+    per-device batches of the candidate widths.
+  """
+  try:
+    check_plannable(config, measurer.framework, burst=True)
+  except ConfigError as e:
+    usage_error(str(e))
+  if values.plan_batch_sizes:
+    usage_error(
+        f"--plan_batch_sizes={','.join(values.plan_batch_sizes)}: the burst "
+        "planner profiles the per-device batches of its widths itself; "
+        "allowed: empty")
+  deeppool = values.plan_profile_format == "deeppool"
+  if values.plan_deeppool_job and not deeppool:
+    usage_error(f"--plan_deeppool_job={values.plan_deeppool_job}: applies "
+                "only with --plan_profile_format=deeppool")
+  num_devices = ParallelDims.from_config(config, None).world_size
+  batch = config.data.batch_size
+  batches = burst_report.batches_to_profile(global_batch=batch,
+                                            num_devices=num_devices)
+  if deeppool:
+    graph, profile = _read_deeppool(values, usage_error)
+  else:
+    model, graph = measurer.build_graph(config, batches[0])
+    profile = (_read_profile(values.plan_profile,
+                             values.plan_profile_format, usage_error)
+               if values.plan_profile else
+               measurer.profile_layers(model, config, batches,
+                                       values.plan_warmup,
+                                       values.plan_repeats))
+  comm = CommModel(bandwidth_bytes_per_s=values.plan_bandwidth_gbps * 1e9
+                   or None)
+  try:
+    plan = burst_report.make_burst_plan(
+        graph, profile, global_batch=batch, num_devices=num_devices,
+        amplification_limit=values.amplification_limit, comm=comm)
+  except (ValueError, KeyError) as e:
+    usage_error(str(e).strip("'\""))
+  print(profile.summary())
+  print()
+  print(plan.table())
+  if values.plan_output_dir:
+    for path in burst_report.write_burst_files(graph, profile, plan,
+                                               values.plan_output_dir):
+      print(f"wrote {path}")
+  return 0
+
+
+def _read_profile(path: str, fmt: str, usage_error: UsageError) -> Profile:
+  """--plan_profile in the shared schema or, with
+  --plan_profile_format=per_layer_times, this project's interchange table."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+    if fmt == "per_layer_times":
+      return profile_formats.read_per_layer_times(text)
+    return Profile.from_json(text)
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    usage_error(f"--plan_profile={path}: {e}")
+
+
+def _read_text(flag: str, path: str, usage_error: UsageError) -> str:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return f.read()
+  except OSError as e:
+    usage_error(f"--{flag}={path}: {e}")
+
+
+def _read_deeppool(values, usage_error: UsageError):
+  """DeepPool's graph and times; no model is built, nothing is timed."""
+  job, table = values.plan_deeppool_job, values.plan_profile
+  if not job or not table:
+    usage_error(
+        f"--plan_profile_format=deeppool with --plan_deeppool_job={job!r} "
+        f"and --plan_profile={table!r}: needs both, DeepPool's job "
+        "description JSON and its layer time table")
+  try:
+    return deeppool_format.read_deeppool(
+        _read_text("plan_deeppool_job", job, usage_error),
+        _read_text("plan_profile", table, usage_error),
+        model=os.path.splitext(os.path.basename(job))[0])
+  except ValueError as e:
+    usage_error(f"--plan_deeppool_job={job} --plan_profile={table}: {e}")

@@ -15,15 +15,20 @@ from overlap_core.runtime.config import ConfigError
 from tests.helpers import REPO_ROOT, subprocess_env, wait_for_line, wait_until
 
 # Holds the directory, forks a child that outlives it (as a data loader
-# worker would), says so, then waits until stdin closes.
+# worker would), says so, then waits until stdin closes. It says so only
+# once the child runs Python code: the lock's after-fork handler has then
+# closed the child's copy, which an idle, unscheduled child would not have.
 _HOLDER = textwrap.dedent("""
     import os, sys
     from overlap_core.runtime import dir_lock
     lock = dir_lock.acquire(sys.argv[1], setting="--model_dir")
+    ready_r, ready_w = os.pipe()
     child = os.fork()
     if child == 0:
+      os.write(ready_w, b"1")
       sys.stdin.read()
       os._exit(0)
+    os.read(ready_r, 1)
     print("held", child, flush=True)
     sys.stdin.read()
 """)
