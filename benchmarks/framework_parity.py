@@ -25,7 +25,6 @@ thread, while TensorFlow did not (BENCHMARKS.md, section 6); one thread
 each keeps that out of the comparison.
 """
 
-import argparse
 import functools
 import os
 
@@ -45,11 +44,10 @@ PRESETS = common.TRAINER_PRESETS
 
 
 def parse_args():
-  parser = argparse.ArgumentParser(
-      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  common.add_common_args(parser, repeats=DEFAULT_REPEATS, resummarize=True)
-  parser.add_argument("--configs", default=",".join(PRESETS),
-                      help="Comma-separated presets: " + ", ".join(PRESETS))
+  parser = common.make_parser(__doc__, repeats=DEFAULT_REPEATS,
+                              resummarize=True)
+  common.add_list_arg(parser, "configs", default=PRESETS, allowed=PRESETS,
+                      what="presets")
   return common.parse_with_trainer_flags(parser)
 
 
