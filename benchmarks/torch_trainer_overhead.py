@@ -190,12 +190,10 @@ def measure(args, passthrough, repeats: int, scratch_root: str
 
 def main():
   args, passthrough = parse_args()
-  harness.main(
+  harness.main_per_config(
       NAME, args, functools.partial(measure, args, passthrough),
-      default_repeats=DEFAULT_REPEATS,
-      summarize=lambda payload: harness.per_config(payload, summarize),
-      table=lambda payload: format_summary(payload["configs"],
-                                           payload["summary"]))
+      default_repeats=DEFAULT_REPEATS, summarize_runs=summarize,
+      format_summary=format_summary)
 
 
 if __name__ == "__main__":
