@@ -37,7 +37,6 @@ interval. Throughput and times are rank 0's (the chief's) run.json; the
 samples are the global batch.
 """
 
-import argparse
 import functools
 import os
 
@@ -66,11 +65,10 @@ TRAIN_STEPS, QUICK_TRAIN_STEPS = 30, 8
 
 
 def parse_args():
-  parser = argparse.ArgumentParser(
-      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  common.add_common_args(parser, repeats=DEFAULT_REPEATS, resummarize=True)
-  parser.add_argument("--sides", default=",".join(DEFAULT_SIDES),
-                      help="Comma-separated sides: " + ", ".join(SIDES))
+  parser = common.make_parser(__doc__, repeats=DEFAULT_REPEATS,
+                              resummarize=True)
+  common.add_list_arg(parser, "sides", default=DEFAULT_SIDES, allowed=SIDES,
+                      what="sides")
   parser.add_argument("--pack_mb", default=",".join(
       f"{x:g}" for x in DEFAULT_PACK_MB),
                       help="Comma-separated --all_reduce_pack_mb values.")

@@ -30,7 +30,6 @@ all interfaces (neither can be bound to loopback); gloo's store listens on
 127.0.0.1. Run this on a trusted network.
 """
 
-import argparse
 import json
 import os
 import signal
@@ -58,9 +57,7 @@ EXPOSED_SIDES = {"tf_ring": "TensorFlow's gRPC servers",
 
 
 def parse_args():
-  parser = argparse.ArgumentParser(
-      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  common.add_common_args(parser, repeats=DEFAULT_REPEATS)
+  parser = common.make_parser(__doc__, repeats=DEFAULT_REPEATS)
   parser.add_argument("--sides", default=None,
                       help="Comma-separated: " + ", ".join(SIDES + GPU_SIDES)
                       + " (default: all that this host can run).")

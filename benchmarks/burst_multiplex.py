@@ -75,8 +75,15 @@ def _timed_steps(step, stream, steps: int) -> list:
   return times
 
 
-def _job_alone(device) -> dict:
-  """The background job with no foreground, for JOB_ALONE_S."""
+def _beside_job(device, work):
+  """Runs `work(runner)` while the background job trains.
+
+  Returns:
+    (what `work` returned, the job's stats).
+
+  Raises:
+    BenchmarkError: if the background job failed.
+  """
   # pylint: disable=g-import-not-at-top
   from torch_parity import background_cuda
   runner = background_cuda.CudaBackgroundRunner(
@@ -84,13 +91,19 @@ def _job_alone(device) -> dict:
       global_batch_size=MULTIPLEX_BATCH)
   runner.start()  # returns after the job's first step
   try:
-    time.sleep(JOB_ALONE_S)
+    result = work(runner)
   finally:
     runner.stop()
   job = runner.stats()
   if job["error"]:
     raise common.BenchmarkError(f"the background job failed: "
                                 f"{job['error']}")
+  return result, job
+
+
+def _job_alone(device) -> dict:
+  """The background job with no foreground, for JOB_ALONE_S."""
+  _, job = _beside_job(device, lambda runner: time.sleep(JOB_ALONE_S))
   return {"background_samples_per_second": job["samples_per_second"],
           "background_steps": job["steps"], "cuda_graph": job["cuda_graph"]}
 
@@ -114,18 +127,9 @@ def measure(args) -> dict:
       times = _timed_steps(step, background_cuda.foreground_stream(device),
                            args.steps)
     else:
-      runner = background_cuda.CudaBackgroundRunner(
-          "small_mlp", device, start_after_step=1,
-          global_batch_size=MULTIPLEX_BATCH)
-      runner.start()  # returns after the job's first step
-      try:
-        times = _timed_steps(step, runner.foreground_stream, args.steps)
-      finally:
-        runner.stop()
-      job = runner.stats()
-      if job["error"]:
-        raise common.BenchmarkError(f"the background job failed: "
-                                    f"{job['error']}")
+      times, job = _beside_job(
+          device, lambda runner: _timed_steps(step, runner.foreground_stream,
+                                              args.steps))
       row.update(background_samples_per_second=job["samples_per_second"],
                  background_steps=job["steps"],
                  stream_priority=job["stream_priority"],

@@ -315,6 +315,22 @@ def describe_machine() -> dict:
 REDO_BUSY_REPEATS = 2
 
 
+def make_parser(doc: str, *, repeats: int,
+                resummarize: bool = False) -> argparse.ArgumentParser:
+  """A driver's parser: its module docstring as help, and the common flags."""
+  parser = argparse.ArgumentParser(
+      description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+  add_common_args(parser, repeats=repeats, resummarize=resummarize)
+  return parser
+
+
+def add_list_arg(parser: argparse.ArgumentParser, name: str, *, default,
+                 allowed, what: str) -> None:
+  """A comma-separated --name whose help lists what is `allowed`."""
+  parser.add_argument(f"--{name}", default=",".join(default),
+                      help=f"Comma-separated {what}: " + ", ".join(allowed))
+
+
 def add_common_args(parser: argparse.ArgumentParser, *, repeats: int,
                     resummarize: bool = False) -> None:
   """The flags every driver takes; with `resummarize`, --resummarize too

@@ -42,7 +42,6 @@ The trainer runs come first so that this process imports TensorFlow only
 after them, and never competes with a trainer for the two cores.
 """
 
-import argparse
 import functools
 import json
 import os
@@ -83,9 +82,7 @@ IMAGE_FOLDER_CLASSES = 4
 
 
 def parse_args():
-  parser = argparse.ArgumentParser(
-      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  common.add_common_args(parser, repeats=DEFAULT_REPEATS)
+  parser = common.make_parser(__doc__, repeats=DEFAULT_REPEATS)
   parser.add_argument("--train_steps", type=int, default=150)
   parser.add_argument("--parts", default="trainer,pipeline",
                       help="Which measurements: trainer, pipeline or both.")

@@ -32,7 +32,6 @@ one thread and then trained, and C * (1 + k' / cores), preprocessed on every
 core and then trained.
 """
 
-import argparse
 import functools
 import json
 import os
@@ -58,9 +57,8 @@ SHORT_CALIBRATION_STEPS = 30
 
 
 def parse_args():
-  parser = argparse.ArgumentParser(
-      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  common.add_common_args(parser, repeats=DEFAULT_REPEATS, resummarize=True)
+  parser = common.make_parser(__doc__, repeats=DEFAULT_REPEATS,
+                              resummarize=True)
   parser.add_argument("--model", default="small_cnn")
   parser.add_argument("--image_size", type=int, default=16)
   parser.add_argument("--batch_size", type=int, default=64)

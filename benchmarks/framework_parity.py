@@ -25,7 +25,6 @@ thread, while TensorFlow did not (BENCHMARKS.md, section 6); one thread
 each keeps that out of the comparison.
 """
 
-import argparse
 import functools
 import os
 
@@ -45,11 +44,10 @@ PRESETS = common.TRAINER_PRESETS
 
 
 def parse_args():
-  parser = argparse.ArgumentParser(
-      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  common.add_common_args(parser, repeats=DEFAULT_REPEATS, resummarize=True)
-  parser.add_argument("--configs", default=",".join(PRESETS),
-                      help="Comma-separated presets: " + ", ".join(PRESETS))
+  parser = common.make_parser(__doc__, repeats=DEFAULT_REPEATS,
+                              resummarize=True)
+  common.add_list_arg(parser, "configs", default=PRESETS, allowed=PRESETS,
+                      what="presets")
   return common.parse_with_trainer_flags(parser)
 
 
@@ -169,12 +167,10 @@ def measure(args, passthrough, repeats: int, scratch_root: str
 
 def main():
   args, passthrough = parse_args()
-  harness.main(
+  harness.main_per_config(
       NAME, args, functools.partial(measure, args, passthrough),
-      default_repeats=DEFAULT_REPEATS,
-      summarize=lambda payload: harness.per_config(payload, summarize),
-      table=lambda payload: format_summary(payload["configs"],
-                                           payload["summary"]))
+      default_repeats=DEFAULT_REPEATS, summarize_runs=summarize,
+      format_summary=format_summary)
 
 
 if __name__ == "__main__":

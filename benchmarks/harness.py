@@ -397,6 +397,23 @@ class Measured:
                hosts={group: record["host"]}, num_runs=len(record["runs"]))
 
 
+def main_per_config(name: str, args, measure: Callable[[int, str], Measured],
+                    *, default_repeats: int,
+                    summarize_runs: Callable[..., object],
+                    format_summary: Callable[[list, dict], str]) -> None:
+  """`main` for a driver whose results are per preset ("configs").
+
+  Args:
+    name, args, measure, default_repeats: as `main`'s.
+    summarize_runs: summarizes one preset's runs (see `per_config`).
+    format_summary: the table, from the configs and their summaries.
+  """
+  main(name, args, measure, default_repeats=default_repeats,
+       summarize=lambda payload: per_config(payload, summarize_runs),
+       table=lambda payload: format_summary(payload["configs"],
+                                            payload["summary"]))
+
+
 def main(name: str, args, measure: Callable[[int, str], Measured], *,
          default_repeats: int, table: Callable[[dict], str],
          summarize: Optional[Callable[[dict], object]] = None,

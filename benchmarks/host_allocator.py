@@ -21,7 +21,6 @@ import and build the same things, so that difference is the steps' own:
 the memory the default policy handed back and had to fault in again.
 """
 
-import argparse
 import functools
 import os
 
@@ -39,9 +38,7 @@ QUICK_TRAIN_STEPS = 6
 
 
 def parse_args():
-  parser = argparse.ArgumentParser(
-      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  common.add_common_args(parser, repeats=DEFAULT_REPEATS)
+  parser = common.make_parser(__doc__, repeats=DEFAULT_REPEATS)
   return parser.parse_args()
 
 

@@ -42,7 +42,6 @@ needs CUDA) and the batch search too (there is no device memory to run
 out of).
 """
 
-import argparse
 import gc
 import os
 import statistics
@@ -76,9 +75,7 @@ SETTINGS = {
 
 
 def parse_args(argv=None):
-  parser = argparse.ArgumentParser(
-      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  common.add_common_args(parser, repeats=3)
+  parser = common.make_parser(__doc__, repeats=3)
   parser.add_argument("--device", choices=("auto", "cuda", "cpu"),
                       default="auto",
                       help="Where the models train: auto takes CUDA when "

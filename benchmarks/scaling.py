@@ -33,7 +33,6 @@ that one worker had to itself, so this measures the cost of the
 all-reduce and the sharing, not a cluster's scaling.
 """
 
-import argparse
 import functools
 import os
 
@@ -62,9 +61,7 @@ STACKS = {
 
 
 def parse_args():
-  parser = argparse.ArgumentParser(
-      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  common.add_common_args(parser, repeats=DEFAULT_REPEATS)
+  parser = common.make_parser(__doc__, repeats=DEFAULT_REPEATS)
   parser.add_argument("--models", default=",".join(MODELS))
   parser.add_argument("--stacks", default=",".join(STACKS))
   parser.add_argument("--train_steps", type=int, default=None)

@@ -30,7 +30,6 @@ the input and compute together fill the machine; and, per strategy, the
 step at K over the step at 1 within each repeat.
 """
 
-import argparse
 import functools
 import os
 
@@ -47,9 +46,7 @@ TARGET_MAX_DATA_WAIT_FRAC = 0.02
 
 
 def parse_args():
-  parser = argparse.ArgumentParser(
-      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  common.add_common_args(parser, repeats=DEFAULT_REPEATS)
+  parser = common.make_parser(__doc__, repeats=DEFAULT_REPEATS)
   parser.add_argument("--steps_per_execution", type=int,
                       default=STEPS_PER_EXECUTION,
                       help="K, the steps per call compared against 1.")

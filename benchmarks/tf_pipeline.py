@@ -22,7 +22,6 @@ carry their intervals, and TensorFlow over PyTorch throughput is the median
 of the per-repeat ratios.
 """
 
-import argparse
 import os
 import tempfile
 import time
@@ -41,9 +40,7 @@ _SEPARATOR = {"tensorflow": "_", "pytorch": "."}
 
 
 def _parse_args():
-  parser = argparse.ArgumentParser(
-      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  common.add_common_args(parser, repeats=DEFAULT_REPEATS)
+  parser = common.make_parser(__doc__, repeats=DEFAULT_REPEATS)
   parser.add_argument("--stages", type=int, default=2, choices=sorted(_CUTS))
   parser.add_argument("--image_size", type=int, default=32)
   parser.add_argument("--microbatch_size", type=int, default=4,

@@ -28,7 +28,6 @@ Each repeat runs both sides of every preset, through `harness`: the
 further --flag=value goes to both sides.
 """
 
-import argparse
 import functools
 import json
 import os
@@ -48,9 +47,8 @@ PRESETS = common.TRAINER_PRESETS
 
 
 def parse_args():
-  parser = argparse.ArgumentParser(
-      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  common.add_common_args(parser, repeats=DEFAULT_REPEATS, resummarize=True)
+  parser = common.make_parser(__doc__, repeats=DEFAULT_REPEATS,
+                              resummarize=True)
   parser.add_argument("--configs", default=",".join(PRESETS),
                       help="Comma-separated presets: " + ", ".join(PRESETS)
                       + "; on a GPU also "
@@ -192,12 +190,10 @@ def measure(args, passthrough, repeats: int, scratch_root: str
 
 def main():
   args, passthrough = parse_args()
-  harness.main(
+  harness.main_per_config(
       NAME, args, functools.partial(measure, args, passthrough),
-      default_repeats=DEFAULT_REPEATS,
-      summarize=lambda payload: harness.per_config(payload, summarize),
-      table=lambda payload: format_summary(payload["configs"],
-                                           payload["summary"]))
+      default_repeats=DEFAULT_REPEATS, summarize_runs=summarize,
+      format_summary=format_summary)
 
 
 if __name__ == "__main__":

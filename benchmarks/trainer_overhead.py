@@ -37,7 +37,6 @@ trainer side is the custom loop only):
 by default; the trainer never does, so that ratio includes XLA's effect.)
 """
 
-import argparse
 import functools
 import json
 import os
@@ -70,11 +69,10 @@ PRESETS = {
 
 
 def parse_args():
-  parser = argparse.ArgumentParser(
-      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  common.add_common_args(parser, repeats=DEFAULT_REPEATS, resummarize=True)
-  parser.add_argument("--configs", default=",".join(PRESETS),
-                      help="Comma-separated presets: " + ", ".join(PRESETS))
+  parser = common.make_parser(__doc__, repeats=DEFAULT_REPEATS,
+                              resummarize=True)
+  common.add_list_arg(parser, "configs", default=PRESETS, allowed=PRESETS,
+                      what="presets")
   parser.add_argument("--plain_jit_compile", default="auto",
                       choices=["auto", "true", "false"],
                       help="The baseline's model.compile(jit_compile=...). "

@@ -18,6 +18,7 @@ once. `to_config()` is the only place where flag values become a validated,
 frozen `TrainConfig`; anything it refuses exits with status 2 and one line.
 """
 
+import dataclasses
 import os
 import re
 import sys
@@ -300,6 +301,20 @@ def _build_offload(values) -> OffloadConfig:
                        prefetch=values.offload_prefetch)
 
 
+def _from_same_named_flags(config_class, values, **parsed):
+  """A `config_class` whose every field is the flag of its name.
+
+  Args:
+    config_class: a config dataclass.
+    values: parsed flag values.
+    **parsed: the fields whose flag has another name or needs parsing.
+  """
+  same_named = {field.name: getattr(values, field.name)
+                for field in dataclasses.fields(config_class)
+                if field.name not in parsed}
+  return config_class(**same_named, **parsed)
+
+
 def to_config(values=FLAGS) -> TrainConfig:
   """Builds the validated run configuration from parsed flag values.
 
@@ -312,47 +327,11 @@ def to_config(values=FLAGS) -> TrainConfig:
   _check_data(values)
   _check_distribute(values)
   return TrainConfig(
-      run=RunConfig(
-          model_dir=values.model_dir,
-          train_steps=values.train_steps,
-          log_every_steps=values.log_every_steps,
-          seed=values.seed,
-          deterministic=values.deterministic,
-          loop=values.loop,
-          progress=values.progress,
-          trace=values.trace,
-          tensorboard=values.tensorboard,
-          evaluate=values.evaluate,
-          intra_op_threads=values.intra_op_threads,
-          inter_op_threads=values.inter_op_threads,
-          steps_per_execution=values.steps_per_execution,
-          host_allocator=values.host_allocator),
-      model=ModelConfig(
-          name=values.model,
-          optimizer=values.optimizer,
-          learning_rate=values.learning_rate,
-          precision=values.precision),
-      data=DataConfig(
-          dataset=values.dataset,
-          data_dir=values.data_dir,
-          tfds_name=values.tfds_name,
-          image_size=values.image_size,
-          num_classes=values.num_classes,
-          batch_size=values.batch_size,
-          synthetic_on_device=values.synthetic_on_device,
-          prefetch=prefetch,
-          prefetch_to_device=values.prefetch_to_device,
-          map_parallelism=map_parallelism,
-          cache=values.cache,
-          shuffle_buffer=values.shuffle_buffer,
-          preprocess_cost_ms=values.preprocess_cost_ms,
-          data_service=values.data_service),
-      distribute=DistributeConfig(
-          strategy=values.strategy,
-          num_devices=values.num_devices,
-          num_workers=values.num_workers,
-          all_reduce=values.all_reduce,
-          all_reduce_pack_mb=values.all_reduce_pack_mb),
+      run=_from_same_named_flags(RunConfig, values),
+      model=_from_same_named_flags(ModelConfig, values, name=values.model),
+      data=_from_same_named_flags(DataConfig, values, prefetch=prefetch,
+                                  map_parallelism=map_parallelism),
+      distribute=_from_same_named_flags(DistributeConfig, values),
       checkpoint=CheckpointConfig(
           mode=values.checkpoint,
           every_steps=every_steps_from(

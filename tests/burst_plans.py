@@ -57,3 +57,19 @@ def write_plan(path, widths_by_layer: dict, *, model: str, global_batch: int,
       data_parallel_iteration_s=0.0, data_parallel_gpu_s=0.0)
   path.write_text(plan.to_json())
   return plan
+
+
+def assert_split_placements(placements: dict, *, split, whole) -> None:
+  """Layers of width 2 ran on CPU:0 and CPU:1, those of width 1 on CPU:0.
+
+  Checked forward and backward: a single-device or a data-parallel step
+  would place a layer of the other kind, and a backward left to the tape's
+  own placement runs every part on CPU:0.
+  """
+  for layer in split:
+    assert placements[layer] == {"forward": [["CPU:0"], ["CPU:1"]],
+                                 "backward": [["CPU:0"], ["CPU:1"]]}, (
+                                     placements)
+  for layer in whole:
+    assert placements[layer] == {"forward": [["CPU:0"]],
+                                 "backward": [["CPU:0"]]}, placements

@@ -67,3 +67,17 @@ def tfds_dir(tmp_path_factory):
           for split, (images, labels) in splits.items()},
       data_dir=str(root))
   return str(root), splits
+
+
+def float64_image_batches(batch: int, image_size: int, num_steps: int):
+  """Seeded float64 [batch, 3, side, side] images and 10-class labels, torch.
+
+  The pipeline tests compare split training to whole-model training; float64
+  keeps their rounding far below the tolerance.
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+  generator = torch.Generator().manual_seed(1)
+  return [(torch.randn(batch, 3, image_size, image_size, generator=generator,
+                       dtype=torch.float64),
+           torch.randint(0, 10, (batch,), generator=generator))
+          for _ in range(num_steps)]

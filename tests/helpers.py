@@ -28,6 +28,34 @@ def run_module(module: str, *args, timeout: float = 600, cwd=None,
                         check=False)
 
 
+def run_error_line(result: subprocess.CompletedProcess, program: str) -> str:
+  """The last line of a command that must have failed at run time (exit 1).
+
+  A failure after the flags were accepted (an unwritable directory, say)
+  ends with "<program>: error: ..." and no traceback.
+  """
+  assert result.returncode == 1, result.stderr
+  assert "Traceback" not in result.stderr
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith(f"{program}: error:"), result.stderr
+  return last
+
+
+def one_line_error(call, *args, error=ValueError, **kwargs) -> str:
+  """The message of the `error` that `call(*args, **kwargs)` must raise.
+
+  Asserted to be one line: a refusal is read where it is printed.
+  """
+  try:
+    call(*args, **kwargs)
+  except error as raised:
+    message = str(raised)
+  else:
+    raise AssertionError(f"{call.__name__} raised no {error.__name__}")
+  assert "\n" not in message, message
+  return message
+
+
 def wait_for_line(stream, needle: str, timeout: float) -> str:
   """The first line of `stream` containing `needle`, within `timeout` s.
 

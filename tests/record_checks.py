@@ -4,9 +4,24 @@ import json
 
 import pytest
 
+from overlap_core.runtime import run_record
 from overlap_core.runtime import trace
 
 from tests.helpers import run_module
+
+
+def run_small_cnn(module: str, model_dir, *args):
+  """Trains small_cnn 4 deterministic steps; returns (result, run.json).
+
+  Runs that differ only in `args` (an offload, say) must train the same
+  weights, so both sides compare records of this one run.
+  """
+  result = run_module(module, f"--model_dir={model_dir}",
+                      "--model=small_cnn", "--strategy=default",
+                      "--batch_size=16", "--train_steps=4", "--seed=3",
+                      "--deterministic", *args, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result, run_record.load_run_record(str(model_dir))
 
 
 def offload_copy_spans_us(record: dict) -> list:

@@ -178,23 +178,27 @@ def _small_tree(root):
   _write(root, "tfoverlap/data.py")
 
 
-def test_a_lazy_import_that_runs_back_up_is_found(tmp_path):
+def _import_problems_with(tmp_path, path, text):
+  """What the import check finds in a small tree with `path` added."""
   root = str(tmp_path)
   _small_tree(root)
+  _write(root, path, text)
+  return import_problems(root)
+
+
+def test_a_lazy_import_that_runs_back_up_is_found(tmp_path):
   # No cycle, but the PyTorch side reaching into the TensorFlow side, even
   # lazily inside a function, ties the two together.
-  _write(root, "torch_parity/data.py",
-         "def read():\n  from tfoverlap import data\n")
-  assert import_problems(root) == [
+  assert _import_problems_with(
+      tmp_path, "torch_parity/data.py",
+      "def read():\n  from tfoverlap import data\n") == [
       "torch_parity/data.py imports tfoverlap: torch_parity may import only "
       "overlap_core, flags"]
 
 
 def test_the_neutral_core_importing_a_framework_is_found(tmp_path):
-  root = str(tmp_path)
-  _small_tree(root)
-  _write(root, "overlap_core/zoo.py", "def f():\n  import torch\n")
-  assert import_problems(root) == [
+  assert _import_problems_with(tmp_path, "overlap_core/zoo.py",
+                               "def f():\n  import torch\n") == [
       "overlap_core/zoo.py imports torch; overlap_core stays free of "
       "tensorflow, keras, torch, horovod, matplotlib"]
 

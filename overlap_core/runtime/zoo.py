@@ -35,6 +35,42 @@ MODELS = {
 
 MODEL_NAMES = tuple(MODELS)
 
+# torchvision's VGG configurations D (VGG-16) and E (VGG-19): output channels
+# of each 3x3 convolution, "M" for each 2x2 max pooling. Both sides build
+# their VGGs from these, so the two stacks cannot drift apart.
+VGG_CONFIGS = {
+    "vgg16": (64, 64, "M", 128, 128, "M", 256, 256, 256, "M",
+              512, 512, 512, "M", 512, 512, 512, "M"),
+    "vgg19": (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M",
+              512, 512, 512, 512, "M", 512, 512, 512, 512, "M"),
+}
+
+
+def collect_builders(modules) -> dict:
+  """Maps every zoo name to its framework's builder, `build_<name>`.
+
+  Each framework side keeps one module per architecture; the names come from
+  `MODELS` alone, so a side cannot offer a model the other lacks.
+
+  Args:
+    modules: the side's model modules; each name's builder is found in one.
+
+  Returns:
+    {name: builder} in the order of `MODEL_NAMES`.
+
+  Raises:
+    ValueError: naming the model, if no module defines its builder.
+  """
+  builders = {}
+  for name in MODEL_NAMES:
+    found = [getattr(m, f"build_{name}") for m in modules
+             if hasattr(m, f"build_{name}")]
+    if len(found) != 1:
+      raise ValueError(f"model {name!r}: {len(found)} modules define "
+                       f"build_{name}; allowed: exactly 1")
+    builders[name] = found[0]
+  return builders
+
 
 def validate_model_args(name: str, *, image_size: int, num_classes: int,
                         channels: int) -> ModelSpec:

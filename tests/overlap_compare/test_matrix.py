@@ -7,6 +7,8 @@ from overlap_compare import matrix
 from overlap_compare import trainer_runs
 from overlap_compare.matrix import Cell, Matrix, MatrixSpecError
 
+from tests.helpers import one_line_error
+
 KNOWN = ("prefetch", "checkpoint", "checkpoint_every", "strategy", "model_dir",
          "preprocess_cost_ms")
 
@@ -65,10 +67,8 @@ def test_workloads_allow_one_setting_and_empty():
     ("checkpoint+checkpoint=sync+sync,async+async", "names a flag twice"),
 ])
 def test_malformed_specs_say_what_is_wrong(spec, says):
-  with pytest.raises(MatrixSpecError) as raised:
-    matrix.parse_axes(spec)
-  assert says in str(raised.value)
-  assert "--matrix" in str(raised.value)
+  message = one_line_error(matrix.parse_axes, spec, error=MatrixSpecError)
+  assert says in message and "--matrix" in message
 
 
 def test_flag_names_are_checked_against_the_trainers():

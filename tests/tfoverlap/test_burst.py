@@ -7,6 +7,8 @@ import tensorflow as tf
 
 from tfoverlap import burst
 
+from tests.burst_plans import assert_split_placements
+
 # float32 sums of the same per-sample terms in another grouping (two parts
 # concatenated instead of one batch): a few ulps per reduction, far below
 # 1e-5 relative on values of order 1e-3 to 1.
@@ -77,12 +79,7 @@ def test_each_part_computes_its_backward_on_its_device(two_cpu_devices):
   assert float(loss) == pytest.approx(ref_loss, rel=RTOL)
   for g, ref in zip(grads, ref_grads):
     np.testing.assert_allclose(g.numpy(), ref, rtol=RTOL, atol=ATOL)
-  for layer in ("conv", "fc2"):
-    assert placements[layer] == {"forward": [["CPU:0"], ["CPU:1"]],
-                                 "backward": [["CPU:0"], ["CPU:1"]]}, (
-                                     placements)
-  assert placements["fc1"] == {"forward": [["CPU:0"]],
-                               "backward": [["CPU:0"]]}, placements
+  assert_split_placements(placements, split=("conv", "fc2"), whole=("fc1",))
 
 
 def test_a_plan_that_does_not_fit_the_model_is_refused(two_cpu_devices):

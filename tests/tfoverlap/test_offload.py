@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from overlap_core.runtime import run_record
 from overlap_core.runtime.config import OffloadConfig
 from tfoverlap import offload
 
 from tests.helpers import run_module
-from tests.record_checks import copied_ms, offload_copy_spans_us
+from tests.record_checks import (copied_ms, offload_copy_spans_us,
+                                 run_small_cnn)
 
 BATCH = 2
 
@@ -152,14 +152,7 @@ def test_nothing_offloaded_installs_nothing():
 
 
 def _run(tmp_path, name, *args):
-  model_dir = tmp_path / name
-  result = run_module("tfoverlap.train", f"--model_dir={model_dir}",
-                      "--model=small_cnn", "--strategy=default",
-                      "--batch_size=16", "--train_steps=4", "--seed=3",
-                      "--deterministic", "--progress=false", *args,
-                      timeout=300)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return result, run_record.load_run_record(str(model_dir))
+  return run_small_cnn("tfoverlap.train", tmp_path / name, "--progress=false", *args)
 
 
 def test_trainer_records_offload_and_matches_the_plain_run(tmp_path):

@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from overlap_core.runtime import run_record
 from overlap_core.runtime.config import OffloadConfig
 from torch_parity import offload
 
 from tests.helpers import run_module
-from tests.record_checks import copied_ms, offload_copy_spans_us
+from tests.record_checks import (copied_ms, offload_copy_spans_us,
+                                 run_small_cnn)
 
 BATCH = 2
 CPU = torch.device("cpu")
@@ -52,8 +52,9 @@ def _train(config, num_steps=3):
   return loss, model.state_dict(), offloader
 
 
-def _assert_same_training(state, loss):
-  base_loss, base_state, _ = _train(None)
+def _assert_same_training(state, loss, train=None):
+  """The loss and every weight equal `train(None)`'s, the run without offload."""
+  base_loss, base_state, _ = (train or _train)(None)
   assert loss == base_loss
   for name, tensor in base_state.items():
     assert torch.equal(state[name], tensor), name
@@ -138,10 +139,7 @@ def test_prefetch_stays_one_layer_ahead_of_backward():
   assert summary["prefetched_tensors"] == (
       summary["to_device"]["tensors"] - 2 * 1)
   assert summary["to_device"]["tensors"] == summary["to_host"]["tensors"]
-  base_loss, base_state, _ = _train_chain(None)
-  assert loss == base_loss
-  for name, tensor in base_state.items():
-    assert torch.equal(state[name], tensor), name
+  _assert_same_training(state, loss, train=_train_chain)
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
@@ -201,14 +199,7 @@ def test_pinning_without_cuda_is_refused():
 
 
 def _run(tmp_path, name, *args):
-  model_dir = tmp_path / name
-  result = run_module("torch_parity.train", f"--model_dir={model_dir}",
-                      "--model=small_cnn", "--strategy=default",
-                      "--batch_size=16", "--train_steps=4", "--seed=3",
-                      "--deterministic", "--evaluate=false", *args,
-                      timeout=300)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return result, run_record.load_run_record(str(model_dir))
+  return run_small_cnn("torch_parity.train", tmp_path / name, "--evaluate=false", *args)
 
 
 def _assert_copy_phase(record, section):

@@ -23,6 +23,7 @@ from overlap_core.runtime.config import ConfigError, PipelineConfig
 from torch_parity import pipeline, rendezvous
 from torch_parity.models import build_model
 
+from tests.fixtures import float64_image_batches
 from tests.helpers import REPO_ROOT, run_module, subprocess_env
 
 IMAGE_SIZE = 32
@@ -50,11 +51,7 @@ def _model(name: str) -> nn.Module:
 
 
 def _batches():
-  generator = torch.Generator().manual_seed(1)
-  return [(torch.randn(BATCH, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator,
-                       dtype=torch.float64),
-           torch.randint(0, 10, (BATCH,), generator=generator))
-          for _ in range(STEPS)]
+  return float64_image_batches(BATCH, IMAGE_SIZE, STEPS)
 
 
 def _loss(outputs, targets):

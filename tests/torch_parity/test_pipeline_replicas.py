@@ -21,6 +21,7 @@ from overlap_core.runtime.config import PipelineConfig
 from torch_parity import pipeline, rendezvous
 from torch_parity.models import build_model
 
+from tests.fixtures import float64_image_batches
 from tests.helpers import REPO_ROOT, subprocess_env
 
 IMAGE_SIZE = 8
@@ -43,11 +44,7 @@ def _model() -> nn.Module:
 
 
 def _batches():
-  generator = torch.Generator().manual_seed(1)
-  return [(torch.randn(BATCH, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator,
-                       dtype=torch.float64),
-           torch.randint(0, 10, (BATCH,), generator=generator))
-          for _ in range(STEPS)]
+  return float64_image_batches(BATCH, IMAGE_SIZE, STEPS)
 
 
 def _worker(rank: int, port: int, out_dir: str):

@@ -27,18 +27,10 @@ def build_inception_v3(*, image_size: int, num_classes: int,
   """Builds Inception v3 without auxiliary logits.
 
   Layer names follow torchvision's module paths with "_" for "." (for example
-  "Mixed_6b_branch7x7_2_conv"), so weights can be matched by name.
-
-  Args:
-    image_size: input side in pixels, at least 75.
-    num_classes: number of output logits.
-    channels: input channels.
-
-  Returns:
-    A model mapping float32 [B, image_size, image_size, channels] images to
-    float32 logits [B, num_classes].
+  "Mixed_6b_branch7x7_2_conv"), so weights can be matched by name. Arguments
+  and result as `build_model`'s.
   """
-  inputs = keras.layers.Input((image_size, image_size, channels))
+  inputs = layers.image_input(image_size, channels)
   x = _basic_conv(inputs, 32, 3, strides=2, name="Conv2d_1a_3x3")
   x = _basic_conv(x, 32, 3, name="Conv2d_2a_3x3")
   x = _basic_conv(x, 64, 3, padding=1, name="Conv2d_2b_3x3")

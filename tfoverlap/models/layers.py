@@ -13,6 +13,11 @@ BN_MOMENTUM = 0.9
 BN_EPSILON = 1e-5  # torch's BatchNorm2d default
 
 
+def image_input(image_size: int, channels: int):
+  """The input of a classifier: [B, image_size, image_size, channels] images."""
+  return keras.layers.Input((image_size, image_size, channels))
+
+
 def torch_conv(x, filters: int, kernel_size, *, strides: int = 1, padding=0,
                use_bias: bool = True, name: str):
   """A Conv2D that pads like torch's `nn.Conv2d(padding=...)`.

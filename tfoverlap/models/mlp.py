@@ -15,18 +15,8 @@ from tfoverlap.models import layers
 
 def build_mlp(*, image_size: int, num_classes: int,
               channels: int) -> keras.Model:
-  """Builds the MLP classifier.
-
-  Args:
-    image_size: input side in pixels.
-    num_classes: number of output logits.
-    channels: input channels.
-
-  Returns:
-    A model mapping float32 [B, image_size, image_size, channels] images to
-    float32 logits [B, num_classes].
-  """
-  inputs = keras.layers.Input((image_size, image_size, channels))
+  """Builds the MLP classifier; arguments and result as `build_model`'s."""
+  inputs = layers.image_input(image_size, channels)
   x = keras.layers.Flatten(name="flatten")(inputs)
   x = keras.layers.Dense(512, activation="relu", name="fc1")(x)
   x = keras.layers.Dense(256, activation="relu", name="fc2")(x)

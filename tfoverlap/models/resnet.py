@@ -96,13 +96,10 @@ def build_resnet(name: str, *, bottleneck: bool, blocks_per_stage,
     blocks_per_stage: number of blocks in each of the four stages.
     width_per_group: a Bottleneck's inner width per 64 planes (torchvision's
       `width_per_group`); 64 is a plain ResNet, 128 a "_2" wide one.
-    image_size: input side in pixels.
-    num_classes: number of output logits.
-    channels: input channels.
+    image_size, num_classes, channels: as `build_model`'s.
 
   Returns:
-    A model mapping float32 [B, image_size, image_size, channels] images to
-    float32 logits [B, num_classes].
+    The model, as `build_model` returns it.
 
   Raises:
     ValueError: if width_per_group is set for BasicBlocks, which torchvision

@@ -25,18 +25,8 @@ from tfoverlap.models import layers
 
 def build_small_cnn(*, image_size: int, num_classes: int,
                     channels: int) -> keras.Model:
-  """Builds the small CNN classifier.
-
-  Args:
-    image_size: input side in pixels, at least 4.
-    num_classes: number of output logits.
-    channels: input channels.
-
-  Returns:
-    A model mapping float32 [B, image_size, image_size, channels] images to
-    float32 logits [B, num_classes].
-  """
-  inputs = keras.layers.Input((image_size, image_size, channels))
+  """Builds the small CNN; arguments and result as `build_model`'s."""
+  inputs = layers.image_input(image_size, channels)
   x = inputs
   for stage, filters in enumerate((32, 64), start=1):
     for index in (1, 2):

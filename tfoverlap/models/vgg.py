@@ -22,12 +22,9 @@ Weights are initialized with Keras' defaults, not torchvision's.
 
 import keras
 
+from overlap_core.runtime import zoo
 from tfoverlap.models import layers
 
-_CONFIG_D = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M",
-             512, 512, 512, "M", 512, 512, 512, "M")
-_CONFIG_E = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M",
-             512, 512, 512, 512, "M", 512, 512, 512, 512, "M")
 _CLASSIFIER_WIDTH = 4096
 _DROPOUT_RATE = 0.5
 
@@ -42,15 +39,12 @@ def build_vgg(name: str, config, *, image_size: int, num_classes: int,
   Args:
     name: the model's name.
     config: output channels of each convolution, "M" for each pooling.
-    image_size: input side in pixels, at least 32.
-    num_classes: number of output logits.
-    channels: input channels.
+    image_size, num_classes, channels: as `build_model`'s.
 
   Returns:
-    A model mapping float32 [B, image_size, image_size, channels] images to
-    float32 logits [B, num_classes].
+    The model, as `build_model` returns it.
   """
-  inputs = keras.layers.Input((image_size, image_size, channels))
+  inputs = layers.image_input(image_size, channels)
   x = inputs
   # torchvision numbers every module of `features`, ReLUs included; keeping
   # its indices keeps the names matchable.
@@ -77,12 +71,14 @@ def build_vgg(name: str, config, *, image_size: int, num_classes: int,
 def build_vgg16(*, image_size: int, num_classes: int,
                 channels: int) -> keras.Model:
   """VGG-16 (configuration D); arguments and result as `build_vgg`'s."""
-  return build_vgg("vgg16", _CONFIG_D, image_size=image_size,
-                   num_classes=num_classes, channels=channels)
+  return build_vgg("vgg16", zoo.VGG_CONFIGS["vgg16"],
+                   image_size=image_size, num_classes=num_classes,
+                   channels=channels)
 
 
 def build_vgg19(*, image_size: int, num_classes: int,
                 channels: int) -> keras.Model:
   """VGG-19 (configuration E); arguments and result as `build_vgg`'s."""
-  return build_vgg("vgg19", _CONFIG_E, image_size=image_size,
-                   num_classes=num_classes, channels=channels)
+  return build_vgg("vgg19", zoo.VGG_CONFIGS["vgg19"],
+                   image_size=image_size, num_classes=num_classes,
+                   channels=channels)

@@ -30,19 +30,8 @@ from torch_parity.models import resnet
 from torch_parity.models import small_cnn
 from torch_parity.models import vgg
 
-_BUILDERS = {
-    "mlp": mlp.build_mlp,
-    "small_cnn": small_cnn.build_small_cnn,
-    "resnet18": resnet.build_resnet18,
-    "resnet50": resnet.build_resnet50,
-    "vgg16": vgg.build_vgg16,
-    "vgg19": vgg.build_vgg19,
-    "inception_v3": inception.build_inception_v3,
-    "wide_resnet26_2": resnet.build_wide_resnet26_2,
-    "wide_resnet50_2": resnet.build_wide_resnet50_2,
-    "wide_resnet101_2": resnet.build_wide_resnet101_2,
-    "edsr": edsr.build_edsr,
-}
+_BUILDERS = zoo.collect_builders(
+    (edsr, inception, mlp, resnet, small_cnn, vgg))
 
 
 def build_model(name: str, *, image_size: int, num_classes: int,
@@ -50,20 +39,16 @@ def build_model(name: str, *, image_size: int, num_classes: int,
   """Builds the zoo model `name`, in training mode, on the CPU.
 
   Args:
-    name: one of `overlap_core.runtime.zoo.MODEL_NAMES`.
-    image_size: the input side in pixels for a classifier; for "edsr" the
-      HIGH-resolution output side (the input side is image_size // 2).
-    num_classes: number of logits; ignored by "edsr".
-    channels: image channels.
+    name, image_size, num_classes, channels: as
+      `overlap_core.runtime.zoo.validate_model_args` checks them ("edsr"
+      ignores num_classes).
 
   Returns:
     An `nn.Module` of float32 parameters.
 
   Raises:
-    ValueError: the same as `tfoverlap.models.build_model` raises, for an
-      unknown name, an image_size below the model's minimum or not a
-      multiple of its upscale factor, or a non-positive num_classes or
-      channels.
+    ValueError: what `zoo.validate_model_args` raises for a bad request,
+      the same as on the Keras side.
   """
   zoo.validate_model_args(name, image_size=image_size,
                           num_classes=num_classes, channels=channels)

@@ -205,18 +205,8 @@ class InceptionV3(nn.Module):
 
 def build_inception_v3(*, image_size: int, num_classes: int,
                        channels: int) -> nn.Module:
-  """Builds Inception v3 without auxiliary logits.
-
-  Args:
-    image_size: input side in pixels, at least 75; the architecture does not
-      depend on it.
-    num_classes: number of output logits.
-    channels: input channels.
-
-  Returns:
-    A module mapping float32 [B, channels, image_size, image_size] images to
-    float32 logits [B, num_classes].
-  """
+  """Builds Inception v3 without auxiliary logits; arguments and result as
+  `build_model`'s (the architecture does not depend on image_size)."""
   del image_size  # global average pooling makes the head size-independent
   return layers.apply_keras_init(
       InceptionV3(num_classes=num_classes, channels=channels))

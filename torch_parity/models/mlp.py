@@ -32,16 +32,6 @@ class MLP(nn.Module):
 
 
 def build_mlp(*, image_size: int, num_classes: int, channels: int) -> nn.Module:
-  """Builds the MLP classifier.
-
-  Args:
-    image_size: input side in pixels.
-    num_classes: number of output logits.
-    channels: input channels.
-
-  Returns:
-    A module mapping float32 [B, channels, image_size, image_size] images to
-    float32 logits [B, num_classes].
-  """
+  """Builds the MLP classifier; arguments and result as `build_model`'s."""
   return layers.apply_keras_init(
       MLP(image_size=image_size, num_classes=num_classes, channels=channels))

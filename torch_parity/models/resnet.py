@@ -131,13 +131,11 @@ def build_resnet(*, bottleneck: bool, blocks_per_stage,
     blocks_per_stage: number of blocks in each of the four stages.
     width_per_group: a Bottleneck's inner width per 64 planes; 64 is a plain
       ResNet, 128 a "_2" wide one.
-    image_size: input side in pixels; the architecture does not depend on it.
-    num_classes: number of output logits.
-    channels: input channels.
+    image_size, num_classes, channels: as `build_model`'s; the architecture
+      does not depend on image_size.
 
   Returns:
-    A module mapping float32 [B, channels, image_size, image_size] images to
-    float32 logits [B, num_classes].
+    The module, as `build_model` returns it.
 
   Raises:
     ValueError: if width_per_group is set for BasicBlocks, which the Keras

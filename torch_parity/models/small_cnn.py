@@ -48,17 +48,7 @@ class SmallCNN(nn.Module):
 
 def build_small_cnn(*, image_size: int, num_classes: int,
                     channels: int) -> nn.Module:
-  """Builds the small CNN classifier.
-
-  Args:
-    image_size: input side in pixels, at least 4.
-    num_classes: number of output logits.
-    channels: input channels.
-
-  Returns:
-    A module mapping float32 [B, channels, image_size, image_size] images to
-    float32 logits [B, num_classes].
-  """
+  """Builds the small CNN; arguments and result as `build_model`'s."""
   return layers.apply_keras_init(
       SmallCNN(image_size=image_size, num_classes=num_classes,
                channels=channels))

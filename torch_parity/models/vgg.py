@@ -18,12 +18,9 @@ least 32 (five halvings).
 import torch
 from torch import nn
 
+from overlap_core.runtime import zoo
 from torch_parity.models import layers
 
-_CONFIG_D = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M",
-             512, 512, 512, "M", 512, 512, 512, "M")
-_CONFIG_E = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M",
-             512, 512, 512, 512, "M", 512, 512, 512, 512, "M")
 _CLASSIFIER_WIDTH = 4096
 _DROPOUT_RATE = 0.5
 
@@ -64,25 +61,15 @@ class VGG(nn.Module):
 def build_vgg16(*, image_size: int, num_classes: int,
                 channels: int) -> nn.Module:
   """Builds VGG-16 (configuration D) without BatchNorm and without adaptive
-  pooling.
-
-  Args:
-    image_size: input side in pixels, at least 32.
-    num_classes: number of output logits.
-    channels: input channels.
-
-  Returns:
-    A module mapping float32 [B, channels, image_size, image_size] images to
-    float32 logits [B, num_classes].
-  """
+  pooling; arguments and result as `build_model`'s."""
   return layers.apply_keras_init(
-      VGG(_CONFIG_D, image_size=image_size, num_classes=num_classes,
-          channels=channels))
+      VGG(zoo.VGG_CONFIGS["vgg16"], image_size=image_size,
+          num_classes=num_classes, channels=channels))
 
 
 def build_vgg19(*, image_size: int, num_classes: int,
                 channels: int) -> nn.Module:
   """VGG-19 (configuration E); arguments and result as `build_vgg16`'s."""
   return layers.apply_keras_init(
-      VGG(_CONFIG_E, image_size=image_size, num_classes=num_classes,
-          channels=channels))
+      VGG(zoo.VGG_CONFIGS["vgg19"], image_size=image_size,
+          num_classes=num_classes, channels=channels))

@@ -50,12 +50,27 @@ def test_auto_split_equals_brute_force(seed):
     assert sum(len(s.layers) for s in plan.stages) == len(g.nodes)
 
 
+def _chain(num_layers, *, weight_bytes=None, activation_bytes=None,
+           batch_size=1):
+  """A chain l0 -> l1 -> ... and its times, 1 s per layer.
+
+  Args:
+    num_layers: how many layers.
+    weight_bytes, activation_bytes: each layer's, 0 where not given.
+    batch_size: the batch the graph was traced at.
+  """
+  zeros = (0,) * num_layers
+  nodes = tuple(
+      LayerNode(f"l{i}", "linear", {}, (f"l{i-1}" if i else MODEL_INPUT,),
+                (1,), (weight_bytes or zeros)[i],
+                (activation_bytes or zeros)[i]) for i in range(num_layers))
+  return (LayerGraph("chain", batch_size, (batch_size,), 0, nodes),
+          {n.name: 1.0 for n in nodes})
+
+
 def test_auto_beats_even_on_a_lopsided_chain():
-  nodes = tuple(LayerNode(f"l{i}", "linear", {}, (f"l{i-1}" if i else
-                                                   MODEL_INPUT,), (1,), 0, 0)
-                for i in range(6))
-  g = LayerGraph("chain", 1, (1,), 0, nodes)
-  times = dict(zip([n.name for n in nodes], [9.0, 1, 1, 1, 1, 1]))
+  g, times = _chain(6)
+  times["l0"] = 9.0
   auto = partition(g, times, num_stages=2, batch_size=1)
   even = partition(g, times, num_stages=2, batch_size=1, mode="even")
   assert auto.cuts == ("l0",) and auto.bottleneck_s == 9.0
@@ -68,11 +83,7 @@ def test_a_heavy_update_moves_the_cut_away_from_the_classifier():
   # slowly. Per micro-batch the middle cut balances, but per step of 2
   # micro-batches stage 1 would be 2 x 2 + 6 = 10 against 4: the update
   # pushes the cut late, so the classifier's stage holds only itself.
-  nodes = tuple(LayerNode(f"l{i}", "linear", {}, (f"l{i-1}" if i else
-                                                   MODEL_INPUT,), (1,), 0, 0)
-                for i in range(4))
-  g = LayerGraph("chain", 1, (1,), 0, nodes)
-  times = {n.name: 1.0 for n in nodes}
+  g, times = _chain(4)
   updates = {"l0": 0.0, "l1": 0.0, "l2": 0.0, "l3": 6.0}
   blind = partition(g, times, num_stages=2, batch_size=1, num_microbatches=2)
   seen = partition(g, times, num_stages=2, batch_size=1, num_microbatches=2,
@@ -92,11 +103,7 @@ def test_every_micro_batch_after_the_first_pays_a_gradient_sum():
   # stage's M - 1 gradient sums costs 3 s. Per micro-batch the middle cut
   # balances, but per step of 3 micro-batches stage 1 would be 3 x 2 +
   # 2 x 3 = 12 against 6: the sums push the cut late.
-  nodes = tuple(LayerNode(f"l{i}", "linear", {}, (f"l{i-1}" if i else
-                                                   MODEL_INPUT,), (1,),
-                          [0, 0, 0, 3][i], 0) for i in range(4))
-  g = LayerGraph("chain", 1, (1,), 0, nodes)
-  times = {n.name: 1.0 for n in nodes}
+  g, times = _chain(4, weight_bytes=(0, 0, 0, 3))
   seen = partition(g, times, num_stages=2, batch_size=1, num_microbatches=3,
                    gradient_sum_s_per_byte=1.0)
   assert seen.cuts == ("l2",)
@@ -112,11 +119,7 @@ def test_every_micro_batch_after_the_first_pays_a_gradient_sum():
 def test_a_stage_with_weights_pays_one_optimizer_call():
   # l1 and l2 hold weights, l0 and l3 none: a call's fixed cost comes once
   # per stage that has any, however many weighted layers it holds.
-  nodes = tuple(LayerNode(f"l{i}", "linear", {}, (f"l{i-1}" if i else
-                                                   MODEL_INPUT,), (1,),
-                          [0, 8, 8, 0][i], 0) for i in range(4))
-  g = LayerGraph("chain", 1, (1,), 0, nodes)
-  times = {n.name: 1.0 for n in nodes}
+  g, times = _chain(4, weight_bytes=(0, 8, 8, 0))
   shares = {"l0": 0.0, "l1": 0.5, "l2": 0.25, "l3": 0.0}
   together = evaluate_cuts(g, times, [0], batch_size=1, update_s=shares,
                            update_call_s=0.125)
@@ -127,11 +130,7 @@ def test_a_stage_with_weights_pays_one_optimizer_call():
 
 
 def test_transfer_is_charged_at_the_cut():
-  nodes = tuple(LayerNode(f"l{i}", "linear", {}, (f"l{i-1}" if i else
-                                                   MODEL_INPUT,), (1,), 0,
-                          [8000, 10, 10, 10][i]) for i in range(4))
-  g = LayerGraph("chain", 2, (2,), 0, nodes)
-  times = {n.name: 1.0 for n in nodes}
+  g, times = _chain(4, activation_bytes=(8000, 10, 10, 10), batch_size=2)
   # Activations are for batch 2; at micro-batch 1 they halve: 4000 bytes
   # forward and back at 1000 B/s is 8 s, so the cut avoids l0.
   plan = partition(g, times, num_stages=2, batch_size=1,

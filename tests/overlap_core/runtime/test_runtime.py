@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -374,3 +375,17 @@ def test_neutral_packages_import_no_framework():
           "set(sys.modules)\n"
           "assert not bad, bad\n")
   subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT)
+
+
+def test_collect_builders_finds_each_zoo_name_in_exactly_one_module():
+  builders = {f"build_{name}": (lambda name=name: name)
+              for name in zoo.MODEL_NAMES}
+  first = types.SimpleNamespace(**dict(list(builders.items())[:3]))
+  rest = types.SimpleNamespace(**dict(list(builders.items())[3:]))
+  found = zoo.collect_builders((first, rest))
+  assert tuple(found) == zoo.MODEL_NAMES
+  assert [build() for build in found.values()] == list(zoo.MODEL_NAMES)
+  with pytest.raises(ValueError, match="model 'mlp': 0 modules define"):
+    zoo.collect_builders((rest,))
+  with pytest.raises(ValueError, match="model 'mlp': 2 modules define"):
+    zoo.collect_builders((first, first, rest))
