@@ -6,7 +6,7 @@ are built inside its scope so their variables are replicated.
 """
 
 import dataclasses
-import os
+import functools
 import sys
 
 import keras
@@ -16,8 +16,7 @@ from overlap_core.planning import burst_report, command
 from overlap_core.planning import split as split_lib
 from overlap_core.runtime import background, compat, ledger as ledger_lib
 from overlap_core.runtime import run_record, skeleton
-from overlap_core.runtime.config import (ConfigError, TrainConfig,
-                                         check_burst_supported)
+from overlap_core.runtime.config import ConfigError, TrainConfig
 from overlap_core.runtime.loop_context import LoopContext
 from tfoverlap import (burst, checkpoint, data, distribute, loops, models,
                        parallelize, pipeline, steps)
@@ -26,29 +25,15 @@ FRAMEWORK = "tensorflow"
 
 
 def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
-  """Refuses every flag value that has no meaning in TensorFlow.
-
-  The one place that decides what this trainer cannot honour, so that no
-  flag is ever silently ignored; the launcher calls it too, before any
-  worker starts. Which features combine is `overlap_core.runtime.compat`'s
-  table; what is left here are counts this host or runtime must match.
-
-  Args:
-    config: the validated run configuration.
-    num_gpus: GPUs on this host (default: what TensorFlow sees).
-
-  Raises:
-    ConfigError: naming the flag, the value and why.
+  """Refuses, in one line, what TensorFlow cannot honour; the launcher calls
+  it too, before any worker starts. `num_gpus` (default: the GPUs TensorFlow
+  sees) and the order of the checks are `compat.check_supported`'s.
   """
   if num_gpus is None:
     num_gpus = len(tf.config.list_physical_devices("GPU"))
-  compat.check_combinations(config, FRAMEWORK,
-                            host=compat.Host(num_gpus=num_gpus))
-  pipeline.check_pipeline_supported(config, num_gpus=num_gpus)
-  loops.check_steps_per_execution(config)
-  check_burst_supported(
-      config.burst, host_devices=num_gpus or os.cpu_count(),
-      device_kind="GPUs" if num_gpus else "CPU cores")
+  compat.check_supported(config, FRAMEWORK, num_gpus=num_gpus, side_checks=(
+      functools.partial(pipeline.check_pipeline_supported, num_gpus=num_gpus),
+      loops.check_steps_per_execution))
 
 
 def describe_environment(strategy: tf.distribute.Strategy) -> dict:

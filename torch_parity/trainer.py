@@ -8,6 +8,7 @@ rank 0's weights when it wraps the model), and the optimizer is built on
 the device-resident parameters.
 """
 
+import functools
 import os
 import sys
 
@@ -18,7 +19,7 @@ from overlap_core.planning import split as split_lib
 from overlap_core.runtime import background, compat, ledger as ledger_lib
 from overlap_core.runtime import (datasets, pipeline_stats, run_record,
                                   skeleton)
-from overlap_core.runtime.config import TrainConfig, check_burst_supported
+from overlap_core.runtime.config import TrainConfig
 from torch_parity import (background_cuda, checkpoint, data, distribute,
                           loops, models, parallelize, pipeline,
                           pipeline_timing, steps)
@@ -27,29 +28,15 @@ FRAMEWORK = "pytorch"
 
 
 def check_supported(config: TrainConfig, *, num_gpus: int = None) -> None:
-  """Refuses every flag value that has no meaning in PyTorch.
-
-  The one place that decides what this trainer cannot honour, so that no
-  flag is ever silently ignored; the launcher calls it too, before any
-  process starts. Which features combine is `overlap_core.runtime.compat`'s
-  table; what is left here are counts this host or world must match.
-
-  Args:
-    config: the validated run configuration.
-    num_gpus: GPUs on this host (default: what torch sees).
-
-  Raises:
-    ConfigError: naming the flag, the value and why.
+  """Refuses, in one line, what PyTorch cannot honour; the launcher calls
+  it too, before any process starts. `num_gpus` (default: the GPUs PyTorch
+  sees) and the order of the checks are `compat.check_supported`'s.
   """
   if num_gpus is None:
     num_gpus = torch.cuda.device_count()
-  compat.check_combinations(config, FRAMEWORK,
-                            host=compat.Host(num_gpus=num_gpus))
-  pipeline.check_pipeline_supported(config, num_gpus=num_gpus)
-  distribute.check_strategy(config.distribute, num_gpus=num_gpus)
-  check_burst_supported(
-      config.burst, host_devices=num_gpus or os.cpu_count(),
-      device_kind="GPUs" if num_gpus else "CPU cores")
+  compat.check_supported(config, FRAMEWORK, num_gpus=num_gpus, side_checks=(
+      functools.partial(pipeline.check_pipeline_supported, num_gpus=num_gpus),
+      lambda c: distribute.check_strategy(c.distribute, num_gpus=num_gpus)))
 
 
 def describe_environment(strategy: distribute.Strategy) -> dict:

@@ -12,12 +12,14 @@ Usage:
 """
 
 import dataclasses
-from typing import Iterable, List, Optional
+import os
+from typing import Callable, Iterable, List, Optional, Sequence
 
 from overlap_core.runtime.compat_table import (BOTH, EXCLUSIVE, FEATURES,
                                                FLAG_VALUES, PLANNED_FEATURES,
                                                PT, ROWS, TF, Host, Row)
-from overlap_core.runtime.config import ConfigError, TrainConfig
+from overlap_core.runtime.config import (ConfigError, TrainConfig,
+                                         check_burst_supported)
 
 FRAMEWORK_NAMES = {TF: "TensorFlow", PT: "PyTorch"}
 
@@ -85,6 +87,31 @@ def check_combinations(config: TrainConfig, framework: str, *,
   rows = matching_rows(config, framework, host=host, only=only)
   if rows:
     raise refusal(rows[0], config)
+
+
+def check_supported(config: TrainConfig, framework: str, *, num_gpus: int,
+                    side_checks: Sequence[Callable[[TrainConfig], None]]
+                    ) -> None:
+  """What every trainer refuses before it starts, in one order: the table's
+  combinations first (they say why a feature cannot be had at all), then
+  the counts the framework's runtime must match (`side_checks`), then the
+  burst plan's devices against this host's.
+
+  Args:
+    config: the validated run configuration.
+    framework: "tensorflow" or "pytorch".
+    num_gpus: GPUs on this host.
+    side_checks: the framework's own checks of counts, in order.
+
+  Raises:
+    ConfigError: naming the flag, the value and why.
+  """
+  check_combinations(config, framework, host=Host(num_gpus=num_gpus))
+  for check in side_checks:
+    check(config)
+  check_burst_supported(
+      config.burst, host_devices=num_gpus or os.cpu_count(),
+      device_kind="GPUs" if num_gpus else "CPU cores")
 
 
 def check_planned(config: TrainConfig, framework: str, *,
