@@ -374,7 +374,12 @@ EXCLUSIVE = (
 )
 
 # What a planning command plans: it checks only the rows made of these,
-# since the trainer it plans for checks the rest when it runs.
+# since the trainer it plans for checks the rest when it runs. The strategy
+# is among them because it decides the processes, and so the threads, each
+# stage gets, which the profile is measured on: a plan for a strategy the
+# trainer refuses would profile a job that cannot run.
 PLANNED_FEATURES = frozenset(
     {"pipeline", "schedule=1f1b", "schedule=interleaved_1f1b",
-     "schedule=zero_bubble", "burst"})
+     "schedule=zero_bubble", "burst", "strategy=default",
+     "strategy=one_device", "strategy=mirrored", "strategy=multi_worker",
+     "strategy=horovod"})

@@ -51,9 +51,21 @@ def test_every_module_with_a_cuda_test_is_in_the_cuda_tests_part():
   assert marked == set(parts.CUDA_TEST_FILES)
 
 
+def _failed_outputs(results_dir) -> str:
+  """The end of each failed command's own output, from the parts' files:
+  the runner's log says only that a command failed."""
+  tails = []
+  for path in sorted(results_dir.glob("*.json")):
+    for row in json.loads(path.read_text(encoding="utf-8"))["commands"]:
+      if row["status"].startswith(("failed", "timed out")):
+        tails.append(f"{row['command']}\n{row.get('output_tail', '')}")
+  return "\n".join(tails)
+
+
 def test_dry_run_builds_every_part_and_runs_their_first_commands(tmp_path):
   done = _campaign("--dry_run", f"--results_dir={tmp_path}")
-  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  assert done.returncode == 0, (done.stdout[-3000:] + done.stderr[-3000:] +
+                                _failed_outputs(tmp_path))
   for part in parts.PARTS:
     with open(tmp_path / f"{part.name}.json", encoding="utf-8") as f:
       payload = json.load(f)

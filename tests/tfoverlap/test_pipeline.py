@@ -7,7 +7,6 @@ runs pipelined jobs whose checkpoints pipelined and unpipelined runs
 resume.
 """
 
-import dataclasses
 import json
 
 import keras
@@ -22,7 +21,6 @@ from overlap_core.runtime import pipeline_stats, run_record
 from overlap_core.runtime.config import ConfigError, PipelineConfig
 from tfoverlap import pipeline, steps
 from tfoverlap.models import build_model
-from tfoverlap.planning.profiler import profile_layers
 
 from tests.helpers import run_module
 
@@ -197,6 +195,13 @@ def test_each_stage_runs_forward_and_backward_on_its_own_device(
     context.disable_run_metadata()
   ran = {"forward": [0, 0], "weight gradient": [0, 0]}
   for function in metadata.function_graphs:
+    # While run metadata is on, every eager op in the process is recorded
+    # too, as a function of that one op (seen after other tests: eager
+    # Conv2Ds of another model); the step's function is the one that also
+    # updates the weights.
+    if not any(n.op.startswith(("Assign", "ResourceApply"))
+               for n in function.pre_optimization_graph.node):
+      continue
     for partition in function.partition_graphs:
       for node in partition.node:
         kind = ("weight gradient" if "Conv2DBackpropFilter" in node.op
@@ -336,22 +341,22 @@ def test_auto_split_from_a_profile_puts_predictions_beside_measurements(
     tmp_path):
   """--plan_profile with --pipeline_split=auto: the trainer splits by the
   profile's cost model and run.json shows each stage's predicted time."""
-  keras.utils.set_random_seed(0)
-  model = build_model("small_cnn", image_size=8, num_classes=10)
-  # The trainer reads its layer graph at the micro-batch, 16 / 4 = 4; the
-  # profile brackets it so the cost model interpolates.
-  profile = profile_layers(model, batch_sizes=(2, 4, 8), warmup=1,
-                           repeats=1, name="small_cnn")
-  profile_path = tmp_path / "profile.json"
-  profile_path.write_text(profile.to_json(), encoding="utf-8")
+  job = ("--model=small_cnn", "--image_size=8", "--batch_size=16",
+         "--strategy=mirrored", "--num_devices=2", "--pipeline_stages=2",
+         "--pipeline_microbatches=4")
+  # The profile the planning command writes for this job. The trainer reads
+  # its layer graph at the micro-batch, 16 / 4 = 4; the profile brackets it
+  # so the cost model interpolates.
+  planned = run_module("tfoverlap.plan", *job, "--plan_batch_sizes=2,4,8",
+                       "--plan_warmup=1", "--plan_repeats=1",
+                       f"--plan_output_dir={tmp_path / 'plan'}", timeout=600)
+  assert planned.returncode == 0, planned.stderr[-4000:]
+  profile_path = tmp_path / "plan" / "profile.json"
 
   def train(path, model_dir):
     result = run_module(
-        "tfoverlap.train", "--model=small_cnn", "--image_size=8",
-        "--batch_size=16", "--train_steps=2", "--evaluate=false",
-        "--trace=false", "--tensorboard=false", "--strategy=mirrored",
-        "--num_devices=2", "--pipeline_stages=2",
-        "--pipeline_microbatches=4", "--pipeline_split=auto",
+        "tfoverlap.train", *job, "--train_steps=2", "--evaluate=false",
+        "--trace=false", "--tensorboard=false", "--pipeline_split=auto",
         f"--plan_profile={path}", f"--model_dir={model_dir}", timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     return [l for l in result.stderr.splitlines()
@@ -366,11 +371,5 @@ def test_auto_split_from_a_profile_puts_predictions_beside_measurements(
     # The update is timed and predicted inside the stage's compute.
     assert row["predicted_update_ms"] is not None, row
     assert 0 < row["update_ms"] < row["compute_ms"], row
-  # The same costs, said to be PyTorch's: the run goes on, with one line.
-  foreign_path = tmp_path / "torch_profile.json"
-  foreign_path.write_text(dataclasses.replace(
-      profile, framework="torch 2.9.0").to_json(), encoding="utf-8")
-  warnings = train(foreign_path, tmp_path / "foreign")
-  assert len(warnings) == 1, warnings
-  assert "measured in torch 2.9.0, not TensorFlow" in warnings[0]
-  assert "python -m tfoverlap.plan" in warnings[0]
+  # A profile PyTorch's planning command wrote is taken the same way, with
+  # one line: tests/overlap_core/planning/test_round_trip.py runs that path.

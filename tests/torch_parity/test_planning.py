@@ -110,7 +110,8 @@ def test_plan_command_end_to_end(tmp_path):
   out = str(tmp_path / "plan")
   result = run_module(
       "torch_parity.plan", "--model=small_cnn", "--image_size=16",
-      "--batch_size=16", "--strategy=default", "--pipeline_stages=2",
+      "--batch_size=16", "--strategy=mirrored", "--num_devices=2",
+      "--pipeline_stages=2",
       "--pipeline_microbatches=2", "--plan_warmup=0", "--plan_repeats=1",
       "--plan_batch_sizes=4,8", f"--plan_output_dir={out}", timeout=300)
   assert result.returncode == 0, result.stderr
@@ -136,7 +137,8 @@ def test_plan_command_refuses_an_impossible_split_in_one_line():
       (["--pipeline_stages=2", "--pipeline_split=conv9"], "no layer 'conv9'")):
     result = run_module("torch_parity.plan", "--model=small_cnn",
                         "--image_size=16", "--batch_size=16",
-                        "--strategy=default", *args, timeout=300)
+                        "--strategy=mirrored", "--num_devices=2", *args,
+                        timeout=300)
     assert result.returncode == 2, result.stderr
     errors = [l for l in result.stderr.splitlines() if ": error: " in l]
     assert len(errors) == 1 and needle in errors[0], result.stderr

@@ -83,20 +83,36 @@ def test_cut_layers_of_one_side_split_the_other(plans, tmp_path):
   assert section["cut_layers"] == [cuts]
 
 
+def test_a_plan_for_a_job_no_trainer_runs_is_refused_in_one_line(tmp_path):
+  # The README's old example planned stages under the default strategy,
+  # which neither trainer pipelines; its profile would time layers on
+  # threads no stage gets. The planner refuses it before measuring.
+  job = [f for f in JOB if not f.startswith(("--strategy", "--num_devices"))]
+  for framework in PLANS:
+    result = run_module(PLANS[framework], *job, "--strategy=default",
+                        f"--plan_output_dir={tmp_path / framework}",
+                        timeout=TIMEOUT_S)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = [l for l in result.stderr.splitlines() if ": error: " in l]
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert "--strategy=default" in lines[0] and "mirrored" in lines[0]
+    assert not (tmp_path / framework).exists()
+
+
 def test_a_profile_made_for_other_job_flags_is_refused_in_one_line(
     plans, tmp_path):
-  # The README's old example: planned under the default strategy, so on
-  # both cores, for stages that will each run in a process holding one.
-  other = _plan(tmp_path / "default", "torch", *[
-      f for f in JOB if not f.startswith(("--strategy", "--num_devices",
-                                          "--intra_op_threads"))],
-      "--strategy=default")
-  assert json.loads((other / "profile.json").read_text())["threads"] == (
-      os.cpu_count())
+  # Planned with more threads than a stage of the job gets (on any host:
+  # a stage of 2 processes gets at most half the cores, and at least 1).
   cores = os.cpu_count()
+  profiled = max(2, cores)
+  other = _plan(tmp_path / "threads", "torch", *[
+      f for f in JOB if not f.startswith("--intra_op_threads")],
+      f"--intra_op_threads={profiled}")
+  assert json.loads((other / "profile.json").read_text())["threads"] == (
+      profiled)
   job = [f for f in JOB if not f.startswith("--intra_op_threads")]
   # (trainer, profile, its threads, the threads the trainer's stages get)
-  cases = (("torch", other / "profile.json", cores, max(1, cores // 2)),
+  cases = (("torch", other / "profile.json", profiled, max(1, cores // 2)),
            # Timed on one thread; TensorFlow's one process runs its
            # stages on the whole host.
            ("tensorflow", plans["torch"] / "profile.json", 1, cores))
