@@ -60,27 +60,17 @@ def stage_conditions(config: TrainConfig, *, num_gpus: Optional[int] = None
   the first GPUs or the CPU."""
   if num_gpus is None:
     num_gpus = len(tf.config.list_physical_devices("GPU"))
-  return conditions_lib.StageConditions(
-      framework=PROFILE_FRAMEWORK, device="gpu" if num_gpus else "cpu",
-      threads=command_lib.profiling_threads(
-          config, config.distribute.num_workers),
-      dtype=conditions_lib.compute_dtype(config.model.precision),
-      microbatch_size=command_lib.plan_microbatch_size(config))
+  return command_lib.stage_conditions(
+      config, framework=PROFILE_FRAMEWORK, device="gpu" if num_gpus else "cpu",
+      num_processes=config.distribute.num_workers)
 
 
 def check_profile(config: TrainConfig, *,
                   num_gpus: Optional[int] = None) -> str:
-  """`split.check_profile` against this run's stages; the warning line for
-  a profile PyTorch measured, or "".
-
-  Raises:
-    ConfigError: naming plan_profile or pipeline_split.
-  """
-  if config.pipeline.stages == 1:
-    return split_lib.check_profile(config.pipeline)
-  return split_lib.check_profile(
-      config.pipeline, stage_conditions(config, num_gpus=num_gpus),
-      replan=command_lib.replan_command(PLAN_PROGRAM, config))
+  """`command.check_stage_profile` for this run's stages."""
+  return command_lib.check_stage_profile(
+      config, lambda: stage_conditions(config, num_gpus=num_gpus),
+      PLAN_PROGRAM)
 
 
 def check_pipeline_supported(config: TrainConfig, *,

@@ -22,7 +22,8 @@ import dataclasses
 import os
 from typing import Any, Callable, List, NoReturn, Optional, Sequence, Tuple
 
-from overlap_core.planning import (burst_report, deeppool_format, partition,
+from overlap_core.planning import (burst_report, conditions, deeppool_format,
+                                   partition,
                                    profile_formats, report, split)
 from overlap_core.planning.burst_costs import CommModel
 from overlap_core.planning.dims import ParallelDims
@@ -87,6 +88,34 @@ def plan_microbatch_size(config: TrainConfig) -> int:
   (`ParallelDims.microbatch_size`, as the flags reckon the replicas)."""
   return ParallelDims.from_config(config, None).microbatch_size(
       config.data.batch_size, config.pipeline.microbatches)
+
+
+def stage_conditions(config: TrainConfig, *, framework: str, device: str,
+                     num_processes: int) -> conditions.StageConditions:
+  """What each stage of `config`'s pipeline runs under, in the terms a
+  profile records: the framework's own words for itself and the device,
+  and the threads each of `num_processes` processes on this host gets."""
+  return conditions.StageConditions(
+      framework=framework, device=device,
+      threads=profiling_threads(config, num_processes),
+      dtype=conditions.compute_dtype(config.model.precision),
+      microbatch_size=plan_microbatch_size(config))
+
+
+def check_stage_profile(config: TrainConfig,
+                        stage: Callable[[], conditions.StageConditions],
+                        plan_program: str) -> str:
+  """`split.check_profile` against what each stage gets (`stage()`, asked
+  only for a pipelined run); the warning line for a profile the other
+  framework measured, or "".
+
+  Raises:
+    ConfigError: naming plan_profile or pipeline_split.
+  """
+  if config.pipeline.stages == 1:
+    return split.check_profile(config.pipeline)
+  return split.check_profile(config.pipeline, stage(),
+                             replan=replan_command(plan_program, config))
 
 
 def profile_batch_sizes(requested: Sequence[str], microbatch: int) -> List[int]:
