@@ -46,8 +46,9 @@ setuptools.setup(
         # safetensors: tests read checkpoints with the official reader, as a
         # user without tfoverlap would.
         # matplotlib: the comparison's plots are tested too.
-        "test": ["pytest>=8", "setuptools>=70.1", "safetensors>=0.4",
-                 "matplotlib>=3.7", "Pillow>=9"],
+        # pytest-xdist: the suite runs one worker process per core.
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "setuptools>=70.1",
+                 "safetensors>=0.4", "matplotlib>=3.7", "Pillow>=9"],
     },
     entry_points={
         "console_scripts": [

@@ -14,6 +14,8 @@ def main(argv):
   args = list(argv) + [
       # The runfiles tree is not a place to leave a cache in.
       "-p", "no:cacheprovider",
+      # Bazel already runs one file per test; no worker processes inside.
+      "-n", "0",
   ]
   # Bazel names a private scratch directory and a results file per test.
   if "TEST_TMPDIR" in os.environ:

@@ -104,6 +104,10 @@ def _offload_batch_search(label: str, models: Tuple[str, ...]) -> Command:
                   "--max_batch=1024"), None)
 
 
+# One process: the few CUDA tests share the one GPU, and the GPU host's
+# pytest may lack the worker plugin that pytest.ini's addopts name.
+_CUDA_TEST_ARGS = ("-o", "addopts=-ra", "-m", "cuda", "-q", "-p",
+                   "no:cacheprovider", *CUDA_TEST_FILES)
 _CKPT_BASE = ("--framework=pytorch", "--model=resnet50", "--cadences=auto")
 _INPUT_BASE = ("--framework=pytorch", "--model=resnet50",
                "--cost_multiples=0")
@@ -112,11 +116,8 @@ _STUDY_MODELS = ("vgg19", "resnet50", "inception_v3", "wide_resnet50_2")
 PARTS = (
     Part("cuda_tests", 1.5,
          "every test that skips without CUDA (pytest -m cuda), run",
-         (Command("pytest", "pytest",
-                  ("-m", "cuda", "-q", "-p", "no:cacheprovider",
-                   *CUDA_TEST_FILES),
-                  ("-m", "cuda", "-q", "-p", "no:cacheprovider",
-                   *CUDA_TEST_FILES), output="junit"),),
+         (Command("pytest", "pytest", _CUDA_TEST_ARGS, _CUDA_TEST_ARGS,
+                  output="junit"),),
          requires=("absl", "pytest")),
     Part("throughput", 4.5,
          "ResNet-50 224x224, synthetic batches on the device: the trainer "
