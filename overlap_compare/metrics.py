@@ -63,8 +63,10 @@ import dataclasses
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from overlap_core.runtime import intervals, pipeline_stats
+from overlap_core.runtime import verdict as verdict_lib
 from overlap_core.runtime.ledger import (CHECKPOINT_STALL, COMPUTE,
-                                        COMPUTE_PARTS, DATA_WAIT, OTHER)
+                                        COMPUTE_PARTS, DATA_WAIT,
+                                        EXPOSED_COMM, OTHER)
 from overlap_compare.matrix import Cell
 
 # The phases that partition a step (their means add up to the step's mean).
@@ -170,6 +172,11 @@ class CellStats:
     work_s_by_repeat: ((repeat, work_s), ...) alike, for the repeats that
       recorded CPU times.
     pipeline: the median repeat's pipeline, or None when not pipelined.
+    exposed_comm_s: the median repeat's exposed all-reduce per step (part
+      of `phases_s[COMPUTE]` there), or None where the run did not
+      measure it (no all-reduce, or TensorFlow's, inside its step).
+    verdict: what bounds the median repeat's steps
+      (`overlap_core.runtime.verdict`), its label.
   """
   num_runs: int
   samples_per_second: float
@@ -183,6 +190,8 @@ class CellStats:
   step_s_by_repeat: Tuple[Tuple[int, float], ...] = ()
   work_s_by_repeat: Tuple[Tuple[int, float], ...] = ()
   pipeline: Optional[PipelineStats] = None
+  exposed_comm_s: Optional[float] = None
+  verdict: str = ""
 
   @property
   def phase_fractions(self) -> Dict[str, float]:
@@ -398,7 +407,10 @@ def summarize_records(records: Sequence[dict],
           (int(n), s) for n, s in zip(repeats, steps)),
       work_s_by_repeat=() if repeats is None else tuple(
           (int(n), w) for n, w in zip(repeats, works) if w is not None),
-      pipeline=pipeline_stats_of(median))
+      pipeline=pipeline_stats_of(median),
+      exposed_comm_s=(median["phases"].get(EXPOSED_COMM) or {}).get("mean"),
+      verdict=verdict_lib.step_verdict(
+          median["phases"], median.get("phases_measured")).label)
 
 
 def _work_s(record: dict) -> Optional[float]:

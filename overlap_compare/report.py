@@ -95,6 +95,14 @@ DEFINITIONS = """\
   stages' summed bubble over their summed step time, beside the
   schedule's own (S-1)/(M+S-1); "derived" marks a bubble that is the
   step's remainder after parts timed alone, not waits timed in the step.
+- **Exposed comm** is the all-reduce the step waited for after backward's
+  last gradient (PyTorch's DDP and Horovod; "n/a" where a run did not
+  measure it: no all-reduce, or TensorFlow's, inside its compiled step).
+  It is part of the compute column, as the ideal counts it.
+- **Verdict** names the phase that bounds the median repeat's steps: a
+  phase other than compute at 5% of the step or more (the largest wins;
+  "highly" from 20%, the TensorFlow profiler's input-bound cuts), else
+  compute-bound (`overlap_core.runtime.verdict`).
 """
 
 
@@ -316,7 +324,8 @@ def _group_section(comparison: Comparison, key: GroupKey) -> str:
   out.write(f"\n## {comparison.group_label(key)}\n\n")
   headers = ["cell", "runs ok", "samples/s [range]", "×base", "×best single",
              "step ms", "data wait", "compute", "ckpt stall", "other",
-             "overlap eff.", "work CPU-ms", "bound ms", "vs bound"]
+             "overlap eff.", "work CPU-ms", "bound ms", "vs bound",
+             "exposed comm", "verdict"]
   rows = []
   for cell in comparison.cells(key):
     result = comparison.results[key][cell]
@@ -331,6 +340,10 @@ def _group_section(comparison: Comparison, key: GroupKey) -> str:
     row += [_ms(s.phases_s[p]) for p in PHASE_COLUMNS]
     row.append(_efficiency_text(analysis.efficiency[cell]))
     row += _bound_cells(s, analysis.resource_bound[cell])
+    # Exposed all-reduce is inside compute here (the ideal adds it back);
+    # shown apart, so the all-reduce knobs show the phase they move.
+    row += [_ms(s.exposed_comm_s) if s.exposed_comm_s is not None else "n/a",
+            s.verdict]
     rows.append(row)
   out.write(_table(headers, rows) + "\n")
   out.write(_components_text(comparison, key))
@@ -481,7 +494,8 @@ def format_results_csv(comparison: Comparison) -> str:
               "checkpoint_interval_s", "work_cpu_ms", "cores",
               "resource_bound_ms", "resource_efficiency",
               "step_over_bound_low", "step_over_bound_high",
-              "resource_verdict"] + list(PIPELINE_COLUMNS) + ["error"])
+              "resource_verdict"] + list(PIPELINE_COLUMNS) +
+             ["exposed_comm_ms", "verdict", "error"])
   rows = []
   for key in comparison.groups():
     analysis = comparison.analyses[key]
@@ -514,6 +528,8 @@ def format_results_csv(comparison: Comparison) -> str:
                 _num(ratio.get("low")), _num(ratio.get("high")),
                 bound.verdict if bound else ""]
         row += _pipeline_csv(s.pipeline)
+        row += [_num(None if s.exposed_comm_s is None
+                     else 1e3 * s.exposed_comm_s), s.verdict]
       row.append(" / ".join(result.errors))
       rows.append(row)
   return _csv_text(headers, rows)

@@ -33,14 +33,16 @@ All-reduce knobs, for the strategies that have an all-reduce:
 
 import datetime
 import os
-from typing import List
+import time
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from overlap_core.planning.dims import ParallelDims
-from overlap_core.runtime import cluster, waits
+from overlap_core.runtime import cluster, comm_stats, waits
+from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime.config import (ConfigError, DistributeConfig,
                                          RunConfig)
 from torch_parity import rendezvous
@@ -173,6 +175,9 @@ class Strategy:
 
   # Which library's data parallelism run.json names, TensorFlow's way.
   class_name = "none"
+  # Times the all-reduce the step waited for (`comm_stats`); None where
+  # there is no all-reduce the ledger can see.
+  comm_timer: Optional[comm_stats.ExposedCommTimer] = None
 
   def __init__(self, cfg: DistributeConfig, *, dims: ParallelDims, device,
                rank: int = 0, local_rank: int = 0):
@@ -212,6 +217,23 @@ class Strategy:
   def sum_over_replicas(self, tensor: torch.Tensor) -> torch.Tensor:
     """The sum of `tensor` over every process (itself when single)."""
     return tensor
+
+  def backward(self, loss: torch.Tensor) -> None:
+    """`loss.backward()`; where the all-reduce finishes inside it (DDP),
+    timing the wait for it that backward's compute did not hide."""
+    loss.backward()
+
+  def synchronize(self, optimizer) -> None:
+    """Finishes the gradient all-reduce before the update where the
+    optimizer does it (Horovod), timing the wait; else nothing."""
+    del optimizer
+
+  def split_compute(self, start_s: float, end_s: float) -> list:
+    """A step's compute span as the ledger records it when the all-reduce
+    is timed: `exposed_comm` (the waits), then `compute`. Called once the
+    step is over and the device waited for."""
+    return ledger_lib.carve_compute(start_s, end_s, ledger_lib.EXPOSED_COMM,
+                                    self.comm_timer.take_s())
 
   def max_over_processes(self, values):
     """The element-wise maximum of a list of floats over every process; a
@@ -273,6 +295,8 @@ class DDPStrategy(Strategy):
     super().__init__(cfg, **kwargs)
     self.backend = backend
     self._wrapped: List[nn.parallel.DistributedDataParallel] = []
+    self.comm_timer = comm_stats.ExposedCommTimer()
+    self._bucket_clock = _BucketClock(self.device)
 
   def wrap_model(self, model: nn.Module, process_group=None) -> nn.Module:
     """DDP all-reduces gradient buckets while backward still runs, over
@@ -288,8 +312,24 @@ class DDPStrategy(Strategy):
         # default would overwrite them with rank 0's before every forward.
         # They are still synced once, at wrap time, when all are equal.
         forward_sync_buffers=False)
+    # The default all-reduce, stamped with the time each bucket is handed
+    # over: the last stamp is where backward's own work ended.
+    wrapped.register_comm_hook((process_group, self._bucket_clock),
+                               _stamped_allreduce_hook)
     self._wrapped.append(wrapped)
     return wrapped
+
+  def backward(self, loss: torch.Tensor) -> None:
+    """DDP's reducer waits, at backward's end, for every bucket's
+    all-reduce and copies the averaged gradients back: from the last
+    bucket's hand-over to backward's return is the exposed wait."""
+    self._bucket_clock.start_backward()
+    loss.backward()
+    self._bucket_clock.end_backward(self.comm_timer)
+
+  def split_compute(self, start_s: float, end_s: float) -> list:
+    self._bucket_clock.resolve(self.comm_timer)
+    return super().split_compute(start_s, end_s)
 
   def sum_over_replicas(self, tensor: torch.Tensor) -> torch.Tensor:
     tensor = tensor.clone()
@@ -331,10 +371,67 @@ class DDPStrategy(Strategy):
       dist.destroy_process_group()
 
 
+def _stamped_allreduce_hook(state, bucket):
+  """DDP's default all-reduce (averaged over the group), after stamping
+  the bucket's hand-over on the clock."""
+  from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # pylint: disable=g-import-not-at-top
+  process_group, clock = state
+  clock.stamp()
+  return default_hooks.allreduce_hook(process_group, bucket)
+
+
+class _BucketClock:
+  """When backward last handed a gradient bucket to the all-reduce, and
+  when it returned.
+
+  On the CPU both are host times. On a GPU the host runs ahead of the
+  device, so both are CUDA events on the current (training) stream: the
+  last bucket's completes when its gradients are computed, backward's end
+  after the stream waited for every all-reduce; their distance is read
+  once the loop has waited for the step (`resolve`).
+  """
+
+  def __init__(self, device: torch.device):
+    self._cuda = torch.device(device).type == "cuda"
+    self._last = None  # the last bucket's stamp in this backward
+    self._pending = []  # CUDA (last bucket, backward end) event pairs
+
+  def _now(self):
+    if not self._cuda:
+      return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+  def start_backward(self) -> None:
+    self._last = None
+
+  def stamp(self) -> None:
+    self._last = self._now()
+
+  def end_backward(self, timer: comm_stats.ExposedCommTimer) -> None:
+    if self._last is None:  # no bucket (no_sync): nothing was reduced
+      timer.add(0.0)
+    elif self._cuda:
+      self._pending.append((self._last, self._now()))
+    else:
+      timer.add(time.perf_counter() - self._last)
+    self._last = None
+
+  def resolve(self, timer: comm_stats.ExposedCommTimer) -> None:
+    for start, end in self._pending:
+      timer.add(start.elapsed_time(end) / 1e3)
+    self._pending.clear()
+
+
 class HorovodStrategy(Strategy):
   """Horovod's DistributedOptimizer over the horovodrun world."""
 
   class_name = "horovod.torch.DistributedOptimizer"
+
+  def __init__(self, cfg: DistributeConfig, **kwargs):
+    super().__init__(cfg, **kwargs)
+    self.comm_timer = comm_stats.ExposedCommTimer()
 
   @property
   def all_reduces_in_optimizer(self) -> bool:
@@ -351,6 +448,16 @@ class HorovodStrategy(Strategy):
       hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     return hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters())
+
+  def synchronize(self, optimizer) -> None:
+    """Horovod's synchronize waits for every all-reduce its backward hooks
+    started: all of it is the exposed wait. The step then runs under
+    `optimizer.skip_synchronize()` (`steps.make_train_step`). The host
+    waits here for Horovod's completion of each tensor, so the host clock
+    times it on a GPU too."""
+    start = time.perf_counter()
+    optimizer.synchronize()
+    self.comm_timer.add(time.perf_counter() - start)
 
   def sum_over_replicas(self, tensor: torch.Tensor) -> torch.Tensor:
     import horovod.torch as hvd  # pylint: disable=g-import-not-at-top

@@ -3,9 +3,10 @@
 The gradient all-reduce happens inside `loss.backward()`: DDP all-reduces
 each gradient bucket from autograd hooks as soon as it is ready, and
 Horovod's DistributedOptimizer does the same per tensor (fused up to its
-threshold); `optimizer.step()` waits for what is still in flight. So the
-compute phase the ledger times around `train_step` includes communication,
-as it does in TensorFlow.
+threshold); `optimizer.step()` waits for what is still in flight. The part of that
+communication backward did not hide is timed by the strategy
+(`Strategy.backward`, `Strategy.synchronize`) and recorded apart from
+compute as `exposed_comm`; TensorFlow's stays inside its compiled step.
 """
 
 import contextlib
@@ -114,15 +115,22 @@ def make_train_step(model: nn.Module, optimizer, strategy, *, task: str,
     # processes, which makes it the global mean, as TensorFlow's
     # compute_average_loss over the global batch with a SUM all-reduce.
     loss = per_example_loss(task, targets, outputs).mean()
+    # The strategy runs backward and, for Horovod, the synchronize, so
+    # that it can time the all-reduce they wait for (`exposed_comm`).
     if scaler is None:
-      loss.backward()
-      optimizer.step()
+      strategy.backward(loss)
+      if all_reduces_in_optimizer:
+        strategy.synchronize(optimizer)
+        with optimizer.skip_synchronize():
+          optimizer.step()
+      else:
+        optimizer.step()
     else:
-      scaler.scale(loss).backward()
+      strategy.backward(scaler.scale(loss))
       if all_reduces_in_optimizer:
         # Horovod's documented order with a scaler: finish the all-reduce,
         # unscale the averaged gradients, then step without a second sync.
-        optimizer.synchronize()
+        strategy.synchronize(optimizer)
         scaler.unscale_(optimizer)
         with optimizer.skip_synchronize():
           scaler.step(optimizer)

@@ -178,10 +178,22 @@ def _foreground_stream(runner):
   return None
 
 
-def _phases_measured(parallel) -> list:
+def _times_all_reduce(strategy, parallel) -> bool:
+  """Whether the strategy times the all-reduce of this run's steps (DDP
+  or Horovod around the whole model; a pipeline or burst plan reduces in
+  its own runtime)."""
+  return (strategy.comm_timer is not None and not parallel.pipeline
+          and not parallel.burst)
+
+
+def _phases_measured(parallel, strategy) -> list:
   """The ledger phases this run times: a pipelined step's compute is its
   stage_compute, bubble and transfer instead; an offloading step's is
-  offload_copy and the rest of compute."""
+  offload_copy and the rest of compute; a data-parallel step's exposed
+  all-reduce is apart from compute."""
+  if _times_all_reduce(strategy, parallel):
+    return [ledger_lib.DATA_WAIT, ledger_lib.COMPUTE, ledger_lib.EXPOSED_COMM,
+            ledger_lib.CHECKPOINT_STALL]
   if parallel.offload:
     return [ledger_lib.DATA_WAIT, ledger_lib.COMPUTE, ledger_lib.OFFLOAD_COPY,
             ledger_lib.CHECKPOINT_STALL]
@@ -191,14 +203,17 @@ def _phases_measured(parallel) -> list:
           ledger_lib.CHECKPOINT_STALL]
 
 
-def _split_compute(parallel):
+def _split_compute(parallel, strategy):
   """How the loop records a step's compute span: as the pipeline phases,
-  as offload copies and compute, or (None) as one compute phase. Offload
-  and pipeline stages are never combined (`check_supported`)."""
+  as offload copies and compute, as exposed all-reduce and compute, or
+  (None) as one compute phase. Offload, pipeline stages and replicas are
+  never combined (`check_supported`)."""
   if parallel.pipeline:
     return parallel.pipeline.recorder.end_step
   if parallel.offload:
     return parallel.offload.split_compute
+  if _times_all_reduce(strategy, parallel):
+    return strategy.split_compute
   return None
 
 
@@ -311,7 +326,7 @@ class _TorchSide:
             f"{self._strategy.backend}"]
 
   def phases_measured(self, config: TrainConfig, built) -> list:
-    return _phases_measured(built)
+    return _phases_measured(built, self._strategy)
 
   def describe_environment(self) -> dict:
     return describe_environment(self._strategy)
@@ -339,7 +354,7 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel) -> float:
     return loops.run_custom_loop(
         ctx, train_step=_make_train_step(config, spec, strategy, parallel),
         iterator=batches, device=strategy.device,
-        split_compute=_split_compute(parallel),
+        split_compute=_split_compute(parallel, strategy),
         stream=_foreground_stream(ctx.background))
   finally:
     # The device prefetcher stages batches on a thread of its own.

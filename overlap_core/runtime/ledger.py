@@ -16,7 +16,10 @@ and summarizes per-phase mean/p50/p95 over the steady-state steps.
 In a pipelined run, `compute` is not recorded: each step's compute span is
 recorded as the three phases of `overlap_core.runtime.pipeline_stats`
 (stage_compute, bubble, transfer), which partition it, so the phases still
-add up to the step. With offload, the step's compute span is recorded as
+add up to the step. With a data-parallel all-reduce the ledger can see
+(PyTorch's DDP and Horovod), the span's end that waited for it is
+`exposed_comm` (`overlap_core.runtime.comm_stats`). With offload, the
+step's compute span is recorded as
 `offload_copy` (the offload copies the training stream ran in series with
 compute, `overlap_core.runtime.offload_stats`) and `compute`, the rest
 (`carve_compute`). `COMPUTE_PARTS` names every phase that stands for part
@@ -39,7 +42,7 @@ import time
 from typing import Callable, Dict, List, Optional
 
 from overlap_core.runtime import cpu_clock as cpu_clock_lib
-from overlap_core.runtime import offload_stats, pipeline_stats
+from overlap_core.runtime import comm_stats, offload_stats, pipeline_stats
 
 DATA_WAIT = "data_wait"  # blocked waiting for the next batch
 COMPUTE = "compute"  # forward, backward, gradient all-reduce and update
@@ -48,8 +51,14 @@ PHASES = (DATA_WAIT, COMPUTE, CHECKPOINT_STALL)
 STEP = "step"  # the whole step: from the previous step's end to its own
 OTHER = "other"  # step time outside any phase: logging, bookkeeping
 OFFLOAD_COPY = offload_stats.OFFLOAD_COPY  # offload copies in series
+EXPOSED_COMM = comm_stats.EXPOSED_COMM  # all-reduce backward did not hide
 # Phases recorded in place of part or all of a step's compute span.
-COMPUTE_PARTS = pipeline_stats.PHASES + (OFFLOAD_COPY,)
+COMPUTE_PARTS = pipeline_stats.PHASES + (OFFLOAD_COPY, EXPOSED_COMM)
+# Compute parts that progress lines, scalars and verdicts report on their
+# own rather than add back to compute: what a knob other than the model
+# acts on (the all-reduce pack, the strategy). Comparisons still add them
+# back, so the ideal's compute is what it was before they were measured.
+APART_FROM_COMPUTE = (EXPOSED_COMM,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,9 +327,16 @@ def summarize_window(records: List[StepRecord]) -> Dict[str, float]:
           sum(r.num_samples for r in records) / total if total else 0.0,
       "step_ms": 1e3 * total / len(records) if records else 0.0,
   }
+  folded = tuple(p for p in COMPUTE_PARTS if p not in APART_FROM_COMPUTE)
   for name in PHASES:
     # A pipelined or offloading step records its compute in parts.
-    parts = (name,) + (COMPUTE_PARTS if name == COMPUTE else ())
+    parts = (name,) + (folded if name == COMPUTE else ())
     spent = sum(r.phases_s.get(part, 0.0) for r in records for part in parts)
     scalars[f"{name}_fraction"] = spent / total if total else 0.0
+  for name in APART_FROM_COMPUTE:
+    # Only where the run records it: a share of zero would claim a
+    # measurement the framework cannot make (TensorFlow's all-reduce).
+    if any(name in r.phases_s for r in records):
+      spent = sum(r.phases_s.get(name, 0.0) for r in records)
+      scalars[f"{name}_fraction"] = spent / total if total else 0.0
   return scalars

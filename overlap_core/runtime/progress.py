@@ -36,13 +36,16 @@ class ProgressPrinter:
     def share(name):
       return 100 * scalars[f"{name}_fraction"]
 
+    # Only a run that measures its exposed all-reduce prints it.
+    comm = (f"comm {share(ledger_lib.EXPOSED_COMM):4.1f}%  "
+            if f"{ledger_lib.EXPOSED_COMM}_fraction" in scalars else "")
     elapsed = time.perf_counter() - self._start
     eta = elapsed / step * (self._total_steps - step)
     print(f"{self._prefix}step {step:>{len(str(self._total_steps))}}/"
           f"{self._total_steps}  loss {loss:.4f}  "
           f"{scalars['samples_per_second']:8.1f} samples/s  "
           f"data {share(ledger_lib.DATA_WAIT):4.1f}%  "
-          f"compute {share(ledger_lib.COMPUTE):5.1f}%  "
+          f"compute {share(ledger_lib.COMPUTE):5.1f}%  {comm}"
           f"ckpt {share(ledger_lib.CHECKPOINT_STALL):4.1f}%  "
           f"eta {eta:5.1f}s", file=self._stream, flush=True)
     return True

@@ -20,6 +20,7 @@ import numpy as np
 
 from overlap_core import __version__
 from overlap_core.runtime import host_allocator
+from overlap_core.runtime import verdict as verdict_lib
 from overlap_core.runtime.config import TrainConfig
 
 SCHEMA_VERSION = 2  # 2: the checkpoint section
@@ -128,7 +129,9 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
   phase, carved out of compute (`overlap_core.runtime.offload_stats`).
   `pipeline` is `pipeline_stats.pipeline_section(...)`, or None when the
   model is not pipelined.
+  `verdict` is what bounds the steps (`overlap_core.runtime.verdict`).
   """
+  phases_measured = list(phases_measured)
   return {
       "schema_version": SCHEMA_VERSION,
       "framework": framework,
@@ -144,6 +147,8 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
       "samples_per_second": ledger_summary["samples_per_second"],
       "phases": ledger_summary["phases"],
       "phases_measured": list(phases_measured),
+      "verdict": verdict_lib.step_verdict(
+          ledger_summary["phases"], phases_measured).to_dict(),
       "steps_per_execution": steps_per_execution,
       "cpu": ledger_summary.get("cpu"),
       "final": final,

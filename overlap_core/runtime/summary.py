@@ -1,10 +1,12 @@
 """Human-readable summaries of a run: the end-of-run breakdown table."""
 
 from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.runtime import verdict as verdict_lib
 
 # offload_copy under compute: it is the part of compute spent copying.
 _ROW_ORDER = (ledger_lib.DATA_WAIT, ledger_lib.COMPUTE,
-              ledger_lib.OFFLOAD_COPY, ledger_lib.CHECKPOINT_STALL,
+              ledger_lib.OFFLOAD_COPY, ledger_lib.EXPOSED_COMM,
+              ledger_lib.CHECKPOINT_STALL,
               ledger_lib.OTHER, ledger_lib.STEP)
 
 
@@ -38,6 +40,8 @@ def format_breakdown(summary: dict, *, title: str = "Per-step breakdown",
     lines.append(f"  {name:<18}{stats['mean'] * 1e3:>10.3f}"
                  f"{stats['p50'] * 1e3:>10.3f}{stats['p95'] * 1e3:>10.3f}"
                  f"{stats['fraction'] * 100:>7.1f}%")
+  verdict = verdict_lib.step_verdict(phases, phases_measured)
+  lines.append(f"  verdict: {verdict.describe()}")
   return "\n".join(lines)
 
 

@@ -40,7 +40,7 @@ class HandClock:
 
 def make_record(*, data_ms, compute_ms, stall_ms=0.0, other_ms=0.0,
                 checkpoint_mode="sync", work_ms=0.0, cores=2,
-                offload_copy_ms=None):
+                offload_copy_ms=None, carved_phase=OFFLOAD_COPY):
   """A run.json whose every step has these phase times.
 
   With `offload_copy_ms`, that much of each step's compute is recorded as
@@ -65,7 +65,7 @@ def make_record(*, data_ms, compute_ms, stall_ms=0.0, other_ms=0.0,
       start_s = clock()
       clock.advance_ms(compute_ms)
       for phase, begin, end in carve_compute(
-          start_s, clock(), OFFLOAD_COPY, offload_copy_ms / 1e3):
+          start_s, clock(), carved_phase, offload_copy_ms / 1e3):
         ledger.add(phase, begin, end)
     if step % CHECKPOINT_EVERY == 0:
       with ledger.phase(CHECKPOINT_STALL):
@@ -135,6 +135,19 @@ def test_an_offloading_runs_copies_count_as_its_compute():
   # Compared with a plain run's compute, and the phases add up.
   assert stats.phases_s[COMPUTE] == pytest.approx(0.020)
   assert sum(stats.phases_s.values()) == pytest.approx(stats.step_s)
+
+
+def test_exposed_comm_is_compute_in_the_columns_and_shown_apart():
+  record = make_record(data_ms=1, compute_ms=20, offload_copy_ms=8,
+                       carved_phase="exposed_comm")
+  stats = overlap_metrics.summarize_records([record])
+  assert stats.phases_s[COMPUTE] == pytest.approx(0.020)
+  assert stats.exposed_comm_s == pytest.approx(0.008)
+  assert stats.verdict == "highly communication-bound"
+  plain = overlap_metrics.summarize_records(
+      [make_record(data_ms=1, compute_ms=20)])
+  assert plain.exposed_comm_s is None
+  assert plain.verdict == "compute-bound"
 
 
 def test_a_cell_reports_its_median_repeat_and_the_spread():
