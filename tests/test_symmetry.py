@@ -18,7 +18,7 @@ from overlap_core.runtime import framework_side
 
 SIDES = ("tfoverlap", "torch_parity")
 MODULES = ("steps", "parallelize", "pipeline", "offload", "burst",
-           "distribute", "trainer")
+           "distribute", "trainer", "ledger")
 
 # (module, name) -> {side: parameters only that side has}. Why each:
 ONE_SIDED_PARAMETERS = {
@@ -109,6 +109,12 @@ ONE_SIDED_NAMES = {
                             "record_first_step_placements",
                             "widths_for_model"},
               "torch_parity": {"BurstModel", "build_groups"}},
+    # The step ledger in the user's own loop: Keras' model.fit calls back a
+    # Callback (whose timing the trainer's fit loop uses too); a
+    # hand-written torch loop has nothing to call back from, so it marks
+    # its phases itself, inside a context manager.
+    "ledger": {"tfoverlap": {"FitStepTimer", "LedgerCallback"},
+               "torch_parity": {"LoopLedger"}},
     # tf.distribute provides the strategies and reads TF_CONFIG; torch's
     # are written here (DDP, Horovod) over torchrun's environment.
     "distribute": {"tfoverlap": {"cluster_from_env", "cluster_resolver",

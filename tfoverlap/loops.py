@@ -6,7 +6,8 @@ the replicated step (forward, backward, all-reduce, update), the checkpoint.
 traced call runs K steps, reading the iterator itself, and is timed as one
 span, with its steps' data waits timed inside the graph. `run_fit_loop`
 drives Keras `model.fit`, whose compiled step pulls its own input, so there
-the data wait is inside the compute span.
+the data wait is inside the compute span; it is timed by
+`tfoverlap.ledger.FitStepTimer`, the timing of the public `LedgerCallback`.
 """
 
 import time
@@ -16,6 +17,7 @@ import keras
 import tensorflow as tf
 
 from tfoverlap import steps
+from tfoverlap.ledger import FitStepTimer
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime.config import (CHECKPOINT_AUTO, ConfigError,
                                          TrainConfig)
@@ -123,40 +125,12 @@ def run_multi_step_loop(ctx: LoopContext, *, train_steps, iterator,
   return loss
 
 
-class LedgerCallback(keras.callbacks.Callback):
-  """Times each `model.fit` execution into the ledger, then checkpoints.
-
-  Keras calls it once per execution of `steps_per_execution` steps, with
-  the execution's first and last step index; at 1 that is every batch.
-  """
-
-  def __init__(self, ctx: LoopContext):
-    super().__init__()
-    self._ctx = ctx
-    self._batch_start = 0.0
-    self._first_batch = 0
-    self.last_loss = float("nan")
-
-  def on_train_batch_begin(self, batch, logs=None):
-    self._first_batch = batch
-    self._batch_start = time.perf_counter()
-
-  def on_train_batch_end(self, batch, logs=None):
-    end_s = time.perf_counter()
-    # Keras reports the running mean of the epoch's loss here, once per
-    # execution: every step of it is given that value.
-    self.last_loss = float(logs["loss"]) if logs else float("nan")
-    after_execution(self._ctx, self._ctx.first_step + self._first_batch,
-                    [self.last_loss] * (batch - self._first_batch + 1),
-                    self._batch_start, end_s)
-
-
 def run_fit_loop(ctx: LoopContext, *, model, optimizer, loss_fn,
                  distributed_data, steps_per_execution: int = 1) -> float:
   """Trains with `model.fit` for the same steps; returns the last loss."""
   model.compile(optimizer=optimizer, loss=loss_fn, jit_compile=False,
                 steps_per_execution=steps_per_execution)
-  callback = LedgerCallback(ctx)
+  callback = FitStepTimer(ctx)
   model.fit(distributed_data, epochs=1,
             steps_per_epoch=ctx.last_step - ctx.first_step + 1, verbose=0,
             callbacks=[callback])

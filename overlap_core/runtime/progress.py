@@ -11,6 +11,7 @@ class ProgressPrinter:
 
   Lines, not a redrawn bar: they read the same in a terminal, a CI log and a
   file, and each carries the phase shares of the steps since the last line.
+  `total_steps=None` (data of unknown length) prints no total and no ETA.
   """
 
   def __init__(self, *, total_steps: int, every_steps: int, enabled: bool,
@@ -39,13 +40,21 @@ class ProgressPrinter:
     # Only a run that measures its exposed all-reduce prints it.
     comm = (f"comm {share(ledger_lib.EXPOSED_COMM):4.1f}%  "
             if f"{ledger_lib.EXPOSED_COMM}_fraction" in scalars else "")
-    elapsed = time.perf_counter() - self._start
-    eta = elapsed / step * (self._total_steps - step)
-    print(f"{self._prefix}step {step:>{len(str(self._total_steps))}}/"
-          f"{self._total_steps}  loss {loss:.4f}  "
+    position, eta = _position_and_eta(step, self._total_steps,
+                                      time.perf_counter() - self._start)
+    print(f"{self._prefix}{position}  loss {loss:.4f}  "
           f"{scalars['samples_per_second']:8.1f} samples/s  "
           f"data {share(ledger_lib.DATA_WAIT):4.1f}%  "
           f"compute {share(ledger_lib.COMPUTE):5.1f}%  {comm}"
           f"ckpt {share(ledger_lib.CHECKPOINT_STALL):4.1f}%  "
-          f"eta {eta:5.1f}s", file=self._stream, flush=True)
+          f"{eta}".rstrip(), file=self._stream, flush=True)
     return True
+
+
+def _position_and_eta(step: int, total_steps, elapsed_s: float):
+  """("step 3/10", "eta 1.2s"), or ("step 3", "") when the total is unknown."""
+  if total_steps is None:
+    return f"step {step}", ""
+  eta_s = elapsed_s / step * (total_steps - step)
+  return (f"step {step:>{len(str(total_steps))}}/{total_steps}",
+          f"eta {eta_s:5.1f}s")

@@ -1,7 +1,8 @@
 """`AsyncCheckpoint`: two-phase checkpoints for any Keras `model.fit`."""
 
 import dataclasses
-from typing import Callable, Optional, Union
+import time
+from typing import Callable, List, Optional, Tuple, Union
 
 import keras
 
@@ -39,6 +40,10 @@ class AsyncCheckpoint(keras.callbacks.Callback):
   Usage:
     model.fit(dataset, epochs=10, callbacks=[
         AsyncCheckpoint("ckpts", every="auto", max_overhead_frac=0.03)])
+
+  Beside a `tfoverlap.ledger.LedgerCallback(..., checkpoint=this)` in the
+  same `callbacks`, each snapshot's wait is that step's checkpoint_stall in
+  the step ledger and run.json.
 
   Restoring mid-epoch, Keras restarts that epoch from its first batch; to
   continue with exactly the next batch, skip `resume_position(directory)
@@ -103,6 +108,9 @@ class AsyncCheckpoint(keras.callbacks.Callback):
     self._saved_step: Optional[int] = None  # the last step this fit saved
     self._pending_step: Optional[int] = None  # due, saved at the epoch's end
     self.restored_from: Optional[ResumePosition] = None
+    # (start_s, end_s) on time.perf_counter of each wait for a snapshot,
+    # until `take_stall_spans`.
+    self._stall_spans: List[Tuple[float, float]] = []
 
   @staticmethod
   def resume_position(directory: str) -> Optional[ResumePosition]:
@@ -118,6 +126,7 @@ class AsyncCheckpoint(keras.callbacks.Callback):
     self._step, self._epoch, self._batch = 0, 0, 0
     self._saved_step = self._pending_step = None
     self.restored_from = None
+    self._stall_spans = []
     # None for a dataset of unknown length, until an epoch of it ends.
     self._batches_per_epoch = (self.params or {}).get("steps")
     self._length_unknown = self._batches_per_epoch is None
@@ -207,8 +216,21 @@ class AsyncCheckpoint(keras.callbacks.Callback):
 
   def _save(self, step: int) -> None:
     self._pending_step = None
-    if self._checkpointer.save(step):
-      self._saved_step = step
+    start_s = time.perf_counter()
+    try:
+      if self._checkpointer.save(step):
+        self._saved_step = step
+    finally:
+      self._stall_spans.append((start_s, time.perf_counter()))
+
+  def take_stall_spans(self) -> List[Tuple[float, float]]:
+    """The spans training waited for snapshots since the last call.
+
+    (start_s, end_s) on `time.perf_counter`, for a step ledger
+    (`tfoverlap.ledger.LedgerCallback` records them as checkpoint_stall).
+    """
+    spans, self._stall_spans = self._stall_spans, []
+    return spans
 
   def on_train_end(self, logs=None):
     # The final state too: a finished fit resumes as finished. (A fit that

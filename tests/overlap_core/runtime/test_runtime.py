@@ -202,6 +202,20 @@ def test_progress_prints_on_cadence(capsys):
   assert "compute 100.0%" in lines[0]
 
 
+def test_progress_of_a_loop_of_unknown_length_has_no_total(capsys):
+  clock = FakeClock()
+  ledger = ledger_lib.StepLedger(clock=clock)
+  printer = ProgressPrinter(total_steps=None, every_steps=2, enabled=True)
+  for step in range(1, 4):
+    with ledger.phase(ledger_lib.COMPUTE):
+      clock.advance(0.5)
+    ledger.end_step(step, num_samples=10)
+    printer.maybe_print(ledger, step, loss=1.0)
+  (line,) = capsys.readouterr().out.splitlines()
+  assert line.startswith("step 2  loss 1.0000")
+  assert line.endswith("ckpt  0.0%")  # no ETA without a total
+
+
 class RecordingCheckpointer:
   """Due every `every` steps; each save takes `save_s` on the fake clock."""
 

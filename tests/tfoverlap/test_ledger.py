@@ -1,0 +1,155 @@
+"""`LedgerCallback` on a model and `model.fit` written here, in process."""
+
+import io
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.runtime import run_record
+from overlap_core.runtime.config import ConfigError
+from overlap_core.runtime.dir_lock import DirectoryInUseError
+from tests.helpers import one_line_error
+from tests.user_loop_compare import compare_report
+from tfoverlap import trainer
+from tfoverlap.checkpoint import AsyncCheckpoint
+from tfoverlap.ledger import LedgerCallback
+
+BATCH = 4
+BATCHES_PER_EPOCH = 4
+EPOCHS = 2
+STEPS = BATCHES_PER_EPOCH * EPOCHS
+CHECKPOINT_EVERY = 2
+
+
+def _model():
+  keras.utils.set_random_seed(1)
+  inputs = keras.Input((6,))
+  hidden = keras.layers.Dense(8, activation="relu")(inputs)
+  model = keras.Model(inputs, keras.layers.Dense(3)(hidden), name="user_mlp")
+  model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(
+      from_logits=True))
+  return model
+
+
+def _dataset():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(BATCH * BATCHES_PER_EPOCH, 6)).astype("float32")
+  y = rng.integers(0, 3, size=(BATCH * BATCHES_PER_EPOCH,))
+  return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+
+
+def _fit(root, name, checkpoint_first=None):
+  """One fit with the ledger; with an AsyncCheckpoint listed before
+  (checkpoint_first=True) or after it. Returns (callback, output, model)."""
+  model = _model()
+  stream = io.StringIO()
+  callbacks = []
+  ckpt = None
+  if checkpoint_first is not None:
+    ckpt = AsyncCheckpoint(os.path.join(root, f"{name}-ckpts"),
+                           every=CHECKPOINT_EVERY)
+  ledger = LedgerCallback(os.path.join(root, name), batch_size=BATCH,
+                          checkpoint=ckpt, log_every_steps=4, stream=stream)
+  callbacks = ([ckpt, ledger] if checkpoint_first else
+               [ledger, ckpt] if ckpt else [ledger])
+  model.fit(_dataset(), epochs=EPOCHS, verbose=0, callbacks=callbacks)
+  return ledger, stream.getvalue(), model
+
+
+@pytest.fixture(scope="module")
+def fits(tmp_path_factory):
+  root = str(tmp_path_factory.mktemp("fits"))
+  return root, {"plain": _fit(root, "plain"),
+                "checkpoint_first": _fit(root, "checkpoint_first", True),
+                "checkpoint_last": _fit(root, "checkpoint_last", False)}
+
+
+def test_a_plain_fit_leaves_the_trainers_run_json(fits):
+  root, runs = fits
+  ledger, output, model = runs["plain"]
+  record = run_record.load_run_record(os.path.join(root, "plain"))
+  assert record == ledger.record
+  assert record["framework"] == "tensorflow"
+  assert record["steps"] == STEPS
+  assert record["model"]["name"] == "user_mlp"
+  assert record["weights_digest"] == trainer.weights_digest(model)
+  assert record["final"]["train_loss"] == pytest.approx(ledger.last_loss)
+  assert record["checkpoint"] is None
+  phases = record["phases"]
+  assert phases[ledger_lib.COMPUTE]["total"] > 0
+  assert phases[ledger_lib.CHECKPOINT_STALL]["total"] == 0
+  assert record["phases_measured"] == [ledger_lib.COMPUTE,
+                                       ledger_lib.CHECKPOINT_STALL]
+  # Progress lines at the cadence, with the run's length, then the table.
+  assert "step 4/8  loss" in output and "step 8/8  loss" in output
+  assert "Per-step breakdown (7 steps after 1 warm-up" in output
+  assert " data_wait                n/a" in output
+  assert record["outputs"]["run_record"] in output
+
+
+@pytest.mark.parametrize("name", ["checkpoint_first", "checkpoint_last"])
+def test_the_checkpoint_callbacks_snapshots_are_its_stall(fits, name):
+  """Whichever comes first in `callbacks`, each snapshot's wait is the
+  checkpoint_stall of the step it follows, not compute or other."""
+  root, runs = fits
+  ledger, output, _ = runs[name]
+  record = ledger.record
+  checkpoint = record["checkpoint"]
+  assert checkpoint["mode"] == "async"
+  assert checkpoint["num_saved"] == STEPS // CHECKPOINT_EVERY
+  steps = ledger._ctx.ledger.steps  # pylint: disable=protected-access
+  stalled = [r.step for r in steps
+             if r.phases_s.get(ledger_lib.CHECKPOINT_STALL, 0) > 0]
+  assert stalled == list(range(CHECKPOINT_EVERY, STEPS + 1, CHECKPOINT_EVERY))
+  # The ledger's stall holds the engine's own measure of each snapshot.
+  engine_total_s = (checkpoint["stall_s"]["mean"] *
+                    checkpoint["stall_s"]["count"])
+  ledger_total_s = sum(r.phases_s[ledger_lib.CHECKPOINT_STALL]
+                       for r in steps if r.step in stalled)
+  assert ledger_total_s >= engine_total_s
+  for r in steps:
+    assert sum(r.phases_s.values()) <= r.duration_s + 1e-9
+  assert "ckpt" in output
+
+
+def test_a_second_writer_of_the_directory_is_refused(fits, tmp_path):
+  directory = str(tmp_path / "held")
+  first = LedgerCallback(directory, batch_size=BATCH, progress=False)
+  second = LedgerCallback(directory, batch_size=BATCH, progress=False)
+  model = _model()
+  first.set_model(model)
+  first.on_train_begin()
+  try:
+    with pytest.raises(DirectoryInUseError):
+      model.fit(_dataset(), epochs=1, verbose=0, callbacks=[second])
+  finally:
+    first._loop.abandon()  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"batch_size": 0}, "batch_size=0: allowed: an integer >= 1"),
+    ({"batch_size": 4, "log_every_steps": 0}, "log_every_steps=0"),
+    ({"batch_size": 4, "checkpoint": "ckpts"}, "checkpoint='ckpts'"),
+])
+def test_bad_arguments_are_refused_at_once(tmp_path, kwargs, says):
+  message = one_line_error(LedgerCallback, str(tmp_path), error=ConfigError,
+                           **kwargs)
+  assert says in message
+
+
+def test_overlap_compare_reads_the_runs(fits, tmp_path):
+  root, _ = fits
+  rows = compare_report(str(tmp_path / "compare"), "tensorflow",
+                        [os.path.join(root, "plain"),
+                         os.path.join(root, "checkpoint_last")])
+  plain, checkpointed = rows["baseline"], rows["checkpoint=async"]
+  assert plain["status"] == checkpointed["status"] == "ok"
+  assert float(plain["samples_per_second"]) > 0
+  assert float(plain["checkpoint_stall_ms"]) == 0
+  assert float(checkpointed["checkpoint_stall_ms"]) > 0
+  assert float(checkpointed["checkpoint_interval_s"]) > 0
+  assert "checkpoint=async" in rows["report"]
