@@ -27,7 +27,7 @@ setuptools.setup(
         "absl-py>=2.1",
         "numpy>=1.26",
         # The CPU build: GPU machines add tensorflow[and-cuda] of the same
-        # release (see README). Both provide the same `tensorflow` module.
+        # release (see docs/getting-started.md). Both provide the same `tensorflow` module.
         "tensorflow-cpu==2.21.*",
         "tensorboard==2.21.*",  # tf.summary; tensorflow-cpu 2.21 lacks it
         "tensorflow-datasets==4.9.*",
@@ -46,8 +46,11 @@ setuptools.setup(
         # safetensors: tests read checkpoints with the official reader, as a
         # user without tfoverlap would.
         # matplotlib: the comparison's plots are tested too.
+        # pyyaml: the Kubernetes manifests in examples/ are parsed.
         "test": ["pytest>=8", "setuptools>=70.1", "safetensors>=0.4",
-                 "matplotlib>=3.7", "Pillow>=9"],
+                 "matplotlib>=3.7", "Pillow>=9", "pyyaml>=6"],
+        # The manual in docs/: `mkdocs serve`, and the suite's strict build.
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5"],
     },
     entry_points={
         "console_scripts": [
