@@ -27,7 +27,7 @@ setuptools.setup(
         "absl-py>=2.1",
         "numpy>=1.26",
         # The CPU build: GPU machines add tensorflow[and-cuda] of the same
-        # release (see README). Both provide the same `tensorflow` module.
+        # release (see docs/getting-started.md). Both provide the same `tensorflow` module.
         "tensorflow-cpu==2.21.*",
         "tensorboard==2.21.*",  # tf.summary; tensorflow-cpu 2.21 lacks it
         "tensorflow-datasets==4.9.*",
@@ -47,8 +47,12 @@ setuptools.setup(
         # user without tfoverlap would.
         # matplotlib: the comparison's plots are tested too.
         # pytest-xdist: the suite runs one worker process per core.
+        # pyyaml: the Kubernetes manifests in examples/ are parsed.
         "test": ["pytest>=8", "pytest-xdist>=3.5", "setuptools>=70.1",
-                 "safetensors>=0.4", "matplotlib>=3.7", "Pillow>=9"],
+                 "safetensors>=0.4", "matplotlib>=3.7", "Pillow>=9",
+                 "pyyaml>=6"],
+        # The manual in docs/: `mkdocs serve`, and the suite's strict build.
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5"],
     },
     entry_points={
         "console_scripts": [

@@ -1,7 +1,10 @@
-"""Regenerates the numbers of BENCHMARKS.md from benchmarks/results/*.json.
+"""Regenerates the numbers of the benchmark pages from benchmarks/results/*.json.
 
   python -m benchmarks.render           # rewrite every block in place
   python -m benchmarks.render --check   # exit 1, naming the stale blocks
+
+The pages are the manual's `docs/benchmarks/*.md`, one per benchmark
+(BENCHMARKS.md at the top is their index and holds no table).
 
 A rendered block is everything between `<!-- render: NAME -->` and
 `<!-- /render -->`; NAME is a table of `benchmarks.render_tables`, which
@@ -11,6 +14,7 @@ and then this script is all it takes to bring the document up to date.
 """
 
 import argparse
+import glob
 import os
 import re
 import sys
@@ -23,7 +27,7 @@ from benchmarks import render_tables_soak  # noqa: F401
 from benchmarks import render_tables_stages  # noqa: F401
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCUMENT = os.path.join(REPO_ROOT, "BENCHMARKS.md")
+DOCUMENTS_GLOB = os.path.join(REPO_ROOT, "docs", "benchmarks", "*.md")
 
 _BLOCK = re.compile(
     r"(?P<open><!-- render: (?P<name>[a-z0-9_]+) -->\n)"
@@ -34,6 +38,20 @@ _ANY_MARKER = re.compile(r"<!-- /?render\b")
 
 class RenderError(ValueError):
   """The document's blocks are malformed or name no known table."""
+
+
+def documents() -> List[str]:
+  """The pages that hold rendered blocks, in order."""
+  return sorted(glob.glob(DOCUMENTS_GLOB))
+
+
+def read_documents() -> str:
+  """Every page's text, one after another: the blocks of them all."""
+  texts = []
+  for path in documents():
+    with open(path, encoding="utf-8") as f:
+      texts.append(f.read())
+  return "\n".join(texts)
 
 
 def block_names(text: str) -> List[str]:
@@ -84,26 +102,34 @@ def main(argv: List[str]) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--check", action="store_true",
                       help="Change nothing; exit 1 if a block is stale.")
-  parser.add_argument("--document", default=DOCUMENT)
+  parser.add_argument("--document", action="append",
+                      help="A page to render (repeatable); default: every "
+                           "docs/benchmarks/*.md.")
   args = parser.parse_args(argv)
+  paths = args.document or documents()
   try:
-    with open(args.document, encoding="utf-8") as f:
-      text = f.read()
+    texts = {}
+    for path in paths:
+      with open(path, encoding="utf-8") as f:
+        texts[path] = f.read()
     if args.check:
-      stale = stale_blocks(text)
-      if stale:
-        print(f"{args.document}: stale blocks {stale}; run python -m "
+      stale = {path: stale_blocks(text) for path, text in texts.items()}
+      stale = {path: names for path, names in stale.items() if names}
+      for path, names in stale.items():
+        print(f"{path}: stale blocks {names}; run python -m "
               "benchmarks.render", file=sys.stderr)
-        return 1
-      return 0
-    rendered = render_text(text)
+      return 1 if stale else 0
+    rendered = {path: render_text(text) for path, text in texts.items()}
   except (OSError, RenderError, render_tables.MissingResults) as e:
     print(f"render: {e}", file=sys.stderr)
     return 2
-  if rendered != text:
-    with open(args.document, "w", encoding="utf-8") as f:
-      f.write(rendered)
-  print(f"{len(block_names(text))} blocks rendered into {args.document}")
+  count = 0
+  for path, text in rendered.items():
+    count += len(block_names(text))
+    if text != texts[path]:
+      with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+  print(f"{count} blocks rendered into {len(rendered)} pages")
   return 0
 
 

@@ -6,7 +6,7 @@ every import (module-level and lazy ones inside functions) and every
 `tools/update_build.py` reads the same tables (as data, from this file) to
 write each library's Bazel visibility, so Bazel refuses the same edges.
 
-The README's map ("Where each overlap lives") draws the same arrows; the
+The manual's map (docs/architecture.md) draws the same arrows; the
 last test keeps the drawing and the tables in step.
 """
 
@@ -229,12 +229,13 @@ def test_the_scan_finds_a_child_process_by_constant(tmp_path):
 
 
 def _readme_map() -> dict:
-  """{library: the libraries its arrow names} from the README's map."""
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+  """{library: the libraries its arrow names} from the manual's map."""
+  with open(os.path.join(ROOT, "docs", "architecture.md"),
+            encoding="utf-8") as f:
     text = f.read()
   block = re.search(r"## Where each overlap lives.*?```\n(.*?)```", text,
                     re.DOTALL)
-  assert block, "README.md lost its map of the packages"
+  assert block, "docs/architecture.md lost its map of the packages"
   drawn = {}
   libraries = set(update_build.LIBRARIES)
   for line in block.group(1).splitlines():
@@ -249,5 +250,5 @@ def test_the_readme_map_draws_the_same_arrows():
   drawn = _readme_map()
   for lib, deps in ALLOWED_DEPS.items():
     assert drawn.get(lib) == set(deps), (
-        f"README's map draws {lib} -> {sorted(drawn.get(lib, ()))}; "
+        f"docs/architecture.md's map draws {lib} -> {sorted(drawn.get(lib, ()))}; "
         f"the table allows {sorted(deps)}")

@@ -129,7 +129,7 @@ def build_strategy(cfg: DistributeConfig) -> tf.distribute.Strategy:
           f"--num_workers={cfg.num_workers} needs TF_CONFIG or an srun "
           "step; start the workers with python -m tfoverlap.launch "
           f"--num_workers={cfg.num_workers} -- <trainer flags>, or see "
-          "the README's \"Several hosts\"")
+          "docs/overlaps/several-hosts.md")
     num_workers = found.num_workers if found else 1
     if num_workers != cfg.num_workers:
       raise ConfigError("num_workers", cfg.num_workers,

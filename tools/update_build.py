@@ -29,16 +29,20 @@ NOT_BUILT = {
     "benchmarks": "run on demand with `python -m benchmarks.<name>`; they "
                   "write results into benchmarks/results/ of the checkout. "
                   "The tests read them as data (//:benchmark_files): the "
-                  "harness's arithmetic, and BENCHMARKS.md against them",
+                  "harness's arithmetic, and the benchmark pages against them",
 }
 # What the benchmark tests read, as a glob, so that a new results file or
 # script needs no BUILD change.
 BENCHMARK_FILES_GLOB = ("benchmarks/**/*.py", "benchmarks/results/*.json",
                         "benchmarks/reports/*/report.md")
+# What the docs tests read: the manual (whose benchmark pages the renderer
+# test also compares with the results), and the examples it shows.
+DOCS_FILES_GLOB = ("docs/**/*.md", "examples/**/*.yaml")
 # Top-level files the tests read: packaging metadata, pytest's settings,
-# and BENCHMARKS.md, which the renderer test compares with the results.
-TOP_LEVEL_FILES = ("BENCHMARKS.md", "MANIFEST.in", "README.md", "pyproject.toml",
-                   "pytest.ini", "setup.py")
+# the README and BENCHMARKS.md (the manual's front doors), mkdocs.yml and
+# the CI script whose test command the docs tests hold to the README's.
+TOP_LEVEL_FILES = (".ci/run", "BENCHMARKS.md", "MANIFEST.in", "README.md",
+                   "mkdocs.yml", "pyproject.toml", "pytest.ini", "setup.py")
 # Plain pytest runs the test files itself; Bazel runs this file, which hands
 # one test file to pytest.
 PYTEST_MAIN = "pytest_main.py"
@@ -247,7 +251,7 @@ def _tests_build(root: str, libraries: Sequence[str]) -> str:
            if os.sep not in name}
   rules = [_rule(
       "py_library", "test_support", srcs=support,
-      data=["//:benchmark_files", "//:top_level_files"],
+      data=["//:benchmark_files", "//:docs_files", "//:top_level_files"],
       # Every test may run any entry point as a subprocess (`python -m
       # tfoverlap.train`), which no import shows, so each sees every library.
       deps=[_library_label(lib) for lib in libraries])]
@@ -274,7 +278,10 @@ def _top_build(root: str) -> str:
   # package may glob into it.
   benchmark_files = (f'filegroup(\n    name = "benchmark_files",\n'
                      f"    srcs = glob([{patterns}]),\n{visibility})\n")
-  return HEADER + "\n" + benchmark_files + "\n" + _rule(
+  docs_patterns = ", ".join(f'"{p}"' for p in DOCS_FILES_GLOB)
+  docs_files = (f'filegroup(\n    name = "docs_files",\n'
+                f"    srcs = glob([{docs_patterns}]),\n{visibility})\n")
+  return HEADER + "\n" + benchmark_files + "\n" + docs_files + "\n" + _rule(
       "filegroup", "top_level_files", srcs=files,
       visibility=[f"//{TESTS_DIR}:__pkg__"])
 

@@ -531,7 +531,7 @@ def _build_ddp(cfg: DistributeConfig) -> Strategy:
         f"--num_workers={cfg.num_workers} needs a torchrun world or an srun "
         "step; start the workers with python -m torch_parity.launch "
         f"--num_workers={cfg.num_workers} -- <trainer flags>, or see the "
-        "README's \"Several hosts\"")
+        "docs/overlaps/several-hosts.md")
   _check_world(cfg, world_size, local_world_size)
   device = _device_for(local_rank)
   backend = _ddp_backend(cfg, device)

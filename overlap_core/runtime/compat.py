@@ -2,8 +2,8 @@
 
 Both trainers' `check_supported` (and so their launchers) call
 `check_combinations`; the planning commands call it for the rows about what
-they plan. No other code refuses a combination of features. The README's
-"What combines with what" is `render_matrix()`:
+they plan. No other code refuses a combination of features. The docs'
+page "What combines with what" (docs/compatibility.md) is `render_matrix()`:
 
   python -m overlap_core.runtime.compat
 

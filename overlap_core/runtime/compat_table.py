@@ -5,7 +5,7 @@ host features, over the host), defined once here. A row names the features
 that must all hold for it to refuse (a tuple inside `features` means any one
 of them), the frameworks it applies to, the flag and value its message
 names, the reason, and what is allowed instead. `compat.check_combinations`
-raises the first row that matches; `compat.render_matrix` draws the README's
+raises the first row that matches; `compat.render_matrix` draws the docs'
 feature-by-feature matrix from the same rows. Rows are in the order they are
 checked: a framework's missing features first, then the combinations.
 

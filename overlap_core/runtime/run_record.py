@@ -113,7 +113,7 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
                      pipeline: Optional[dict] = None,
                      background: Optional[dict] = None,
                      steps_per_execution: int = 1) -> dict:
-  """Assembles the run.json payload; see README "run.json" for each field.
+  """Assembles the run.json payload; see docs/run-record.md for each field.
 
   `steps_per_execution` is the steps each traced call ran: above 1, the
   ledger timed spans of that many steps, and every per-step figure in

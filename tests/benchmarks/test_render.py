@@ -1,4 +1,4 @@
-"""BENCHMARKS.md agrees with benchmarks/results/*.json, through the renderer."""
+"""The benchmark pages agree with benchmarks/results/*.json, through the renderer."""
 
 import json
 import os
@@ -19,8 +19,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
 
 
 def _document() -> str:
-  with open(render.DOCUMENT, encoding="utf-8") as f:
-    return f.read()
+  return render.read_documents()
 
 
 def _results(name: str) -> dict:
@@ -31,7 +30,7 @@ def _results(name: str) -> dict:
 
 def test_the_document_agrees_with_the_results_files():
   stale = render.stale_blocks(_document())
-  assert stale == [], (f"BENCHMARKS.md blocks {stale} disagree with "
+  assert stale == [], (f"docs/benchmarks blocks {stale} disagree with "
                        "benchmarks/results; run python -m benchmarks.render")
 
 

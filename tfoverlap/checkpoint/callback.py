@@ -51,8 +51,8 @@ class AsyncCheckpoint(keras.callbacks.Callback):
   work: the epoch's length is learnt when an epoch ends, and kept in the
   checkpoints.
 
-  The weights load into plain Keras without tfoverlap: see the README,
-  "Loading a checkpoint without tfoverlap".
+  The weights load into plain Keras without tfoverlap: see
+  docs/your-own-model.md, "Loading a checkpoint without tfoverlap".
 
   From `on_train_begin` to `on_train_end` the callback is `directory`'s one
   writer: another fit on it, in this process or another, is refused when
