@@ -174,7 +174,9 @@ class CellStats:
     pipeline: the median repeat's pipeline, or None when not pipelined.
     exposed_comm_s: the median repeat's exposed all-reduce per step (part
       of `phases_s[COMPUTE]` there), or None where the run did not
-      measure it (no all-reduce, or TensorFlow's, inside its step).
+      measure it (no all-reduce, or TensorFlow's model.fit).
+    exposed_comm_derived: the exposed all-reduce was derived from a step
+      without it (TensorFlow, run.json's `phases_derived`), not timed.
     verdict: what bounds the median repeat's steps
       (`overlap_core.runtime.verdict`), its label.
   """
@@ -191,6 +193,7 @@ class CellStats:
   work_s_by_repeat: Tuple[Tuple[int, float], ...] = ()
   pipeline: Optional[PipelineStats] = None
   exposed_comm_s: Optional[float] = None
+  exposed_comm_derived: bool = False
   verdict: str = ""
 
   @property
@@ -409,6 +412,7 @@ def summarize_records(records: Sequence[dict],
           (int(n), w) for n, w in zip(repeats, works) if w is not None),
       pipeline=pipeline_stats_of(median),
       exposed_comm_s=(median["phases"].get(EXPOSED_COMM) or {}).get("mean"),
+      exposed_comm_derived=EXPOSED_COMM in median.get("phases_derived", ()),
       verdict=verdict_lib.step_verdict(
           median["phases"], median.get("phases_measured")).label)
 

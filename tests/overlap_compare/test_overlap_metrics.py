@@ -144,6 +144,10 @@ def test_exposed_comm_is_compute_in_the_columns_and_shown_apart():
   assert stats.phases_s[COMPUTE] == pytest.approx(0.020)
   assert stats.exposed_comm_s == pytest.approx(0.008)
   assert stats.verdict == "highly communication-bound"
+  assert not stats.exposed_comm_derived
+  # TensorFlow's is derived from a step without the all-reduce, and said so.
+  record["phases_derived"] = ["exposed_comm"]
+  assert overlap_metrics.summarize_records([record]).exposed_comm_derived
   plain = overlap_metrics.summarize_records(
       [make_record(data_ms=1, compute_ms=20)])
   assert plain.exposed_comm_s is None
