@@ -53,8 +53,9 @@ def run_trainer(program: str, framework: str,
     failure.record_failure(config, e, framework=framework)
     tfo_flags.exit_with_runtime_error(program, waits.explain(e))
   if record is not None and record["worker"]["index"] == 0:
-    print(summary.format_breakdown(record,
-                                   phases_measured=record["phases_measured"]))
+    print(summary.format_breakdown(
+        record, phases_measured=record["phases_measured"],
+        phases_derived=record.get("phases_derived", ())))
     print(summary.format_final(record))
 
 

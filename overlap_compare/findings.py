@@ -30,12 +30,31 @@ def phases_text(grown) -> str:
   return ", ".join(f"{p} +{1e3 * g:.1f} ms" for p, g in grown)
 
 
+def _exceeded_text(bound) -> str:
+  """A step under its lower bound: which measured parts are off."""
+  if bound.machine_limited:
+    return (f"{bound.verdict}: the step beat "
+            f"the work over the cores ({1e3 * bound.work_bound_s:.1f} ms), "
+            "so the CPU times counted more than the step used")
+  parts = bound.parts
+  named = ("" if parts is None else
+           f" (D {1e3 * parts.data_wait_s:.1f}, C {1e3 * parts.compute_s:.1f},"
+           f" K {1e3 * parts.checkpoint_s:.1f}, O {1e3 * parts.other_s:.1f} "
+           "ms)")
+  return (f"{bound.verdict}: the step beat the "
+          f"critical-path ideal {1e3 * bound.ideal_s:.1f} ms = max(D, C, K) "
+          f"+ O, whose parts{named} come from the baseline cell")
+
+
 def bound_text(bound) -> str:
   """Where a cell stands against its resource bound, in one sentence."""
-  text = (f"it {bound.verdict}: its step is {bound.efficiency:.0%} as short "
-          f"as the bound allows ({1e3 * bound.bound_s:.1f} ms: the work "
-          f"over the cores {1e3 * bound.work_bound_s:.1f} ms, the "
-          f"critical-path ideal {1e3 * bound.ideal_s:.1f} ms)")
+  if bound.exceeded:
+    text = _exceeded_text(bound)
+  else:
+    text = (f"it {bound.verdict}: its step is {bound.efficiency:.0%} as "
+            f"short as the bound allows ({1e3 * bound.bound_s:.1f} ms: the "
+            f"work over the cores {1e3 * bound.work_bound_s:.1f} ms, the "
+            f"critical-path ideal {1e3 * bound.ideal_s:.1f} ms)")
   ratio = bound.step_over_bound
   if ratio is not None and ratio.get("low") is not None:
     text += (f"; step over bound per repeat "

@@ -46,7 +46,13 @@ Definitions (the report prints them too):
   margin is at the bound, wholly beyond it is interference, and across it
   the cell cannot be placed. With fewer, S <= bound * (1 + tolerance) is
   at the bound (tolerance as for slow-downs below, with the margin in
-  place of the noise floor).
+  place of the noise floor). The bound is a lower bound: a cell whose
+  step lies below it (the interval of S / bound wholly below 1, or with
+  fewer repeats S < bound * (1 - tolerance), BEAT_BOUND_MARGIN in place of
+  the noise floor) shows that a part of it was mismeasured: the baseline's
+  D, C, K or O, or the cell's work W. It is "exceeded", never "at the
+  ideal"; `benchmarks/ledger_fidelity.py` checks the parts against the
+  step time their removal saves.
 - Slow-down: adding an optimization x to a cell P made it slower. With
   enough repeats for an interval (`paired_step_ratio`): the interval of
   step(P + x) / step(P), paired by repeat, lies wholly above 1 and its
@@ -86,6 +92,15 @@ DEFAULT_NOISE_FLOOR = 0.05
 # interference. A step whose cores were busy at least 1 / 1.10 = 91% of it
 # counts as full; one further off lost time that overlap could have won.
 AT_BOUND_MARGIN = 0.10
+# How far below its bound a step must be to have beaten it: a cell's step
+# and its baseline's phases are read on one clock, so beyond the spread of
+# its repeats only rounding and small noise separate a step at the bound
+# from one under it.
+BEAT_BOUND_MARGIN = 0.02
+# The verdict of a cell whose step beat its lower bound, by which part set
+# the bound.
+IDEAL_EXCEEDED = "the ideal was exceeded; its parts are off"
+WORK_BOUND_EXCEEDED = "the work bound was exceeded; its parts are off"
 # Where a paired step ratio's interval lies against 1.
 FASTER, SLOWER, EVEN = "faster", "slower", "even"
 # A resource-bound verdict whose interval spans both answers.
@@ -174,7 +189,9 @@ class CellStats:
     pipeline: the median repeat's pipeline, or None when not pipelined.
     exposed_comm_s: the median repeat's exposed all-reduce per step (part
       of `phases_s[COMPUTE]` there), or None where the run did not
-      measure it (no all-reduce, or TensorFlow's, inside its step).
+      measure it (no all-reduce, or TensorFlow's model.fit).
+    exposed_comm_derived: the exposed all-reduce was derived from a step
+      without it (TensorFlow, run.json's `phases_derived`), not timed.
     verdict: what bounds the median repeat's steps
       (`overlap_core.runtime.verdict`), its label.
   """
@@ -191,6 +208,7 @@ class CellStats:
   work_s_by_repeat: Tuple[Tuple[int, float], ...] = ()
   pipeline: Optional[PipelineStats] = None
   exposed_comm_s: Optional[float] = None
+  exposed_comm_derived: bool = False
   verdict: str = ""
 
   @property
@@ -244,6 +262,9 @@ class ResourceBound:
       the interval of step / bound spans both answers.
     step_over_bound: step / bound within each repeat, summarized
       (`intervals.summarize_ratios`), or None without CPU times per repeat.
+    exceeded: the step beat the bound, which a lower bound forbids: one of
+      its parts was mismeasured (see the module doc).
+    parts: the baseline's components the ideal is made of, to name them.
   """
   ideal_s: float
   work_bound_s: float
@@ -251,6 +272,8 @@ class ResourceBound:
   efficiency: float
   at_bound: Optional[bool]
   step_over_bound: Optional[dict] = None
+  exceeded: bool = False
+  parts: Optional[OverlapComponents] = None
 
   @property
   def machine_limited(self) -> bool:
@@ -259,6 +282,9 @@ class ResourceBound:
 
   @property
   def verdict(self) -> str:
+    if self.exceeded:
+      return (WORK_BOUND_EXCEEDED if self.machine_limited
+              else IDEAL_EXCEEDED)
     if self.at_bound is None:
       return UNPLACED
     if not self.at_bound:
@@ -409,6 +435,7 @@ def summarize_records(records: Sequence[dict],
           (int(n), w) for n, w in zip(repeats, works) if w is not None),
       pipeline=pipeline_stats_of(median),
       exposed_comm_s=(median["phases"].get(EXPOSED_COMM) or {}).get("mean"),
+      exposed_comm_derived=EXPOSED_COMM in median.get("phases_derived", ()),
       verdict=verdict_lib.step_verdict(
           median["phases"], median.get("phases_measured")).label)
 
@@ -482,7 +509,8 @@ def overlap_efficiency(step_s: float, components: OverlapComponents
   if raw < 0:
     return Efficiency(0.0, raw, "slower than serial")
   if raw > 1:
-    return Efficiency(1.0, raw, "beat the ideal: a component got cheaper")
+    return Efficiency(1.0, raw, "beat the ideal: a component got cheaper, or "
+                      "the ideal's parts are off")
   return Efficiency(raw, raw, "")
 
 
@@ -506,11 +534,15 @@ def resource_bound(cell: CellStats, components: OverlapComponents, *,
     limit = 1 + margin
     at_bound = (True if ratio["high"] <= limit else
                 False if ratio["low"] > limit else None)
+    exceeded = ratio["high"] < 1
   else:
     at_bound = cell.step_s <= bound * (1 + _tolerance(margin, cell))
+    exceeded = cell.step_s < bound * (1 - _tolerance(BEAT_BOUND_MARGIN,
+                                                     cell))
   return ResourceBound(ideal_s=components.ideal_s, work_bound_s=work_bound,
                        bound_s=bound, efficiency=bound / cell.step_s,
-                       at_bound=at_bound, step_over_bound=ratio)
+                       at_bound=at_bound, step_over_bound=ratio,
+                       exceeded=exceeded, parts=components)
 
 
 def _step_over_bound(cell: CellStats, ideal_s: float) -> Optional[dict]:

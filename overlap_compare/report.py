@@ -342,14 +342,22 @@ def _group_section(comparison: Comparison, key: GroupKey) -> str:
     row += _bound_cells(s, analysis.resource_bound[cell])
     # Exposed all-reduce is inside compute here (the ideal adds it back);
     # shown apart, so the all-reduce knobs show the phase they move.
-    row += [_ms(s.exposed_comm_s) if s.exposed_comm_s is not None else "n/a",
-            s.verdict]
+    row += [_exposed_comm_text(s), s.verdict]
     rows.append(row)
   out.write(_table(headers, rows) + "\n")
   out.write(_components_text(comparison, key))
   out.write(_marginal_text(comparison, key))
   out.write(_slowdowns_text(comparison, key))
   return out.getvalue()
+
+
+def _exposed_comm_text(s) -> str:
+  """The exposed all-reduce, "(derived)" where the run derived it from a
+  step without it rather than timing it (TensorFlow)."""
+  if s.exposed_comm_s is None:
+    return "n/a"
+  return _ms(s.exposed_comm_s) + (" (derived)" if s.exposed_comm_derived
+                                  else "")
 
 
 def _components_text(comparison: Comparison, key: GroupKey) -> str:

@@ -90,7 +90,8 @@ def execution_sizes(first_step: int, last_step: int, steps_per_execution: int):
 
 def run_multi_step_loop(ctx: LoopContext, *, train_steps, iterator,
                         steps_per_execution: int,
-                        take_offload_copy_s=None) -> float:
+                        take_offload_copy_s=None,
+                        exposed_comm_s: Optional[float] = None) -> float:
   """Runs steps first_step..last_step, K per traced call; the last loss.
 
   Args:
@@ -102,6 +103,9 @@ def run_multi_step_loop(ctx: LoopContext, *, train_steps, iterator,
       call (`Offloader.take_copy_s`), divided among the call's steps as
       its span is and carved out of each one's compute; None: no offload
       phase.
+    exposed_comm_s: each step's exposed all-reduce, derived before
+      training (`tfoverlap.exposed_comm`), carved out of each step's
+      compute; None: not derived. Never given with `take_offload_copy_s`.
   """
   loss = float("nan")
   for first, size in execution_sizes(ctx.first_step, ctx.last_step,
@@ -117,6 +121,9 @@ def run_multi_step_loop(ctx: LoopContext, *, train_steps, iterator,
       split_compute = lambda begin, end, copy_s=copy_s: (
           ledger_lib.carve_compute(begin, end, ledger_lib.OFFLOAD_COPY,
                                    copy_s))
+    elif exposed_comm_s is not None:
+      split_compute = lambda begin, end: ledger_lib.carve_compute(
+          begin, end, ledger_lib.EXPOSED_COMM, exposed_comm_s)
     after_execution(ctx, first, losses, start_s, end_s,
                     data_wait_s=(None if waits is None
                                  else float(waits.numpy().sum())),

@@ -1,8 +1,11 @@
 """The replicated training and evaluation steps of the custom training loop.
 
 The gradient all-reduce happens inside `optimizer.apply_gradients` (Keras 3
-sums gradients across replicas there), so the compute phase the ledger times
-around `train_step` includes communication, as it does in PyTorch DDP.
+sums gradients across replicas there), so the compute span the ledger times
+around `train_step` includes communication. The part of it the step waited
+for is derived from the same step without the all-reduce
+(`make_local_train_step`, `tfoverlap.exposed_comm`) and recorded apart from
+compute as `exposed_comm`, as PyTorch times its own.
 """
 
 import math
@@ -108,6 +111,48 @@ def make_train_step(model, optimizer, strategy, *, task: str,
   @tf.function
   def train_step(batch):
     per_replica_loss = strategy.run(replica_step, args=batch)
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss,
+                           axis=None)
+
+  return train_step
+
+
+def _keep_local(grads_and_vars):
+  return list(grads_and_vars)
+
+
+def make_local_train_step(model, optimizer, strategy, *, task: str,
+                          global_batch_size: int):
+  """`make_train_step`'s step without the gradient all-reduce: each
+  replica applies its own gradients, so the replicas' variables part.
+
+  For timing only (`tfoverlap.exposed_comm`): the step does the same
+  forward, backward and update, so what it saves against `make_train_step`
+  is the all-reduce the step waited for. PyTorch's equivalent is a DDP
+  step under `no_sync`.
+
+  Keras all-reduces in the optimizer's `_all_reduce_sum_gradients`, just
+  before its merge into the cross-replica update, which then applies each
+  replica's gradient to that replica's copy. The step swaps that method
+  for one that keeps the gradients local while the step is traced, around
+  `strategy.run` rather than inside it: the replicas trace on threads of
+  their own and meet at the merge.
+
+  Returns:
+    train_step(distributed_batch) -> the replicas' summed loss shares.
+  """
+  replica_step = _make_replica_step(model, optimizer, task=task,
+                                    global_batch_size=global_batch_size)
+  # A loss-scaling optimizer applies through the optimizer it wraps.
+  applies = getattr(optimizer, "inner_optimizer", optimizer)
+
+  @tf.function
+  def train_step(batch):
+    applies._all_reduce_sum_gradients = _keep_local
+    try:
+      per_replica_loss = strategy.run(replica_step, args=batch)
+    finally:
+      del applies._all_reduce_sum_gradients
     return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss,
                            axis=None)
 

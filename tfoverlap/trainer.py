@@ -8,6 +8,7 @@ are built inside its scope so their variables are replicated.
 import dataclasses
 import functools
 import sys
+from typing import Optional
 
 import keras
 import tensorflow as tf
@@ -18,8 +19,8 @@ from overlap_core.runtime import background, compat, ledger as ledger_lib
 from overlap_core.runtime import run_record, skeleton
 from overlap_core.runtime.config import ConfigError, TrainConfig
 from overlap_core.runtime.loop_context import LoopContext
-from tfoverlap import (burst, checkpoint, data, distribute, loops, models,
-                       parallelize, pipeline, steps)
+from tfoverlap import (burst, checkpoint, data, distribute, exposed_comm,
+                       loops, models, parallelize, pipeline, steps)
 
 FRAMEWORK = "tensorflow"
 
@@ -118,9 +119,24 @@ def _build_strategy(config: TrainConfig) -> tf.distribute.Strategy:
   return distribute.build_strategy(config.distribute)
 
 
+def _derives_exposed_comm(strategy, config: TrainConfig,
+                          built: parallelize.Parallelized) -> bool:
+  """Whether the run's exposed all-reduce is derived (`tfoverlap.
+  exposed_comm`): replicas that all-reduce, in the custom loop (model.fit
+  times its input inside compute, so nothing there is carved), and no
+  timed offload, which carves the same compute span its own way."""
+  return (strategy.num_replicas_in_sync > 1 and config.run.loop != "fit"
+          and not built.pipeline and not built.burst
+          and not (built.offload and built.offload.timed))
+
+
 def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
-              built: parallelize.Parallelized) -> float:
-  """Runs the configured loop over the remaining steps; the last loss."""
+              built: parallelize.Parallelized,
+              comm: Optional[exposed_comm.CommDerivation] = None) -> float:
+  """Runs the configured loop over the remaining steps; the last loss.
+
+  `comm` is the derived exposed all-reduce to carve out of each step's
+  compute, or None."""
   model, optimizer = built.model, built.optimizer
   # One global batch per step: the steps done are the batches consumed.
   train_input = _build_train_input(strategy, config, spec,
@@ -154,7 +170,8 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
             time_waits=not config.run.deterministic),
         iterator=iter(train_input), steps_per_execution=k,
         take_offload_copy_s=(timed_offload.take_copy_s if timed_offload
-                             else None))
+                             else None),
+        exposed_comm_s=comm.exposed_comm_s if comm else None)
   if built.burst:
     train_step = burst.record_first_step_placements(
         steps.make_burst_train_step(
@@ -165,9 +182,14 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
     train_step = steps.make_train_step(
         model, optimizer, strategy, task=spec.task,
         global_batch_size=config.data.batch_size)
+  split_compute = None
+  if timed_offload:
+    split_compute = timed_offload.split_compute
+  elif comm:
+    split_compute = comm.split_compute
   return loops.run_custom_loop(
       ctx, train_step=train_step, iterator=iter(train_input),
-      split_compute=timed_offload.split_compute if timed_offload else None)
+      split_compute=split_compute)
 
 
 def _run_pipelined_loop(ctx: LoopContext, config: TrainConfig, spec, runtime,
@@ -221,6 +243,7 @@ class _TensorFlowSide:
   def __init__(self):
     self._strategy = None
     self._service = None
+    self._comm = None  # the derived exposed all-reduce, once derived
 
   def check_supported(self, config: TrainConfig) -> None:
     check_supported(config)
@@ -278,7 +301,12 @@ class _TensorFlowSide:
 
   def run_loop(self, ctx: LoopContext, config: TrainConfig, spec,
                built) -> float:
-    return _run_loop(ctx, self._strategy, config, spec, built)
+    if (ctx.first_step <= ctx.last_step and
+        _derives_exposed_comm(self._strategy, config, built)):
+      self._comm = exposed_comm.derive_exposed_comm(
+          built.model, built.optimizer, self._strategy, task=spec.task,
+          global_batch_size=config.data.batch_size)
+    return _run_loop(ctx, self._strategy, config, spec, built, self._comm)
 
   def after_training(self, config: TrainConfig, built, ledger):
     if not built.pipeline:
@@ -301,12 +329,19 @@ class _TensorFlowSide:
   def phases_measured(self, config: TrainConfig, built) -> list:
     return _phases_measured(config, built)
 
+  def phases_derived(self, config: TrainConfig, built) -> list:
+    return [ledger_lib.EXPOSED_COMM] if self._comm else []
+
   def describe_environment(self) -> dict:
     return describe_environment(self._strategy)
 
   def describe_strategy(self, config: TrainConfig, built, plan,
                         ledger) -> dict:
-    return _describe_strategy(self._strategy, config, built, plan, ledger)
+    described = _describe_strategy(self._strategy, config, built, plan,
+                                   ledger)
+    if self._comm:
+      described[ledger_lib.EXPOSED_COMM] = self._comm.to_dict()
+    return described
 
   def num_params(self, model) -> int:
     return models.num_params(model)

@@ -328,6 +328,9 @@ class _TorchSide:
   def phases_measured(self, config: TrainConfig, built) -> list:
     return _phases_measured(built, self._strategy)
 
+  def phases_derived(self, config: TrainConfig, built) -> list:
+    return []  # DDP's and Horovod's all-reduce waits are timed each step
+
   def describe_environment(self) -> dict:
     return describe_environment(self._strategy)
 

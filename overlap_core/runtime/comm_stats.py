@@ -13,9 +13,9 @@ from compute is only the part the step waited for:
 - Horovod: the `optimizer.synchronize()` call, which waits for every
   outstanding all-reduce before the update.
 - TensorFlow: the all-reduce runs inside the compiled step, where no host
-  clock reaches; the phase is not recorded there (run.json's
-  `phases_measured` lacks it), and the fidelity benchmark derives it from
-  a step without the all-reduce instead.
+  clock reaches; the phase is derived instead, from the same step timed
+  without the all-reduce before training (`tfoverlap.exposed_comm`), and
+  run.json lists it in `phases_derived`, not in `phases_measured`.
 
 The phase is carved out of the step's compute span (`ledger.carve_compute`)
 so the phases still add up to the step.

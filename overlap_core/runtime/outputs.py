@@ -49,7 +49,8 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
                          offload_stats: Optional[dict] = None,
                          pipeline: Optional[dict] = None,
                          background_stats: Optional[dict] = None,
-                         cpu_of_processes: Optional[tuple] = None) -> dict:
+                         cpu_of_processes: Optional[tuple] = None,
+                         phases_derived: Iterable[str] = ()) -> dict:
   """Writes the trace (if asked for) and run.json of this worker.
 
   Args:
@@ -71,6 +72,8 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
     cpu_of_processes: (work seconds per step, processes) when this
       worker's steps run in processes outside this one's tree (PyTorch's
       mirrored replicas): the summed work replaces the ledger's own.
+    phases_derived: the ledger phases derived rather than timed step by
+      step (TensorFlow's exposed all-reduce).
 
   Returns:
     The record written to `<out_dir>/run.json`.
@@ -104,6 +107,7 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
       worker_index=worker_index,
       num_workers=num_workers,
       phases_measured=phases_measured,
+      phases_derived=phases_derived,
       outputs=outputs,
       checkpoint=checkpoint_stats,
       notes=notes,

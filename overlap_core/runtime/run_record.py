@@ -107,7 +107,7 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
                      ledger_summary: dict, num_steps: int, wall_s: float,
                      final: dict, weights_digest: str, worker_index: int,
                      num_workers: int, phases_measured: Iterable[str],
-                     outputs: dict, checkpoint: Optional[dict] = None,
+                     outputs: dict, phases_derived: Iterable[str] = (), checkpoint: Optional[dict] = None,
                      notes: Optional[list] = None,
                      offload: Optional[dict] = None,
                      pipeline: Optional[dict] = None,
@@ -130,6 +130,9 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
   `pipeline` is `pipeline_stats.pipeline_section(...)`, or None when the
   model is not pipelined.
   `verdict` is what bounds the steps (`overlap_core.runtime.verdict`).
+  `phases_derived` lists the phases in `phases` that were not timed step
+  by step but derived from another measurement (TensorFlow's exposed
+  all-reduce, from the step timed without it: `strategy.exposed_comm`).
   """
   phases_measured = list(phases_measured)
   return {
@@ -147,6 +150,7 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
       "samples_per_second": ledger_summary["samples_per_second"],
       "phases": ledger_summary["phases"],
       "phases_measured": list(phases_measured),
+      "phases_derived": list(phases_derived),
       "verdict": verdict_lib.step_verdict(
           ledger_summary["phases"], phases_measured).to_dict(),
       "steps_per_execution": steps_per_execution,

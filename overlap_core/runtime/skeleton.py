@@ -94,6 +94,8 @@ class Side(Protocol):
 
   def phases_measured(self, config: TrainConfig, built) -> List[str]: ...
 
+  def phases_derived(self, config: TrainConfig, built) -> List[str]: ...
+
   def describe_environment(self) -> dict: ...
 
   def describe_strategy(self, config: TrainConfig, built, plan,
@@ -170,6 +172,7 @@ def _run_holding(side: Side, config: TrainConfig, world: World, out_dir: str,
       num_params=side.num_params(built.model),
       weights_digest=side.weights_digest(built.model), final=trained.final,
       phases_measured=side.phases_measured(config, built),
+      phases_derived=side.phases_derived(config, built),
       checkpoint_stats=(trained.checkpointer.stats()
                         if trained.checkpointer else None),
       notes=notes, wall_s=time.perf_counter() - start,

@@ -11,7 +11,7 @@ _ROW_ORDER = (ledger_lib.DATA_WAIT, ledger_lib.COMPUTE,
 
 
 def format_breakdown(summary: dict, *, title: str = "Per-step breakdown",
-                     phases_measured=None) -> str:
+                     phases_measured=None, phases_derived=()) -> str:
   """A fixed-width table: per phase mean/p50/p95 in ms and share of step.
 
   Args:
@@ -20,6 +20,8 @@ def format_breakdown(summary: dict, *, title: str = "Per-step breakdown",
     phases_measured: phases the trainer could time separately; others show
       "n/a" rather than a misleading zero (Keras fit times data inside its
       compiled step, for instance).
+    phases_derived: phases derived rather than timed each step
+      (TensorFlow's exposed all-reduce); their rows say "(derived)".
   """
   phases = summary["phases"]
   names = [n for n in _ROW_ORDER if n in phases]
@@ -39,7 +41,8 @@ def format_breakdown(summary: dict, *, title: str = "Per-step breakdown",
       continue
     lines.append(f"  {name:<18}{stats['mean'] * 1e3:>10.3f}"
                  f"{stats['p50'] * 1e3:>10.3f}{stats['p95'] * 1e3:>10.3f}"
-                 f"{stats['fraction'] * 100:>7.1f}%")
+                 f"{stats['fraction'] * 100:>7.1f}%"
+                 + ("  (derived)" if name in phases_derived else ""))
   verdict = verdict_lib.step_verdict(phases, phases_measured)
   lines.append(f"  verdict: {verdict.describe()}")
   return "\n".join(lines)

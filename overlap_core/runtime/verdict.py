@@ -11,8 +11,10 @@ phase is time its removal saves (what `benchmarks/ledger_fidelity.py`
 checks), so 5% of the step is the same gain whichever phase it is in.
 Where several phases pass, the largest names the verdict. None passing,
 the run is compute-bound. A phase the run did not measure (Keras `fit`
-times the input inside its step; TensorFlow's all-reduce is inside its
-compiled step) cannot bound it, and the verdict says so.
+times the input inside its step; its all-reduce is inside the compiled
+step and not derived there) cannot bound it, and the verdict says so. A
+derived phase (TensorFlow's custom loop derives its exposed all-reduce
+from a step without it, run.json's `phases_derived`) counts as measured.
 
   verdict = step_verdict({"data_wait": {"fraction": 0.3}, ...},
                          phases_measured=["data_wait", "compute"])

@@ -144,6 +144,10 @@ def test_exposed_comm_is_compute_in_the_columns_and_shown_apart():
   assert stats.phases_s[COMPUTE] == pytest.approx(0.020)
   assert stats.exposed_comm_s == pytest.approx(0.008)
   assert stats.verdict == "highly communication-bound"
+  assert not stats.exposed_comm_derived
+  # TensorFlow's is derived from a step without the all-reduce, and said so.
+  record["phases_derived"] = ["exposed_comm"]
+  assert overlap_metrics.summarize_records([record]).exposed_comm_derived
   plain = overlap_metrics.summarize_records(
       [make_record(data_ms=1, compute_ms=20)])
   assert plain.exposed_comm_s is None
@@ -224,6 +228,42 @@ def test_resource_bound_tells_a_full_machine_from_interference():
   old["cpu"] = None
   assert overlap_metrics.resource_bound(
       overlap_metrics.summarize_records([old]), components) is None
+
+
+def test_a_step_under_its_ideal_says_the_ideal_is_off_not_reached():
+  # The baseline's ideal is max(10, 20, 40 / the cadence) + 0 = 20 ms; a
+  # cell of 15 ms, with cores to spare, beat what no step can beat.
+  base = overlap_metrics.summarize_records(
+      [make_record(data_ms=10, compute_ms=20, stall_ms=40, work_ms=20)])
+  components = overlap_metrics.components_from(base)
+  under = overlap_metrics.resource_bound(
+      overlap_metrics.summarize_records(
+          [make_record(data_ms=5, compute_ms=10, work_ms=10)]), components)
+  assert under.exceeded
+  assert under.verdict == overlap_metrics.IDEAL_EXCEEDED
+  text = compare_findings.bound_text(under)
+  assert text.startswith("the ideal was exceeded; its parts are off")
+  assert "as short as the bound allows" not in text
+  assert "D 10.0, C 20.0" in text and "from the baseline cell" in text
+  # At the ideal, within the noise, is still reaching it.
+  at = overlap_metrics.resource_bound(
+      overlap_metrics.summarize_records(
+          [make_record(data_ms=5, compute_ms=15, work_ms=10)]), components)
+  assert not at.exceeded
+  assert at.verdict == "reached the critical-path ideal"
+  # Beating the work over the cores blames the CPU times instead.
+  busy = overlap_metrics.resource_bound(
+      overlap_metrics.summarize_records(
+          [make_record(data_ms=5, compute_ms=20, work_ms=80)]), components)
+  assert busy.verdict == overlap_metrics.WORK_BOUND_EXCEEDED
+
+
+def test_repeats_under_their_bound_exceed_it():
+  components = overlap_metrics.OverlapComponents(0.0, 0.020, 0.0, 0.0)
+  under = _repeats_of([(15, 20)] * 5)  # every repeat 15 ms against 20
+  bound = overlap_metrics.resource_bound(under, components)
+  assert bound.step_over_bound["high"] < 1
+  assert bound.exceeded
 
 
 def _repeats_of(compute_ms_and_work_ms):

@@ -14,6 +14,7 @@ from absl.testing import flagsaver
 
 import flags as tfo_flags
 from tfoverlap import data, models, steps, trainer
+from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import run_record
 from overlap_core.runtime import trace
 
@@ -135,9 +136,20 @@ def test_mirrored_matches_single_device_at_same_global_batch(tmp_path):
                          "--strategy=mirrored", "--num_devices=2")
   assert mirrored["strategy"]["num_replicas"] == 2
   assert single["strategy"]["num_replicas"] == 1
+  # The same losses although the mirrored run first timed its step without
+  # the all-reduce, which parts the replicas: the derivation restores them.
   for key in ("train_loss", "eval_loss", "eval_accuracy"):
     assert mirrored["final"][key] == pytest.approx(single["final"][key],
                                                    rel=1e-4, abs=1e-5), key
+  # Its exposed all-reduce is derived, said so, and carried as a phase; one
+  # replica has none to derive.
+  assert mirrored["phases_derived"] == [ledger_lib.EXPOSED_COMM]
+  assert ledger_lib.EXPOSED_COMM not in mirrored["phases_measured"]
+  derivation = mirrored["strategy"][ledger_lib.EXPOSED_COMM]
+  assert derivation["num_pairs"] == len(derivation["local_step_ms"]) > 0
+  assert mirrored["phases"][ledger_lib.EXPOSED_COMM]["mean"] >= 0.0
+  assert single["phases_derived"] == []
+  assert ledger_lib.EXPOSED_COMM not in single["phases"]
 
 
 def test_fit_loop_feeds_the_same_ledger(tmp_path):

@@ -144,6 +144,10 @@ class _PlainSide:
     self._call("phases_measured")
     return list(ledger_lib.PHASES)
 
+  def phases_derived(self, config, built):
+    self._call("phases_derived")
+    return []
+
   def describe_environment(self):
     self._call("describe_environment")
     return {}
@@ -171,7 +175,7 @@ def test_hooks_run_in_order_and_the_lock_spans_the_final_save(tmp_path):
       ("finish", 3, True), "close_scalars", "after_training", "evaluate",
       "cpu_of_processes", "stop_services", "notes", "describe_environment",
       "describe_strategy", "num_params", "weights_digest", "phases_measured",
-      "leave"]
+      "phases_derived", "leave"]
   assert record["final"] == {"train_loss": 0.5, "eval_accuracy": 1.0}
   with open(os.path.join(tmp_path, run_record.RUN_RECORD_NAME)) as f:
     assert json.load(f)["steps"] == 3

@@ -1,0 +1,206 @@
+"""Each ledger phase against the step time its removal saves.
+
+  python -m benchmarks.ledger_fidelity            # full run
+  python -m benchmarks.ledger_fidelity --quick    # smoke run (tiny sizes)
+
+The ledger splits every step into phases and says what bounds the steps
+(`overlap_core.runtime.verdict`) on the claim that each phase is time its
+removal would save. This checks the claim by intervention: per framework,
+strategy (default; mirrored, which is DDP in PyTorch) and phase, the job
+runs as it is and again with the phase's cause removed, the two paired
+within each repeat (`benchmarks.harness`: interleaved, the first side
+rotating), and the step's saving is held against the phase's mean in the
+job's own run.json:
+
+  data_wait         the input made free: --synthetic_on_device keeps
+                    batches resident on the device, so no input pipeline
+                    runs. Same shapes and dtypes as the job's synthetic
+                    input, not the same values (the resident batches are
+                    drawn on the device); a step's cost does not depend on
+                    them.
+  checkpoint_stall  checkpoints off (--checkpoint=none against a
+                    synchronous save every few steps). Reported apart: the
+                    stall, and the rest of the step's increase (the save's
+                    interference with the steps around it).
+  offload_copy      offload off (--offload=none against activations
+                    offloaded), default strategy only.
+
+Not covered here, and why. exposed_comm: the run's own removal of the
+all-reduce is what TensorFlow derives the phase from (`tfoverlap.
+exposed_comm` times the step without it before training), so a second
+run without it would check the derivation against itself; a trainer flag
+for a run-long local step (DDP's `no_sync`) does not exist yet. bubble: it
+needs the pipeline's stages run back to back as a second job, which the
+pipeline benchmark's stage timing (`benchmarks.pipeline`) approaches but
+does not yet pair with its runs.
+
+Verdict per cell, from the repeats: the miss |phase - saving| over the
+tolerance max(10% of the saving, 0.3 ms), per repeat; its median's
+interval at most 1 is "met", wholly above 1 "missed", else "noisy".
+"""
+
+import functools
+import math
+import os
+
+from benchmarks import common
+from benchmarks import harness
+
+NAME = "ledger_fidelity"
+DEFAULT_REPEATS = 5
+FRAMEWORKS = ("tensorflow", "pytorch")
+STRATEGIES = ("default", "mirrored")
+# The goal: each phase within 10% of its removal's saving, or 0.3 ms,
+# whichever is larger.
+TOLERANCE_FRAC = 0.10
+TOLERANCE_FLOOR_MS = 0.3
+CHECKPOINT_EVERY = 5
+# phase -> (the job's extra flags, the flags that remove its cause, the
+# strategies it is checked under).
+PHASES = {
+    "data_wait": ([], ["--synthetic_on_device"], STRATEGIES),
+    "checkpoint_stall": (["--checkpoint=sync",
+                         f"--checkpoint_every={CHECKPOINT_EVERY}"],
+                         ["--checkpoint=none"], STRATEGIES),
+    "offload_copy": (["--offload=activations"], ["--offload=none"],
+                     ("default",)),
+}
+JOB, REMOVED = "job", "removed"
+
+
+def parse_args():
+  parser = common.make_parser(__doc__, repeats=DEFAULT_REPEATS,
+                              resummarize=True)
+  parser.add_argument("--model", default="small_cnn")
+  parser.add_argument("--image_size", type=int, default=16)
+  parser.add_argument("--batch_size", type=int, default=64)
+  parser.add_argument("--train_steps", type=int, default=100)
+  common.add_list_arg(parser, "frameworks", default=FRAMEWORKS,
+                      allowed=FRAMEWORKS, what="frameworks")
+  common.add_list_arg(parser, "strategies", default=STRATEGIES,
+                      allowed=STRATEGIES, what="strategies")
+  common.add_list_arg(parser, "phases", default=tuple(PHASES),
+                      allowed=tuple(PHASES), what="phases")
+  args = parser.parse_args()
+  for name, allowed in (("frameworks", FRAMEWORKS),
+                        ("strategies", STRATEGIES),
+                        ("phases", tuple(PHASES))):
+    given = tuple(v for v in getattr(args, name).split(",") if v)
+    if not given or not set(given) <= set(allowed):
+      parser.error(f"--{name}={getattr(args, name)}: allowed: a "
+                   f"comma-separated subset of {','.join(allowed)}")
+    setattr(args, name, given)
+  return args
+
+
+def cells(args) -> list:
+  """(framework, strategy, phase) of every cell asked for."""
+  return [(f, s, p) for f in args.frameworks for p in args.phases
+          for s in args.strategies if s in PHASES[p][2]]
+
+
+def base_flags(args, strategy: str, steps: int) -> list:
+  return [f"--model={args.model}", "--dataset=synthetic",
+          f"--image_size={args.image_size}",
+          f"--batch_size={args.batch_size}", f"--train_steps={steps}",
+          f"--strategy={strategy}",
+          f"--num_devices={2 if strategy == 'mirrored' else 1}"]
+
+
+def _phase_ms(record: dict, phase: str) -> float:
+  """The phase's mean per step; 0 where no measured step recorded it."""
+  mean = (record["phases"].get(phase) or {}).get("mean", 0.0)
+  return 0.0 if math.isnan(mean) else 1e3 * mean
+
+
+def measure(args, repeats: int, scratch: str) -> harness.Measured:
+  steps = 12 if args.quick else args.train_steps
+  sides = [cell + (variant,) for cell in cells(args)
+           for variant in (JOB, REMOVED)]
+
+  def run_one(side, repeat):
+    framework, strategy, phase, variant = side
+    job, removed, _ = PHASES[phase]
+    flags = base_flags(args, strategy, steps) + job + (
+        removed if variant == REMOVED else [])
+    record, stats = common.run_trainer_record(
+        flags, os.path.join(scratch, "-".join(side) + f"-{repeat}"),
+        module=common.TRAINER_MODULES[framework])
+    common.log(f"repeat {repeat + 1}/{repeats} {' '.join(side)}: step "
+               f"{_phase_ms(record, 'step'):.2f} ms, {phase} "
+               f"{_phase_ms(record, phase):.2f} ms")
+    return {"side": list(side), "repeat": repeat, "flags": flags,
+            "step_ms": _phase_ms(record, "step"),
+            "phase_ms": _phase_ms(record, phase),
+            "phases_measured": record["phases_measured"],
+            "phases_derived": record.get("phases_derived", []),
+            "verdict": record.get("verdict"),
+            "process": common.process_stats(stats)}
+
+  record = harness.run_interleaved(sides, repeats, run_one,
+                                   redo_busy=args.redo_busy)
+  return harness.Measured.of_group(
+      record, train_steps=steps, setting=base_flags(args, "STRATEGY", steps),
+      tolerance={"frac": TOLERANCE_FRAC, "floor_ms": TOLERANCE_FLOOR_MS})
+
+
+def summarize_cell(job_runs: list, removed_runs: list) -> dict:
+  """One cell's phase against its saving, paired by repeat."""
+  removed = {r["repeat"]: r for r in removed_runs}
+  pairs = [(r, removed[r["repeat"]]) for r in job_runs
+           if r["repeat"] in removed]
+  savings = [j["step_ms"] - x["step_ms"] for j, x in pairs]
+  phases = [j["phase_ms"] for j, _ in pairs]
+  misses = [abs(p - s) / max(TOLERANCE_FRAC * abs(s), TOLERANCE_FLOOR_MS)
+            for p, s in zip(phases, savings)]
+  cell = {
+      "repeats": len(pairs),
+      "phase_ms": common.median(phases),
+      "saving_ms": common.median(savings),
+      "phase_ms_all": phases, "saving_ms_all": savings,
+      # The removal's saving beyond the phase: for a checkpoint, the
+      # save's interference with the steps around it.
+      "rest_of_increase_ms": common.median(
+          [s - p for p, s in zip(phases, savings)]),
+      "miss_over_tolerance_all": misses,
+  }
+  cell["target"] = harness.judge(harness.median_interval(misses), 1.0,
+                                 harness.AT_MOST)
+  cell["target_verdict"] = cell["target"]["verdict"]
+  return cell
+
+
+def summarize(payload: dict) -> list:
+  by_side = {}
+  for run in payload["runs"]:
+    by_side.setdefault(tuple(run["side"]), []).append(run)
+  summary = []
+  for side in by_side:
+    framework, strategy, phase, variant = side
+    if variant != JOB:
+      continue
+    cell = summarize_cell(by_side[side],
+                          by_side.get(side[:3] + (REMOVED,), []))
+    summary.append({"framework": framework, "strategy": strategy,
+                    "phase": phase, **cell})
+  return summary
+
+
+def format_summary(payload: dict) -> str:
+  headers = ["framework", "strategy", "phase", "phase ms", "saving ms",
+             "rest of increase ms", "repeats", "within tolerance"]
+  rows = [[c["framework"], c["strategy"], c["phase"], c["phase_ms"],
+           c["saving_ms"], c["rest_of_increase_ms"], c["repeats"],
+           c["target_verdict"]] for c in payload["summary"]]
+  return common.format_table(headers, rows)
+
+
+def main():
+  args = parse_args()
+  harness.main(NAME, args, functools.partial(measure, args),
+               default_repeats=DEFAULT_REPEATS, summarize=summarize,
+               table=format_summary)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,40 @@
+"""The ledger fidelity benchmark's cells and verdicts, without a run."""
+
+from benchmarks import harness
+from benchmarks import ledger_fidelity
+
+
+def _runs(side, step_ms_by_repeat, phase_ms):
+  return [{"side": list(side), "repeat": r, "step_ms": s, "phase_ms": phase_ms}
+          for r, s in enumerate(step_ms_by_repeat)]
+
+
+def test_a_phase_its_removal_saves_meets_and_one_it_does_not_misses():
+  job = ("pytorch", "default", "data_wait", ledger_fidelity.JOB)
+  removed = job[:3] + (ledger_fidelity.REMOVED,)
+  # Removing the input saves 5 ms in every repeat; the ledger said 5.1.
+  payload = {"runs": _runs(job, [20.0] * 5, 5.1)
+                     + _runs(removed, [15.0] * 5, 0.0)}
+  (cell,) = ledger_fidelity.summarize(payload)
+  assert cell["saving_ms"] == 5.0 and cell["phase_ms"] == 5.1
+  assert cell["target_verdict"] == harness.MET
+  # The ledger said 2 ms where the removal saved 5: 3 ms off, well beyond
+  # max(10% of 5, 0.3) ms.
+  payload = {"runs": _runs(job, [20.0] * 5, 2.0)
+                     + _runs(removed, [15.0] * 5, 0.0)}
+  (cell,) = ledger_fidelity.summarize(payload)
+  assert cell["rest_of_increase_ms"] == 3.0
+  assert cell["target_verdict"] == harness.MISSED
+
+
+def test_cells_cover_each_phases_strategies():
+  class Args:
+    frameworks = ledger_fidelity.FRAMEWORKS
+    strategies = ledger_fidelity.STRATEGIES
+    phases = tuple(ledger_fidelity.PHASES)
+  cells = ledger_fidelity.cells(Args)
+  assert ("tensorflow", "mirrored", "data_wait") in cells
+  assert ("pytorch", "mirrored", "checkpoint_stall") in cells
+  # Offload is checked under the default strategy only.
+  assert ("pytorch", "mirrored", "offload_copy") not in cells
+  assert ("pytorch", "default", "offload_copy") in cells
