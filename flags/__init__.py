@@ -28,7 +28,7 @@ from absl import flags as absl_flags
 from flags import (burst, checkpoint, data, distribute, model, offload,
                    pipeline, run)
 from overlap_core.planning.dims import ParallelDims
-from overlap_core.runtime import zoo
+from overlap_core.runtime import user_code
 from overlap_core.runtime.config import (AUTOTUNE, CheckpointConfig,
                                          ConfigError, DataConfig, DistributeConfig,
                                          ModelConfig, OffloadConfig,
@@ -161,7 +161,21 @@ def _parse_depth(name: str, text: str, minimum: int) -> int:
   return value
 
 
+ZOO_DATASETS = ("digits", "synthetic", "tfds", "image_folder")
+
+
+def _check_model(values) -> None:
+  """--model's form (the module is imported only by the trainer)."""
+  user_code.model_kind(values.model)
+
+
 def _check_data(values) -> None:
+  if (values.dataset not in ZOO_DATASETS and
+      not user_code.is_import_path(values.dataset)):
+    raise ConfigError("dataset", values.dataset,
+                      f"allowed: {', '.join(ZOO_DATASETS)}, or "
+                      "package.module:callable")
+  user_code.check_user_data(dataset=values.dataset, cache=values.cache)
   needs_dir = values.dataset in ("tfds", "image_folder")
   if needs_dir and not values.data_dir:
     raise ConfigError("data_dir", values.data_dir,
@@ -182,7 +196,9 @@ def _check_data(values) -> None:
     raise ConfigError("data_service", service,
                       "allowed: empty, local, or an address like "
                       "grpc://localhost:5050")
-  spec = zoo.MODELS[values.model]
+  spec = user_code.model_spec(values.model)
+  if spec is None:
+    return  # the user's builder decides what sizes it takes
   if values.image_size < spec.min_image_size:
     raise ConfigError("image_size", values.image_size,
                       f"--model={values.model} needs at least "
@@ -324,6 +340,7 @@ def to_config(values=FLAGS) -> TrainConfig:
   prefetch = _parse_depth("prefetch", values.prefetch, minimum=0)
   map_parallelism = _parse_depth("map_parallelism", values.map_parallelism,
                                  minimum=1)
+  _check_model(values)
   _check_data(values)
   _check_distribute(values)
   return TrainConfig(

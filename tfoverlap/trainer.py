@@ -15,11 +15,11 @@ import tensorflow as tf
 from overlap_core.planning import burst_report, command
 from overlap_core.planning import split as split_lib
 from overlap_core.runtime import background, compat, ledger as ledger_lib
-from overlap_core.runtime import run_record, skeleton
+from overlap_core.runtime import run_record, skeleton, user_code
 from overlap_core.runtime.config import ConfigError, TrainConfig
 from overlap_core.runtime.loop_context import LoopContext
 from tfoverlap import (burst, checkpoint, data, distribute, loops, models,
-                       parallelize, pipeline, steps)
+                       parallelize, pipeline, steps, user_model)
 
 FRAMEWORK = "tensorflow"
 
@@ -75,15 +75,31 @@ def _burst_spec(config: TrainConfig, plan):
       distribute.mirrored_devices(config.distribute.num_devices))
 
 
+def _load_user_model(strategy, config: TrainConfig, info):
+  """The user's --model, built and checked on the data's first batch."""
+
+  def first_batch(spec):
+    if user_code.is_import_path(config.data.dataset):
+      source = data.sources.load_source(config.data)
+      return user_model.first_batch_of(config.data.dataset,
+                                       source.read("train"))
+    return user_model.zoo_batch(spec, info)
+
+  return user_model.load_model(config, info, strategy=strategy,
+                               first_batch=first_batch)
+
+
 def _build_model_and_optimizer(strategy, config: TrainConfig, num_classes,
-                               channels, plan=None
+                               channels, plan=None, prebuilt=None
                                ) -> parallelize.Parallelized:
   steps.apply_precision_policy(config.model.precision)
   return parallelize.parallelize(
       strategy,
-      build_model=lambda: models.build_model(
-          config.model.name, image_size=config.data.image_size,
-          num_classes=num_classes, channels=channels),
+      # The user's model was built under this strategy already.
+      build_model=(lambda: prebuilt) if prebuilt is not None else (
+          lambda: models.build_model(
+              config.model.name, image_size=config.data.image_size,
+              num_classes=num_classes, channels=channels)),
       build_optimizer=lambda: steps.build_optimizer(config.model),
       offload=config.offload,
       pipeline=_pipeline_spec(config),
@@ -221,6 +237,7 @@ class _TensorFlowSide:
   def __init__(self):
     self._strategy = None
     self._service = None
+    self._user_model = None  # --model's, once load_user_model built it
 
   def check_supported(self, config: TrainConfig) -> None:
     check_supported(config)
@@ -254,10 +271,15 @@ class _TensorFlowSide:
   def describe_data(self, config: TrainConfig):
     return data.describe(config.data)
 
+  def load_user_model(self, config: TrainConfig, info):
+    self._user_model, spec = _load_user_model(self._strategy, config, info)
+    return spec
+
   def parallelize(self, config: TrainConfig, spec, info, plan):
     del spec  # the model zoo's builder knows its own
     return _build_model_and_optimizer(
-        self._strategy, config, info.num_classes, info.channels, plan)
+        self._strategy, config, info.num_classes, info.channels, plan,
+        prebuilt=self._user_model)
 
   def make_checkpointer(self, config: TrainConfig, built, world,
                         describe_state):
