@@ -102,9 +102,9 @@ def torch_regression():
           Task.regression())
 
 
-def torch_untraceable(num_classes):
-  """A module whose forward branches on a tensor's value: torch.fx
-  cannot trace it."""
+def torch_untraceable():
+  """A regression module whose forward branches on a tensor's value:
+  torch.fx cannot trace it."""
   import torch  # pylint: disable=g-import-not-at-top
   from torch import nn  # pylint: disable=g-import-not-at-top
 
@@ -112,14 +112,14 @@ def torch_untraceable(num_classes):
 
     def __init__(self):
       super().__init__()
-      self.linear = nn.Linear(FEATURES, num_classes)
+      self.linear = nn.Linear(FEATURES, 1)
 
     def forward(self, x):
       if x.sum() > 0:
         x = torch.relu(x)
       return self.linear(x)
 
-  return Branchy()
+  return Branchy(), Task.regression()
 
 
 def torch_images(split, image_size, num_classes):

@@ -136,7 +136,7 @@ def _first_line(error: BaseException) -> str:
   return (str(error).strip().splitlines() or [""])[0]
 
 
-def first_batch_of(path: str, source_dataset: tf.data.Dataset):
+def first_batch_of(path: str, dataset: tf.data.Dataset):
   """The first PROBE_EXAMPLES examples of the user's unbatched (x, y)
   dataset.
 
@@ -145,7 +145,7 @@ def first_batch_of(path: str, source_dataset: tf.data.Dataset):
   """
   try:
     return next(iter(
-        source_dataset.take(PROBE_EXAMPLES).batch(PROBE_EXAMPLES)))
+        dataset.take(PROBE_EXAMPLES).batch(PROBE_EXAMPLES)))
   except (tf.errors.OpError, StopIteration) as e:
     raise ConfigError("dataset", path,
                       f"its first examples do not batch: {type(e).__name__}"
