@@ -15,7 +15,7 @@ import tensorflow as tf
 from overlap_core.planning import burst_report, command
 from overlap_core.planning import split as split_lib
 from overlap_core.runtime import background, compat, ledger as ledger_lib
-from overlap_core.runtime import run_record, skeleton, user_code
+from overlap_core.runtime import run_record, skeleton
 from overlap_core.runtime.config import ConfigError, TrainConfig
 from overlap_core.runtime.loop_context import LoopContext
 from tfoverlap import (burst, checkpoint, data, distribute, loops, models,
@@ -77,16 +77,9 @@ def _burst_spec(config: TrainConfig, plan):
 
 def _load_user_model(strategy, config: TrainConfig, info):
   """The user's --model, built and checked on the data's first batch."""
-
-  def first_batch(spec):
-    if user_code.is_import_path(config.data.dataset):
-      source = data.sources.load_source(config.data)
-      return user_model.first_batch_of(config.data.dataset,
-                                       source.read("train"))
-    return user_model.zoo_batch(spec, info)
-
-  return user_model.load_model(config, info, strategy=strategy,
-                               first_batch=first_batch)
+  return user_model.load_model(
+      config, info, strategy=strategy,
+      first_batch=user_model.make_first_batch(config, info))
 
 
 def _build_model_and_optimizer(strategy, config: TrainConfig, num_classes,

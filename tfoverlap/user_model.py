@@ -152,6 +152,21 @@ def first_batch_of(path: str, dataset: tf.data.Dataset):
                       f": {_first_line(e)}") from None
 
 
+def make_first_batch(config: TrainConfig, info: DatasetInfo):
+  """(spec) -> the first examples `load_model` checks the model on: the
+  user's --dataset's, or zeros shaped like the zoo's data."""
+
+  def first_batch(spec):
+    if user_code.is_import_path(config.data.dataset):
+      # pylint: disable=g-import-not-at-top
+      from tfoverlap.data import sources
+      return first_batch_of(config.data.dataset,
+                            sources.load_source(config.data).read("train"))
+    return zoo_batch(spec, info)
+
+  return first_batch
+
+
 def zoo_batch(spec: zoo.ModelSpec, info: DatasetInfo):
   """Zeros shaped like PROBE_EXAMPLES examples of the zoo's data for a
   model of `spec`: what the pipeline will feed it."""
@@ -161,3 +176,26 @@ def zoo_batch(spec: zoo.ModelSpec, info: DatasetInfo):
   if spec.task == zoo.SUPER_RESOLUTION:
     return inputs, tf.zeros((PROBE_EXAMPLES, side, side, info.channels))
   return inputs, tf.zeros((PROBE_EXAMPLES,), tf.int32)
+
+
+def load_for_planning(config: TrainConfig) -> Tuple[keras.Model, tuple]:
+  """The user's --model as the trainer builds it, for the planning
+  commands, with the shape of one example's inputs (the user's data's, or
+  the zoo's images) that it is checked at.
+
+  Raises:
+    ConfigError: what `load_model` refuses.
+  """
+  from tfoverlap import data  # pylint: disable=g-import-not-at-top
+  info = data.describe(config.data)
+  first_batch = make_first_batch(config, info)
+  shapes = []
+
+  def first_batch_and_shape(spec):
+    inputs, targets = first_batch(spec)
+    shapes.append(tuple(inputs.shape[1:]))
+    return inputs, targets
+
+  model, _ = load_model(config, info, strategy=tf.distribute.get_strategy(),
+                        first_batch=first_batch_and_shape)
+  return model, shapes[0]

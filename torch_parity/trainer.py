@@ -254,17 +254,16 @@ class _TorchSide:
     return data.describe(config.data)
 
   def load_user_model(self, config: TrainConfig, info):
-    def first_batch(spec):
-      if user_code.is_import_path(config.data.dataset):
-        source = data.sources.load_source(config.data)
-        inputs, targets = user_model.first_batch_of(
-            config.data.dataset, source.read("train")[0])
-        self._example_shape = tuple(inputs.shape[1:])
-        return inputs, targets
-      return user_model.zoo_batch(spec, info)
+    first_batch = user_model.make_first_batch(config, info)
 
-    self._user_model, spec = user_model.load_model(config, info,
-                                                   first_batch=first_batch)
+    def first_batch_and_shape(spec):
+      inputs, targets = first_batch(spec)
+      if user_code.is_import_path(config.data.dataset):
+        self._example_shape = tuple(inputs.shape[1:])
+      return inputs, targets
+
+    self._user_model, spec = user_model.load_model(
+        config, info, first_batch=first_batch_and_shape)
     return spec
 
   def parallelize(self, config: TrainConfig, spec, info, plan):

@@ -150,6 +150,20 @@ def first_batch_of(path: str, dataset):
   return inputs, targets
 
 
+def make_first_batch(config: TrainConfig, info: DatasetInfo):
+  """(spec) -> the first examples `load_model` checks the model on: the
+  user's --dataset's, or zeros shaped like the zoo's data."""
+
+  def first_batch(spec):
+    if user_code.is_import_path(config.data.dataset):
+      from torch_parity.data import sources  # pylint: disable=g-import-not-at-top
+      return first_batch_of(config.data.dataset,
+                            sources.load_source(config.data).read("train")[0])
+    return zoo_batch(spec, info)
+
+  return first_batch
+
+
 def zoo_batch(spec: zoo.ModelSpec, info: DatasetInfo):
   """Zeros shaped like PROBE_EXAMPLES examples of the zoo's data for a
   model of `spec`: what the loader will feed it."""
@@ -159,3 +173,26 @@ def zoo_batch(spec: zoo.ModelSpec, info: DatasetInfo):
   if spec.task == zoo.SUPER_RESOLUTION:
     return inputs, torch.zeros(PROBE_EXAMPLES, info.channels, side, side)
   return inputs, torch.zeros(PROBE_EXAMPLES, dtype=torch.long)
+
+
+def load_for_planning(config: TrainConfig) -> Tuple[nn.Module, tuple]:
+  """The user's --model as the trainer builds it, for the planning
+  commands, with the shape of one example's inputs (the user's data's, or
+  the zoo's images) that its graph is traced and timed at.
+
+  Raises:
+    ConfigError: what `load_model` refuses.
+  """
+  from torch_parity import data  # pylint: disable=g-import-not-at-top
+  info = data.describe(config.data)
+  first_batch = make_first_batch(config, info)
+  shapes = []
+
+  def first_batch_and_shape(spec):
+    inputs, targets = first_batch(spec)
+    shapes.append(tuple(inputs.shape[1:]))
+    return inputs, targets
+
+  torch.manual_seed(config.run.seed)
+  model, _ = load_model(config, info, first_batch=first_batch_and_shape)
+  return model, shapes[0]

@@ -148,3 +148,14 @@ def test_keras_file_digest_in_origin(tmp_path):
   with open(saved, "rb") as f:
     digest = hashlib.sha256(f.read()).hexdigest()
   assert user_code.model_origin(saved).describe()["sha256"] == digest
+
+
+def test_plan_command_reads_the_user_models_graph():
+  from tfoverlap import plan  # pylint: disable=g-import-not-at-top
+  config = config_of("--model=tests.user_models:keras_classifier",
+                     "--dataset=tests.user_models:tf_images",
+                     "--image_size=8", "--pipeline_stages=2",
+                     "--pipeline_split=even", "--num_devices=2")
+  _, graph = plan._build_graph(config, 4)  # pylint: disable=protected-access
+  assert [n.name for n in graph.nodes] == ["conv", "pool", "logits"]
+  assert graph.input_shape[1:] == (8, 8, 3)

@@ -129,3 +129,14 @@ def test_iterable_dataset_is_sharded_shuffled_and_resumed():
   resumed = batches(0, skip=5, count=3)
   for a, b in zip(resumed, rank0[5:8]):
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_plan_commands_trace_the_user_module_at_its_datas_shape():
+  from torch_parity import plan  # pylint: disable=g-import-not-at-top
+  config = config_of("--model=tests.user_models:torch_regression",
+                     "--dataset=tests.user_models:torch_regression_data",
+                     "--pipeline_stages=2", "--pipeline_split=even",
+                     "--num_devices=2", "--evaluate=false")
+  _, graph = plan.build_graph(config, 4)
+  assert len(graph.nodes) == 3  # Linear, ReLU, Linear
+  assert tuple(plan.make_input(config, 4).shape) == (4, user_models.FEATURES)
