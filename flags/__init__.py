@@ -98,7 +98,8 @@ def parse_launcher_argv(argv, *, build_worker_args, check=None):
     build_worker_args: (trainer_args, num_workers) -> the flags every
       process runs with.
     check: optional (TrainConfig) -> None raising ConfigError, for what only
-      the launched trainer refuses; it runs here so that nothing starts.
+      the launched trainer refuses; it runs here so that nothing starts,
+      as does the import of the user's --model and --dataset modules.
 
   Returns:
     [program, *worker_args], already checked as the trainer will check
@@ -117,11 +118,14 @@ def parse_launcher_argv(argv, *, build_worker_args, check=None):
   worker_args = build_worker_args(trainer_args, num_workers)
   FLAGS.unparse_flags()
   parse_or_exit(argv[:1] + worker_args)  # exits 2 on a bad flag
-  if check is not None:
-    try:
-      check(to_config(FLAGS))
-    except ConfigError as e:
-      exit_with_usage_error(str(e))
+  try:
+    config = to_config(FLAGS)
+    if check is not None:
+      check(config)
+    # The user's module imports, or one line now rather than one per worker.
+    user_code.check_importable(config.model.name, config.data.dataset)
+  except ConfigError as e:
+    exit_with_usage_error(str(e))
   return argv[:1] + worker_args
 
 
@@ -175,7 +179,8 @@ def _check_data(values) -> None:
     raise ConfigError("dataset", values.dataset,
                       f"allowed: {', '.join(ZOO_DATASETS)}, or "
                       "package.module:callable")
-  user_code.check_user_data(dataset=values.dataset, cache=values.cache)
+  user_code.check_user_data(dataset=values.dataset, cache=values.cache,
+                            preprocess_cost_ms=values.preprocess_cost_ms)
   needs_dir = values.dataset in ("tfds", "image_folder")
   if needs_dir and not values.data_dir:
     raise ConfigError("data_dir", values.data_dir,

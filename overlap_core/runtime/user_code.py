@@ -246,7 +246,8 @@ def data_origin(value: str) -> Origin:
   return Origin(IMPORT if is_import_path(value) else ZOO, value)
 
 
-def check_user_data(*, dataset: str, cache: bool) -> None:
+def check_user_data(*, dataset: str, cache: bool,
+                    preprocess_cost_ms: float = 0.0) -> None:
   """Refuses the knobs that cannot act on a dataset the user's callable
   built (both sides).
 
@@ -260,6 +261,10 @@ def check_user_data(*, dataset: str, cache: bool) -> None:
                       f"--dataset={dataset} returns its own decoded "
                       "samples; cache them in the callable (e.g. "
                       "Dataset.cache()), not with --cache")
+  if preprocess_cost_ms:
+    raise ConfigError("preprocess_cost_ms", preprocess_cost_ms,
+                      f"adds work to the zoo's decoding, and --dataset="
+                      f"{dataset} does its own; allowed: 0")
 
 
 def check_task_and_data(path: str, task: Task, dataset: str) -> None:

@@ -128,6 +128,9 @@ def test_flags_take_import_paths_and_refuse_what_cannot_act():
   with pytest.raises(ConfigError, match=r"^--cache=True: --dataset=p.m:d "
                      "returns its own decoded samples"):
     config_of("--dataset=p.m:d", "--cache")
+  with pytest.raises(ConfigError, match=r"^--preprocess_cost_ms=0.5: adds "
+                     "work to the zoo's decoding"):
+    config_of("--dataset=p.m:d", "--preprocess_cost_ms=0.5")
   with pytest.raises(ConfigError, match=r"^--dataset=mnist: allowed: "
                      "digits, synthetic, tfds, image_folder, or "
                      "package.module:callable"):
