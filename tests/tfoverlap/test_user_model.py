@@ -151,11 +151,14 @@ def test_keras_file_digest_in_origin(tmp_path):
 
 
 def test_plan_command_reads_the_user_models_graph():
-  from tfoverlap import plan  # pylint: disable=g-import-not-at-top
+  # What tfoverlap.plan builds (less its thread setting, which a process
+  # whose TensorFlow already started cannot change).
+  from tfoverlap.planning.graph import build_layer_graph  # pylint: disable=g-import-not-at-top
   config = config_of("--model=tests.user_models:keras_classifier",
                      "--dataset=tests.user_models:tf_images",
                      "--image_size=8", "--pipeline_stages=2",
                      "--pipeline_split=even", "--num_devices=2")
-  _, graph = plan._build_graph(config, 4)  # pylint: disable=protected-access
+  model, shape = user_model.load_for_planning(config)
+  assert shape == (8, 8, 3)
+  graph = build_layer_graph(model, batch_size=4, name=config.model.name)
   assert [n.name for n in graph.nodes] == ["conv", "pool", "logits"]
-  assert graph.input_shape[1:] == (8, 8, 3)
