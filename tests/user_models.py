@@ -79,6 +79,15 @@ def tf_regression(split):
   return tf.data.Dataset.from_tensor_slices(_regression_arrays(split))
 
 
+def tf_generator(split):
+  """Pairs from Python: the tf.data service cannot ship this graph."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  x, y = _regression_arrays(split)
+  return tf.data.Dataset.from_generator(
+      lambda: zip(x, y), output_signature=(
+          tf.TensorSpec([FEATURES], tf.float32), tf.TensorSpec([1], tf.float32)))
+
+
 def tf_images_only(split):
   """The wrong structure: images without targets."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top

@@ -109,6 +109,15 @@ def test_user_dataset_of_the_wrong_structure_is_refused():
     data.describe(config.data)
 
 
+def test_data_service_refuses_a_dataset_that_runs_python():
+  args = ["--dataset=tests.user_models:tf_generator"]
+  assert data.describe(config_of(*args).data).num_train_examples == 0
+  with pytest.raises(ConfigError, match=r"^--data_service=local: --dataset="
+                     r"tests.user_models:tf_generator cannot be sent to the "
+                     r"service's workers \(.*PyFunc is stateful"):
+    data.describe(config_of(*args, "--data_service=local").data)
+
+
 def test_user_data_is_batched_and_described():
   config = config_of("--dataset=tests.user_models:tf_images",
                      "--image_size=8", "--batch_size=4",

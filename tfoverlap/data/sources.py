@@ -187,6 +187,8 @@ def _user_source(cfg: DataConfig) -> Source:
   train = call("train")
   if train is None:
     raise ConfigError("dataset", path, "returned None for split 'train'")
+  if cfg.data_service:
+    _check_serializable(path, cfg.data_service, train)
   evaluation = call("eval")
   num_examples = {"train": _cardinality(train),
                   "eval": 0 if evaluation is None else _cardinality(
@@ -212,6 +214,23 @@ def _check_user_dataset(path: str, split: str, ds) -> None:
     raise ConfigError("dataset", path,
                       f"split {split!r} yields {spec}; allowed: (x, y) "
                       "pairs of tensors")
+
+
+def _check_serializable(path: str, data_service: str, ds) -> None:
+  """Refuses the tf.data service for a dataset whose graph cannot be sent
+  to the service's workers: one that runs Python (`from_generator`,
+  `py_function`)."""
+  try:
+    # The serialization the service itself performs (no public API).
+    ds._as_serialized_graph(  # pylint: disable=protected-access
+        external_state_policy=tf.data.experimental.ExternalStatePolicy.FAIL)
+  except tf.errors.OpError as e:
+    reason = (e.message or "").strip().splitlines()[0] if e.message else ""
+    reason = reason.split("}} ", 1)[-1]  # drop the op's device prefix
+    raise ConfigError("data_service", data_service,
+                      f"--dataset={path} cannot be sent to the service's "
+                      f"workers ({reason}); allowed: empty, or a dataset of "
+                      "TensorFlow ops only") from None
 
 
 def _cardinality(ds) -> int:
