@@ -28,7 +28,7 @@ from absl import flags as absl_flags
 from flags import (burst, checkpoint, data, distribute, model, offload,
                    pipeline, run)
 from overlap_core.planning.dims import ParallelDims
-from overlap_core.runtime import zoo
+from overlap_core.runtime import user_code
 from overlap_core.runtime.config import (AUTOTUNE, CheckpointConfig,
                                          ConfigError, DataConfig, DistributeConfig,
                                          ModelConfig, OffloadConfig,
@@ -98,7 +98,8 @@ def parse_launcher_argv(argv, *, build_worker_args, check=None):
     build_worker_args: (trainer_args, num_workers) -> the flags every
       process runs with.
     check: optional (TrainConfig) -> None raising ConfigError, for what only
-      the launched trainer refuses; it runs here so that nothing starts.
+      the launched trainer refuses; it runs here so that nothing starts,
+      as does the import of the user's --model and --dataset modules.
 
   Returns:
     [program, *worker_args], already checked as the trainer will check
@@ -117,11 +118,14 @@ def parse_launcher_argv(argv, *, build_worker_args, check=None):
   worker_args = build_worker_args(trainer_args, num_workers)
   FLAGS.unparse_flags()
   parse_or_exit(argv[:1] + worker_args)  # exits 2 on a bad flag
-  if check is not None:
-    try:
-      check(to_config(FLAGS))
-    except ConfigError as e:
-      exit_with_usage_error(str(e))
+  try:
+    config = to_config(FLAGS)
+    if check is not None:
+      check(config)
+    # The user's module imports, or one line now rather than one per worker.
+    user_code.check_importable(config.model.name, config.data.dataset)
+  except ConfigError as e:
+    exit_with_usage_error(str(e))
   return argv[:1] + worker_args
 
 
@@ -161,7 +165,22 @@ def _parse_depth(name: str, text: str, minimum: int) -> int:
   return value
 
 
+ZOO_DATASETS = ("digits", "synthetic", "tfds", "image_folder")
+
+
+def _check_model(values) -> None:
+  """--model's form (the module is imported only by the trainer)."""
+  user_code.model_kind(values.model)
+
+
 def _check_data(values) -> None:
+  if (values.dataset not in ZOO_DATASETS and
+      not user_code.is_import_path(values.dataset)):
+    raise ConfigError("dataset", values.dataset,
+                      f"allowed: {', '.join(ZOO_DATASETS)}, or "
+                      "package.module:callable")
+  user_code.check_user_data(dataset=values.dataset, cache=values.cache,
+                            preprocess_cost_ms=values.preprocess_cost_ms)
   needs_dir = values.dataset in ("tfds", "image_folder")
   if needs_dir and not values.data_dir:
     raise ConfigError("data_dir", values.data_dir,
@@ -182,7 +201,9 @@ def _check_data(values) -> None:
     raise ConfigError("data_service", service,
                       "allowed: empty, local, or an address like "
                       "grpc://localhost:5050")
-  spec = zoo.MODELS[values.model]
+  spec = user_code.model_spec(values.model)
+  if spec is None:
+    return  # the user's builder decides what sizes it takes
   if values.image_size < spec.min_image_size:
     raise ConfigError("image_size", values.image_size,
                       f"--model={values.model} needs at least "
@@ -324,6 +345,7 @@ def to_config(values=FLAGS) -> TrainConfig:
   prefetch = _parse_depth("prefetch", values.prefetch, minimum=0)
   map_parallelism = _parse_depth("map_parallelism", values.map_parallelism,
                                  minimum=1)
+  _check_model(values)
   _check_data(values)
   _check_distribute(values)
   return TrainConfig(

@@ -4,8 +4,12 @@ from absl import flags
 
 
 def define_flags():
-  flags.DEFINE_enum(
-      "dataset", "digits", ["digits", "synthetic", "tfds", "image_folder"],
+  flags.DEFINE_string(
+      "dataset", "digits",
+      "digits, synthetic, tfds, image_folder, or package.module:callable: "
+      "your callable(split, ...) returning an unbatched tf.data.Dataset / "
+      "torch Dataset of (x, y), or None for a split it lacks; the trainer "
+      "batches, shards, shuffles and prefetches it. "
       "digits: scikit-learn's 8x8 digits, shipped with the package. "
       "synthetic: random images of --image_size. tfds: --tfds_name read from "
       "--data_dir, never downloaded. image_folder: "

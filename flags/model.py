@@ -1,4 +1,5 @@
-"""Model flags: which zoo model, how it is optimized, in what precision."""
+"""Model flags: which model (the zoo's or the user's), how it is optimized,
+in what precision."""
 
 from absl import flags
 
@@ -6,8 +7,14 @@ from overlap_core.runtime import zoo
 
 
 def define_flags():
-  flags.DEFINE_enum("model", "small_cnn", list(zoo.MODEL_NAMES),
-                    "Model from the zoo.")
+  flags.DEFINE_string(
+      "model", "small_cnn",
+      f"A zoo model ({', '.join(zoo.MODEL_NAMES)}); or your own, as "
+      "package.module:callable (importable from the working directory or "
+      "PYTHONPATH) returning a Keras model / torch nn.Module, or (model, "
+      "overlap_core.runtime.user_code.Task); or a saved .keras file "
+      "(TensorFlow). The builder gets any of image_size, num_classes, "
+      "channels, batch_size, seed, precision its signature names.")
   flags.DEFINE_enum("optimizer", "adam", ["sgd", "momentum", "adam"],
                     "Optimizer (momentum is SGD with momentum 0.9).")
   flags.DEFINE_float("learning_rate", 1e-3, "Learning rate.", lower_bound=0.0)

@@ -139,6 +139,22 @@ class Comparison:
   def axis_label(self, axis_index: int, choice: int) -> str:
     return self.matrix.axes[axis_index].describe(choice)
 
+  def sources(self) -> Dict[str, str]:
+    """{"model": ..., "data": ...}: where the runs' models and data came
+    from, as their run.json records it (a zoo name, the user's import path,
+    or a .keras file with its digest); several, comma-separated, when a
+    workload axis varies them."""
+    found = {"model": {}, "data": {}}
+    for o in self.outcomes:
+      for what in found:
+        source = ((o.record or {}).get(what) or {}).get("source")
+        if source:
+          text = f"{source['value']} ({source['source']}"
+          if source.get("sha256"):
+            text += f", sha256 {source['sha256'][:12]}"
+          found[what][text + ")"] = None
+    return {what: ", ".join(texts) for what, texts in found.items() if texts}
+
   def framework_versions(self) -> Dict[str, str]:
     """{framework: version} from the first run.json of each framework."""
     versions = {}

@@ -202,6 +202,7 @@ def _plan_section(comparison: Comparison) -> str:
   out.write("## What ran\n\n")
   rows = [(k, f"`{v}`" if k == "command" else v)
           for k, v in meta.items() if k not in ("title", "summary")]
+  rows += list(comparison.sources().items())
   versions = comparison.framework_versions()
   if versions:
     rows.append(("frameworks", ", ".join(f"{f} {v}"

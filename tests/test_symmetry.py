@@ -18,7 +18,7 @@ from overlap_core.runtime import framework_side
 
 SIDES = ("tfoverlap", "torch_parity")
 MODULES = ("steps", "parallelize", "pipeline", "offload", "burst",
-           "distribute", "trainer", "ledger")
+           "distribute", "trainer", "ledger", "user_model")
 
 # (module, name) -> {side: parameters only that side has}. Why each:
 ONE_SIDED_PARAMETERS = {
@@ -52,6 +52,9 @@ ONE_SIDED_PARAMETERS = {
     ("offload", "Offloader"): {"tfoverlap": {"time_copies", "num_replicas"},
                                "torch_parity": {"config", "device"}},
     ("parallelize", "parallelize"): {"tfoverlap": {"time_offload_copies"}},
+    # A Keras model's variables are made under the strategy's scope; a
+    # torch module is built on the CPU and moved later.
+    ("user_model", "load_model"): {"tfoverlap": {"strategy"}},
     # One TensorFlow process holds every stage or burst part, each on a
     # device of its own; a torch process is one rank on one device, and
     # torch.fx traces shapes from an example input where Keras knows them.
@@ -82,6 +85,10 @@ ONE_SIDED_PARAMETERS = {
 
 # module -> {side: public names only that side has}. Why each:
 ONE_SIDED_NAMES = {
+    # torch's mirrored supervisor checks the user's model before it starts
+    # replicas; a TensorFlow run's replicas share one process, which
+    # checks it once anyway.
+    "trainer": {"torch_parity": {"check_user_model"}},
     "steps": {
         # Keras' precision is a global policy; torch's is autocast and a
         # gradient scaler per step. TensorFlow's pipeline step is its

@@ -148,6 +148,8 @@ def fit_loss(task: str):
   """The Keras loss `model.fit` compiles with, matching the custom loop's."""
   if task == steps.SUPER_RESOLUTION:
     return keras.losses.MeanAbsoluteError()
+  if task == steps.REGRESSION:
+    return keras.losses.MeanSquaredError()
   return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 

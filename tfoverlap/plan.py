@@ -22,6 +22,7 @@ import sys
 
 from flags import entry_point
 from overlap_core.planning import command
+from overlap_core.runtime import user_code
 
 PROGRAM = "tfoverlap.plan"
 
@@ -39,8 +40,14 @@ def _build_graph(config, batch_size):
   tf.config.threading.set_intra_op_parallelism_threads(
       command.profiling_threads(config, config.distribute.num_workers))
   keras.utils.set_random_seed(config.run.seed)
-  model = build_model(config.model.name, image_size=config.data.image_size,
-                      num_classes=config.data.num_classes)
+  if user_code.model_spec(config.model.name) is None:
+    # The user's model, built as the trainer builds it (same layer names,
+    # so the cuts plug into its run unchanged).
+    from tfoverlap import user_model
+    model, _ = user_model.load_for_planning(config)
+  else:
+    model = build_model(config.model.name, image_size=config.data.image_size,
+                        num_classes=config.data.num_classes)
   return model, build_layer_graph(model, batch_size=batch_size,
                                   name=config.model.name)
 

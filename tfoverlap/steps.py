@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from overlap_core.runtime.config import ModelConfig
 from overlap_core.runtime.evaluation import evaluation_result
+from overlap_core.runtime.user_code import REGRESSION
 from overlap_core.runtime.zoo import CLASSIFICATION, SUPER_RESOLUTION
 
 
@@ -38,12 +39,21 @@ def build_optimizer(cfg: ModelConfig) -> keras.optimizers.Optimizer:
 
 
 def per_example_loss(task: str, targets, outputs):
-  """Cross-entropy on logits, or EDSR's L1 loss, one value per example."""
+  """Cross-entropy on logits, EDSR's L1 loss, or a regression's squared
+  error, one value per example."""
   outputs = tf.cast(outputs, tf.float32)
   if task == SUPER_RESOLUTION:
     return tf.reduce_mean(tf.abs(targets - outputs), axis=[1, 2, 3])
+  if task == REGRESSION:
+    return tf.reduce_mean(tf.square(_flat_errors(targets, outputs)), axis=1)
   return keras.losses.sparse_categorical_crossentropy(targets, outputs,
                                                       from_logits=True)
+
+
+def _flat_errors(targets, outputs):
+  """targets - outputs, one row per example ([B, -1])."""
+  errors = tf.reshape(tf.cast(targets, tf.float32), tf.shape(outputs)) - outputs
+  return tf.reshape(errors, [tf.shape(errors)[0], -1])
 
 
 def make_pipeline_loss(task: str, global_batch_size: int):
@@ -220,6 +230,9 @@ def _replica_eval_sums(model, task, inputs, targets):
     # PSNR of images in [0, 1]; the epsilon keeps a perfect match finite.
     quality = tf.reduce_sum(-10.0 * tf.math.log(squared + 1e-10) /
                             math.log(10.0))
+  elif task == REGRESSION:
+    quality = tf.reduce_sum(tf.reduce_mean(
+        tf.abs(_flat_errors(targets, tf.cast(outputs, tf.float32))), axis=1))
   else:
     predictions = tf.argmax(outputs, axis=-1, output_type=tf.int32)
     quality = tf.reduce_sum(

@@ -20,7 +20,8 @@ from overlap_core.runtime import run_record, skeleton
 from overlap_core.runtime.config import ConfigError, TrainConfig
 from overlap_core.runtime.loop_context import LoopContext
 from tfoverlap import (burst, checkpoint, data, distribute, exposed_comm,
-                       loops, models, parallelize, pipeline, steps)
+                       loops, models, parallelize, pipeline, steps,
+                       user_model)
 
 FRAMEWORK = "tensorflow"
 
@@ -76,15 +77,24 @@ def _burst_spec(config: TrainConfig, plan):
       distribute.mirrored_devices(config.distribute.num_devices))
 
 
+def _load_user_model(strategy, config: TrainConfig, info):
+  """The user's --model, built and checked on the data's first batch."""
+  return user_model.load_model(
+      config, info, strategy=strategy,
+      first_batch=user_model.make_first_batch(config, info))
+
+
 def _build_model_and_optimizer(strategy, config: TrainConfig, num_classes,
-                               channels, plan=None
+                               channels, plan=None, prebuilt=None
                                ) -> parallelize.Parallelized:
   steps.apply_precision_policy(config.model.precision)
   return parallelize.parallelize(
       strategy,
-      build_model=lambda: models.build_model(
-          config.model.name, image_size=config.data.image_size,
-          num_classes=num_classes, channels=channels),
+      # The user's model was built under this strategy already.
+      build_model=(lambda: prebuilt) if prebuilt is not None else (
+          lambda: models.build_model(
+              config.model.name, image_size=config.data.image_size,
+              num_classes=num_classes, channels=channels)),
       build_optimizer=lambda: steps.build_optimizer(config.model),
       offload=config.offload,
       pipeline=_pipeline_spec(config),
@@ -244,6 +254,7 @@ class _TensorFlowSide:
     self._strategy = None
     self._service = None
     self._comm = None  # the derived exposed all-reduce, once derived
+    self._user_model = None  # --model's, once load_user_model built it
 
   def check_supported(self, config: TrainConfig) -> None:
     check_supported(config)
@@ -277,10 +288,15 @@ class _TensorFlowSide:
   def describe_data(self, config: TrainConfig):
     return data.describe(config.data)
 
+  def load_user_model(self, config: TrainConfig, info):
+    self._user_model, spec = _load_user_model(self._strategy, config, info)
+    return spec
+
   def parallelize(self, config: TrainConfig, spec, info, plan):
     del spec  # the model zoo's builder knows its own
     return _build_model_and_optimizer(
-        self._strategy, config, info.num_classes, info.channels, plan)
+        self._strategy, config, info.num_classes, info.channels, plan,
+        prebuilt=self._user_model)
 
   def make_checkpointer(self, config: TrainConfig, built, world,
                         describe_state):

@@ -23,6 +23,7 @@ import sys
 from flags import entry_point
 from overlap_core.planning import command
 from overlap_core.planning.dims import ParallelDims
+from overlap_core.runtime import user_code
 
 PROGRAM = "torch_parity.plan"
 
@@ -30,9 +31,17 @@ PROGRAM = "torch_parity.plan"
 # The framework is imported inside the measuring functions: after the
 # allocator policy is applied, and not at all for a refused flag.
 # pylint: disable=g-import-not-at-top
+# The user's model's example input shape, once build_graph has read it
+# from its data: {model name: shape}.
+_USER_EXAMPLE_SHAPES = {}
+
+
 def make_input(config, batch_size):
-  """A random batch of the model's inputs (EDSR's are half the size)."""
+  """A random batch of the model's inputs (EDSR's are half the size; a
+  user's model's are its data's)."""
   import torch
+  if config.model.name in _USER_EXAMPLE_SHAPES:
+    return torch.randn(batch_size, *_USER_EXAMPLE_SHAPES[config.model.name])
   side = config.data.image_size // (2 if config.model.name == "edsr" else 1)
   return torch.randn(batch_size, 3, side, side)
 
@@ -43,8 +52,13 @@ def build_graph(config, batch_size):
   from torch_parity.models import build_model
   from torch_parity.planning.graph import build_layer_graph
   torch.manual_seed(config.run.seed)
-  model = build_model(config.model.name, image_size=config.data.image_size,
-                      num_classes=config.data.num_classes)
+  if user_code.model_spec(config.model.name) is None:
+    from torch_parity import user_model
+    model, shape = user_model.load_for_planning(config)
+    _USER_EXAMPLE_SHAPES[config.model.name] = shape
+  else:
+    model = build_model(config.model.name, image_size=config.data.image_size,
+                        num_classes=config.data.num_classes)
   return model, build_layer_graph(model, make_input(config, batch_size),
                                   name=config.model.name)
 

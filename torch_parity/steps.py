@@ -20,6 +20,7 @@ from torch.nn import functional as F
 from overlap_core.runtime.config import ModelConfig
 from overlap_core.runtime.evaluation import evaluation_result
 from overlap_core.runtime.pipeline_stats import BUBBLE
+from overlap_core.runtime.user_code import REGRESSION
 from overlap_core.runtime.zoo import CLASSIFICATION, SUPER_RESOLUTION
 
 # Keras' defaults, which the TensorFlow side uses, where torch's differ.
@@ -78,10 +79,14 @@ def autocast(precision: str, device: torch.device):
 
 
 def per_example_loss(task: str, targets, outputs) -> torch.Tensor:
-  """Cross-entropy on logits, or EDSR's L1 loss, one value per example."""
+  """Cross-entropy on logits, EDSR's L1 loss, or a regression's squared
+  error, one value per example."""
   outputs = outputs.float()
   if task == SUPER_RESOLUTION:
     return (targets - outputs).abs().mean(dim=(1, 2, 3))
+  if task == REGRESSION:
+    errors = targets.float().reshape(outputs.shape) - outputs
+    return errors.square().reshape(errors.shape[0], -1).mean(dim=1)
   return F.cross_entropy(outputs, targets.long(), reduction="none")
 
 
@@ -151,6 +156,9 @@ def _batch_sums(model, task, inputs, targets, precision, device):
     squared = (targets - outputs.float()).square().mean(dim=(1, 2, 3))
     # PSNR of images in [0, 1]; the epsilon keeps a perfect match finite.
     quality = (-10.0 * torch.log(squared + 1e-10) / math.log(10.0)).sum()
+  elif task == REGRESSION:
+    errors = targets.float().reshape(outputs.shape) - outputs.float()
+    quality = errors.abs().reshape(errors.shape[0], -1).mean(dim=1).sum()
   else:
     quality = (outputs.argmax(dim=-1) == targets.long()).float().sum()
   return losses.sum(), quality, float(losses.shape[0])

@@ -19,10 +19,14 @@ PROGRAM = "torch_parity.train"
 
 def _train(config):
   # pylint: disable=g-import-not-at-top
+  from overlap_core.runtime import user_code
   from torch_parity import distribute, launch, trainer
   trainer.check_supported(config)
+  # Before any replica starts: the user's module imports, or exit 2 now.
+  user_code.check_importable(config.model.name, config.data.dataset)
   if (config.distribute.strategy == "mirrored" and
       config.distribute.num_devices > 1 and not distribute.is_launched()):
+    trainer.check_user_model(config)
     # One process per replica, as DDP needs; this process supervises.
     sys.exit(launch.launch_replicas(config.distribute.num_devices,
                                     sys.argv[1:], program=PROGRAM))

@@ -18,11 +18,11 @@ from overlap_core.planning import burst_report, command
 from overlap_core.planning import split as split_lib
 from overlap_core.runtime import background, compat, ledger as ledger_lib
 from overlap_core.runtime import (datasets, pipeline_stats, run_record,
-                                  skeleton)
+                                  skeleton, user_code)
 from overlap_core.runtime.config import TrainConfig
 from torch_parity import (background_cuda, checkpoint, data, distribute,
                           loops, models, parallelize, pipeline,
-                          pipeline_timing, steps)
+                          pipeline_timing, steps, user_model)
 
 FRAMEWORK = "pytorch"
 
@@ -110,7 +110,13 @@ def _evaluate(config: TrainConfig, spec, strategy, model) -> dict:
                         precision=config.model.precision)
 
 
-def _pipeline_spec(config: TrainConfig, spec, info):
+def _image_shape(config: TrainConfig, spec, info) -> tuple:
+  """One example's inputs from the zoo's data: [C, S/u, S/u]."""
+  side = config.data.image_size // spec.upscale
+  return (info.channels, side, side)
+
+
+def _pipeline_spec(config: TrainConfig, spec, example_shape):
   """How parallelize cuts the model, or None when it is not pipelined."""
   cfg = config.pipeline
   if cfg.stages == 1:
@@ -121,21 +127,19 @@ def _pipeline_spec(config: TrainConfig, spec, info):
   if warning and int(os.environ.get("RANK", "0")) == 0:
     print(warning, file=sys.stderr, flush=True)
   microbatch = command.plan_microbatch_size(config)
-  side = config.data.image_size // spec.upscale
   return parallelize.PipelineSpec(
-      cfg, torch.randn(microbatch, info.channels, side, side),
+      cfg, torch.randn(microbatch, *example_shape),
       steps.make_pipeline_loss(spec.task), split_lib.load_profile(cfg.profile))
 
 
-def _burst_spec(config: TrainConfig, spec, info, plan):
+def _burst_spec(config: TrainConfig, example_shape, plan):
   """What parallelize needs to run the plan, or None without one."""
   if plan is None:
     return None
-  side = config.data.image_size // spec.upscale
   # Zeros: only shapes are traced, and drawing random numbers here would
   # move the seeded stream the model's initial weights come from.
   return parallelize.BurstSpec(plan, config.burst.plan_path,
-                               torch.zeros(2, info.channels, side, side))
+                               torch.zeros(2, *example_shape))
 
 
 def _make_train_step(config: TrainConfig, spec, strategy, parallel):
@@ -235,6 +239,8 @@ class _TorchSide:
 
   def __init__(self):
     self._strategy = None
+    self._user_model = None  # --model's, once load_user_model built it
+    self._example_shape = None  # one example's inputs, of the user's data
 
   def check_supported(self, config: TrainConfig) -> None:
     check_supported(config)
@@ -262,17 +268,33 @@ class _TorchSide:
   def describe_data(self, config: TrainConfig):
     return data.describe(config.data)
 
+  def load_user_model(self, config: TrainConfig, info):
+    first_batch = user_model.make_first_batch(config, info)
+
+    def first_batch_and_shape(spec):
+      inputs, targets = first_batch(spec)
+      if user_code.is_import_path(config.data.dataset):
+        self._example_shape = tuple(inputs.shape[1:])
+      return inputs, targets
+
+    self._user_model, spec = user_model.load_model(
+        config, info, first_batch=first_batch_and_shape)
+    return spec
+
   def parallelize(self, config: TrainConfig, spec, info, plan):
+    prebuilt = self._user_model
+    example_shape = self._example_shape or _image_shape(config, spec, info)
     return parallelize.parallelize(
         self._strategy,
-        build_model=lambda: models.build_model(
-            config.model.name, image_size=config.data.image_size,
-            num_classes=info.num_classes, channels=info.channels),
+        build_model=(lambda: prebuilt) if prebuilt is not None else (
+            lambda: models.build_model(
+                config.model.name, image_size=config.data.image_size,
+                num_classes=info.num_classes, channels=info.channels)),
         build_optimizer=lambda module: steps.build_optimizer(
             config.model, module.parameters()),
         offload=config.offload,
-        pipeline=_pipeline_spec(config, spec, info),
-        burst=_burst_spec(config, spec, info, plan))
+        pipeline=_pipeline_spec(config, spec, example_shape),
+        burst=_burst_spec(config, example_shape, plan))
 
   def make_checkpointer(self, config: TrainConfig, built, world,
                         describe_state):
@@ -363,6 +385,24 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel) -> float:
     # The device prefetcher stages batches on a thread of its own.
     if hasattr(batches, "close"):
       batches.close()
+
+
+def check_user_model(config: TrainConfig) -> None:
+  """Builds the user's --model and reads its data once, in this process,
+  so that a bad one is refused in one line before replicas start (each
+  would refuse it again, in a line of its own).
+
+  Raises:
+    ConfigError: what `load_user_model` refuses.
+  """
+  if user_code.model_spec(config.model.name) is not None and (
+      not user_code.is_import_path(config.data.dataset)):
+    return
+  side = _TorchSide()
+  info = side.describe_data(config)
+  if user_code.model_spec(config.model.name) is None:
+    torch.manual_seed(config.run.seed)
+    side.load_user_model(config, info)
 
 
 def train(config: TrainConfig):

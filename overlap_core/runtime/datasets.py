@@ -41,7 +41,8 @@ class DatasetInfo:
   num_train_examples: int
   num_eval_examples: int  # 0 when the source has no evaluation split
   image_size: int
-  channels: int  # always 3: grayscale sources are expanded
+  channels: int  # 3 for the zoo's sources (grayscale is expanded); the
+  # user's dataset's own
 
 
 def dataset_info(*, num_classes: int, num_examples: Dict[str, int],
@@ -61,6 +62,32 @@ def dataset_info(*, num_classes: int, num_examples: Dict[str, int],
                      channels=3)
 
 
+def user_dataset_info(*, num_classes: int, num_examples: Dict[str, int],
+                      inputs_shape: tuple, channels_last: bool,
+                      image_size: int) -> DatasetInfo:
+  """The `DatasetInfo` of the user's (x, y) dataset, from one example's
+  input shape: channels are its last axis (TensorFlow) or its first
+  (PyTorch, for an image [C, H, W]); image_size its first spatial side, or
+  --image_size for inputs that are not images."""
+  if len(inputs_shape) == 3:
+    channels = inputs_shape[-1] if channels_last else inputs_shape[0]
+    side = inputs_shape[0] if channels_last else inputs_shape[1]
+  else:
+    channels = inputs_shape[-1] if inputs_shape else 1
+    side = image_size
+  return DatasetInfo(num_classes=num_classes,
+                     num_train_examples=num_examples["train"],
+                     num_eval_examples=num_examples["eval"],
+                     image_size=int(side or image_size),
+                     channels=int(channels or 1))
+
+
+def user_data_settings(cfg) -> dict:
+  """The run's settings a --dataset callable may ask for by keyword."""
+  return {"image_size": cfg.image_size, "num_classes": cfg.num_classes,
+          "batch_size": cfg.batch_size}
+
+
 def check_input_request(*, split: str, task: str, image_size: int,
                         upscale: int) -> None:
   """Refuses a pipeline request that no source could serve.
@@ -77,7 +104,7 @@ def check_input_request(*, split: str, task: str, image_size: int,
   """
   if split not in SPLITS:
     raise ValueError(f"split={split!r}: allowed: {', '.join(SPLITS)}")
-  if task not in TASKS:
+  if task not in TASKS + ("regression",):
     raise ValueError(f"task={task!r}: allowed: {', '.join(TASKS)}")
   if upscale < 1 or image_size % upscale:
     raise ConfigError("image_size", image_size,

@@ -26,13 +26,15 @@ def evaluation_result(task: str, *, loss_sum: float, quality_sum: float,
 
   Returns:
     {"eval_loss", "eval_accuracy"} for classification, {"eval_loss",
-    "eval_psnr_db"} for super-resolution, and "eval_examples"; {} when
+    "eval_psnr_db"} for super-resolution, {"eval_loss" (the mean squared
+    error), "eval_mean_abs_error"} for regression, and "eval_examples"; {} when
     `count` is 0 (no replica saw an example).
   """
   if not count:
     return {}
-  quality_key = ("eval_psnr_db" if task == zoo.SUPER_RESOLUTION
-                 else "eval_accuracy")
+  quality_key = {zoo.SUPER_RESOLUTION: "eval_psnr_db",
+                 "regression": "eval_mean_abs_error"}.get(task,
+                                                          "eval_accuracy")
   return {
       "eval_loss": loss_sum / count,
       quality_key: quality_sum / count,

@@ -12,7 +12,7 @@ from typing import Iterable, Optional
 
 from overlap_core.runtime import dir_lock
 from overlap_core.runtime import ledger as ledger_lib
-from overlap_core.runtime import run_record, trace
+from overlap_core.runtime import run_record, trace, user_code
 from overlap_core.runtime.config import TrainConfig
 
 
@@ -114,6 +114,8 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
       offload=offload_stats,
       pipeline=pipeline,
       background=background_stats,
-      steps_per_execution=config.run.steps_per_execution)
+      steps_per_execution=config.run.steps_per_execution,
+      model_source=user_code.model_origin(config.model.name).describe(),
+      data_source=user_code.data_origin(config.data.dataset).describe())
   run_record.write_run_record(out_dir, record)
   return record

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import socket
 import sys
 import tempfile
@@ -31,7 +32,10 @@ TRACE_NAME = "trace.json"
 def default_model_dir(framework: str, model_name: str) -> str:
   """runs/<framework>-<model>-<timestamp>, relative to the working directory."""
   stamp = time.strftime("%Y%m%d-%H%M%S")
-  return os.path.join("runs", f"{framework}-{model_name}-{stamp}")
+  # An import path or a file names a user's model: keep a name a directory
+  # can take ("mypkg.nets:build" -> "mypkg.nets-build").
+  safe_name = re.sub(r"[^\w.\-]+", "-", os.path.basename(model_name))
+  return os.path.join("runs", f"{framework}-{safe_name}-{stamp}")
 
 
 def with_default_model_dir(config: TrainConfig, framework: str) -> TrainConfig:
@@ -112,7 +116,9 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
                      offload: Optional[dict] = None,
                      pipeline: Optional[dict] = None,
                      background: Optional[dict] = None,
-                     steps_per_execution: int = 1) -> dict:
+                     steps_per_execution: int = 1,
+                     model_source: Optional[dict] = None,
+                     data_source: Optional[dict] = None) -> dict:
   """Assembles the run.json payload; see docs/run-record.md for each field.
 
   `steps_per_execution` is the steps each traced call ran: above 1, the
@@ -129,10 +135,10 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
   phase, carved out of compute (`overlap_core.runtime.offload_stats`).
   `pipeline` is `pipeline_stats.pipeline_section(...)`, or None when the
   model is not pipelined.
-  `verdict` is what bounds the steps (`overlap_core.runtime.verdict`).
-  `phases_derived` lists the phases in `phases` that were not timed step
-  by step but derived from another measurement (TensorFlow's exposed
-  all-reduce, from the step timed without it: `strategy.exposed_comm`).
+
+  `model_source` and `data_source` say where the model and the data came
+  from (`user_code.Origin.describe()`: the zoo's name, the user's import
+  path, or a .keras file with its sha256).
   """
   phases_measured = list(phases_measured)
   return {
@@ -140,7 +146,9 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
       "framework": framework,
       "flags": config,
       "environment": environment,
-      "model": {"name": model_name, "num_params": int(num_params)},
+      "model": {"name": model_name, "num_params": int(num_params),
+                "source": model_source},
+      "data": {"source": data_source},
       "strategy": strategy,
       "worker": {"index": worker_index, "num_workers": num_workers},
       "steps": num_steps,

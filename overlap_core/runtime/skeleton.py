@@ -21,7 +21,7 @@ from overlap_core.checkpoint import engine as checkpoint_engine
 from overlap_core.planning import burst_report, conditions
 from overlap_core.planning import split as split_lib
 from overlap_core.runtime import ledger as ledger_lib
-from overlap_core.runtime import outputs, run_record, zoo
+from overlap_core.runtime import outputs, run_record, user_code, zoo
 from overlap_core.runtime.config import TrainConfig
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
@@ -64,6 +64,10 @@ class Side(Protocol):
   def stop_services(self) -> None: ...
 
   def describe_data(self, config: TrainConfig) -> Any: ...
+
+  def load_user_model(self, config: TrainConfig, info) -> zoo.ModelSpec:
+    """Builds (or loads) the user's --model, checks it on the data's first
+    batch and keeps it for `parallelize`; returns its Task's spec."""
 
   def parallelize(self, config: TrainConfig, spec, info, plan) -> Any: ...
 
@@ -117,6 +121,9 @@ def run(side: Side, config: TrainConfig) -> Optional[dict]:
   """
   start = time.perf_counter()
   side.check_supported(config)
+  # Before the directory is held: a user's module that does not import
+  # leaves nothing behind.
+  user_code.check_importable(config.model.name, config.data.dataset)
   world = side.join(config)
   try:
     config = run_record.with_default_model_dir(config, side.framework)
@@ -185,8 +192,12 @@ def _run_holding(side: Side, config: TrainConfig, world: World, out_dir: str,
 def _train(side: Side, config: TrainConfig, world: World,
            out_dir: str) -> _Trained:
   """Builds, restores, trains and evaluates."""
-  spec = zoo.MODELS[config.model.name]
+  spec = user_code.model_spec(config.model.name)
   info = side.describe_data(config)
+  if spec is None:
+    # The user's model: built now, so its Task is known before anything
+    # that depends on it (pipeline loss, input pairs) is made.
+    spec = side.load_user_model(config, info)
   plan = (burst_report.read_plan(config.burst.plan_path)
           if config.burst.enabled else None)
   built = side.parallelize(config, spec, info, plan)

@@ -527,3 +527,22 @@ def test_report_and_csv_hold_the_computed_numbers(tmp_path):
     with open(plots[name], "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert f"]({name})" in report
+
+
+def test_report_names_the_users_model_and_data_from_run_json(tmp_path):
+  records = records_without_interference()
+  for runs in records.values():
+    for record in runs:
+      record["model"] = {"name": "net.keras", "source": {
+          "source": "keras_file", "value": "/models/net.keras",
+          "sha256": "ab" * 32}}
+      record["data"] = {"source": {"source": "import",
+                                   "value": "mypkg.data:load"}}
+  result = _comparison(records, tmp_path)
+  assert result.sources() == {
+      "model": "/models/net.keras (keras_file, sha256 abababababab)",
+      "data": "mypkg.data:load (import)"}
+  report = compare_report.format_report(result, str(tmp_path))
+  assert "| model | /models/net.keras (keras_file, sha256 abababababab) |" \
+      in report
+  assert "| data | mypkg.data:load (import) |" in report

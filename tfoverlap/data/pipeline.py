@@ -102,7 +102,8 @@ def make_input_fn(cfg: DataConfig, *, split: str, task: str, seed: int,
     # too would give each consumer a different dataset for one shared job.
     if ctx is not None and ctx.num_input_pipelines > 1 and not job_name:
       ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-    ds = ds.map(source.decode, num_parallel_calls=parallel_calls)
+    if source.decode is not None:  # the user's callable decodes its own
+      ds = ds.map(source.decode, num_parallel_calls=parallel_calls)
     if cfg.cache:
       ds = ds.cache()
     if training:
@@ -118,7 +119,7 @@ def make_input_fn(cfg: DataConfig, *, split: str, task: str, seed: int,
       if cost_fn is not None:
         ds = ds.map(cost_fn, num_parallel_calls=parallel_calls)
     ds = ds.batch(batch_size, drop_remainder=training)
-    if task == "super_resolution":
+    if task == "super_resolution" and not source.user:
       ds = ds.map(to_low_high_pair, num_parallel_calls=parallel_calls)
     # Options set here travel with the graph to the service's workers.
     ds = ds.with_options(_options(cfg))

@@ -15,7 +15,7 @@ from typing import Callable, Dict
 
 import tensorflow as tf
 
-from overlap_core.runtime import datasets
+from overlap_core.runtime import datasets, user_code
 from overlap_core.runtime.config import ConfigError, DataConfig
 # The split, sizes, refusals and DatasetInfo are shared with the PyTorch
 # pipeline.
@@ -42,6 +42,7 @@ class Source:
   num_examples: Dict[str, int]
   read: Callable[[str], tf.data.Dataset]
   decode: Callable[..., tuple]
+  user: bool = False  # the user's callable: read yields (x, y) as is
 
 
 def describe(cfg: DataConfig) -> DatasetInfo:
@@ -58,6 +59,11 @@ def describe(cfg: DataConfig) -> DatasetInfo:
     ConfigError: the data set is missing or unreadable (see `load_source`).
   """
   source = load_source(cfg)
+  if source.user:
+    return datasets.user_dataset_info(
+        num_classes=source.num_classes, num_examples=source.num_examples,
+        inputs_shape=tuple(source.read("train").element_spec[0].shape),
+        channels_last=True, image_size=cfg.image_size)
   return dataset_info(num_classes=source.num_classes,
                       num_examples=source.num_examples,
                       image_size=cfg.image_size)
@@ -83,6 +89,8 @@ def load_source(cfg: DataConfig) -> Source:
       "tfds": _tfds_source,
       "image_folder": _image_folder_source,
   }
+  if user_code.is_import_path(cfg.dataset):
+    return _user_source(cfg)
   if cfg.dataset not in loaders:
     raise ConfigError("dataset", cfg.dataset,
                       f"allowed: {', '.join(loaders)}")
@@ -161,6 +169,73 @@ def _synthetic_source(cfg: DataConfig) -> Source:
 
   return Source(name="synthetic", num_classes=cfg.num_classes,
                 num_examples=counts, read=read, decode=decode)
+
+
+def _user_source(cfg: DataConfig) -> Source:
+  """--dataset=package.module:callable: the user's unbatched (x, y) pairs,
+  read as the callable returns them (it decodes its own samples)."""
+  path = cfg.dataset
+  fn = user_code.load_callable("dataset", path)
+  settings = datasets.user_data_settings(cfg)
+
+  def call(split):
+    ds = user_code.call_with_settings("dataset", path, fn, settings, split)
+    if ds is not None:
+      _check_user_dataset(path, split, ds)
+    return ds
+
+  train = call("train")
+  if train is None:
+    raise ConfigError("dataset", path, "returned None for split 'train'")
+  if cfg.data_service:
+    _check_serializable(path, cfg.data_service, train)
+  evaluation = call("eval")
+  num_examples = {"train": _cardinality(train),
+                  "eval": 0 if evaluation is None else _cardinality(
+                      evaluation)}
+
+  def read(split):
+    return train if split == "train" else evaluation
+
+  return Source(name=path, num_classes=cfg.num_classes,
+                num_examples=num_examples, read=read, decode=None, user=True)
+
+
+def _check_user_dataset(path: str, split: str, ds) -> None:
+  """Refuses what is not an unbatched dataset of (x, y) tensors."""
+  if not isinstance(ds, tf.data.Dataset):
+    raise ConfigError("dataset", path,
+                      f"returned {user_code.describe_type(ds)} for split "
+                      f"{split!r}; allowed: an unbatched tf.data.Dataset of "
+                      "(x, y) pairs, or None")
+  spec = ds.element_spec
+  if not (isinstance(spec, tuple) and len(spec) == 2 and all(
+      isinstance(s, tf.TensorSpec) for s in spec)):
+    raise ConfigError("dataset", path,
+                      f"split {split!r} yields {spec}; allowed: (x, y) "
+                      "pairs of tensors")
+
+
+def _check_serializable(path: str, data_service: str, ds) -> None:
+  """Refuses the tf.data service for a dataset whose graph cannot be sent
+  to the service's workers: one that runs Python (`from_generator`,
+  `py_function`)."""
+  try:
+    # The serialization the service itself performs (no public API).
+    ds._as_serialized_graph(  # pylint: disable=protected-access
+        external_state_policy=tf.data.experimental.ExternalStatePolicy.FAIL)
+  except tf.errors.OpError as e:
+    reason = (e.message or "").strip().splitlines()[0] if e.message else ""
+    reason = reason.split("}} ", 1)[-1]  # drop the op's device prefix
+    raise ConfigError("data_service", data_service,
+                      f"--dataset={path} cannot be sent to the service's "
+                      f"workers ({reason}); allowed: empty, or a dataset of "
+                      "TensorFlow ops only") from None
+
+
+def _cardinality(ds) -> int:
+  """Examples in one pass; 0 when tf.data cannot tell (or endless)."""
+  return max(0, int(ds.cardinality()))
 
 
 def _tfds_source(cfg: DataConfig) -> Source:

@@ -284,6 +284,11 @@ def make_loader(cfg: DataConfig, *, split: str, task: str, seed: int,
   if split == "eval" and not source.num_examples["eval"]:
     raise datasets.no_eval_split_error(source.name)
   training = split == "train"
+  if source.user:
+    return _make_user_loader(cfg, source.read(split)[0], training=training,
+                             batch_size=batch_size, seed=seed, rank=rank,
+                             world_size=world_size,
+                             skip_batches=skip_batches, settings=settings)
   elements, labels = source.read(split)
   elements, labels = elements[rank::world_size], labels[rank::world_size]
   if training and not len(labels):
@@ -313,6 +318,97 @@ def make_loader(cfg: DataConfig, *, split: str, task: str, seed: int,
       # asynchronously; on a host without CUDA there is nothing to pin for.
       pin_memory=cfg.prefetch_to_device and torch.cuda.is_available(),
       **extra)
+
+
+def _make_user_loader(cfg: DataConfig, dataset, *, training: bool,
+                      batch_size: int, seed: int, rank: int, world_size: int,
+                      skip_batches: int, settings: LoaderSettings
+                      ) -> torch_data.DataLoader:
+  """The loader of the user's (x, y) Dataset, with the zoo's order.
+
+  A map-style dataset is sharded, ordered and resumed exactly as the zoo's
+  sources are (rank r keeps positions r, r + w, ...; `TrainBatchOrder`),
+  its examples fetched by the loader's workers. An iterable one is
+  repeated, sharded by position and shuffled through a buffer of
+  --shuffle_buffer examples seeded by (seed, epoch), read inline: its
+  iterator cannot be split over worker processes without the dataset's
+  own help.
+  """
+  pin = cfg.prefetch_to_device and torch.cuda.is_available()
+  if isinstance(dataset, torch_data.IterableDataset):
+    stream = _UserStream(dataset, training=training, rank=rank,
+                         world_size=world_size, seed=seed,
+                         shuffle_buffer=cfg.shuffle_buffer if training else 0,
+                         skip=skip_batches * batch_size)
+    return torch_data.DataLoader(stream, batch_size=batch_size,
+                                 drop_last=training, collate_fn=_pair,
+                                 pin_memory=pin)
+  shard = torch_data.Subset(dataset, range(rank, len(dataset), world_size))
+  if training and not len(shard):
+    raise ConfigError("batch_size", cfg.batch_size,
+                      f"{cfg.dataset} has too few training examples for "
+                      f"{world_size} ranks to each read a shard")
+  if training:
+    order = TrainBatchOrder(len(shard), batch_size=batch_size, seed=seed,
+                            shuffle=cfg.shuffle_buffer > 0,
+                            first_batch=skip_batches)
+  else:
+    order = EvalBatchOrder(len(shard), batch_size=batch_size,
+                           first_batch=skip_batches)
+  extra = ({"prefetch_factor": settings.prefetch_factor}
+           if settings.num_workers else {})
+  return torch_data.DataLoader(shard, batch_sampler=order, collate_fn=_pair,
+                               num_workers=settings.num_workers,
+                               pin_memory=pin, **extra)
+
+
+class _UserStream(torch_data.IterableDataset):
+  """The user's iterable dataset, as the trainer's training stream."""
+
+  def __init__(self, dataset, *, training: bool, rank: int, world_size: int,
+               seed: int, shuffle_buffer: int, skip: int):
+    super().__init__()
+    self._dataset = dataset
+    self._training = training
+    self._rank, self._world_size = rank, world_size
+    self._seed = seed
+    self._shuffle_buffer = shuffle_buffer
+    self._skip = skip
+
+  def __iter__(self):
+    examples = self._examples()
+    for _ in range(self._skip):
+      next(examples, None)
+    return examples
+
+  def _examples(self):
+    epoch = 0
+    while True:
+      shard = (example for i, example in enumerate(self._dataset)
+               if i % self._world_size == self._rank)
+      yield from self._shuffled(shard, epoch)
+      if not self._training:
+        return
+      epoch += 1
+
+  def _shuffled(self, examples, epoch: int):
+    if not self._shuffle_buffer:
+      yield from examples
+      return
+    rng = np.random.default_rng([self._seed % (1 << 64), epoch])
+    buffer = []
+    for example in examples:
+      buffer.append(example)
+      if len(buffer) == self._shuffle_buffer:
+        yield buffer.pop(int(rng.integers(len(buffer))))
+    while buffer:
+      yield buffer.pop(int(rng.integers(len(buffer))))
+
+
+def _pair(examples):
+  """collate_fn of the user's (x, y) examples: one (inputs, targets)."""
+  inputs, targets = torch_data.default_collate(list(examples))
+  return inputs, targets
 
 
 def _as_is(batch):

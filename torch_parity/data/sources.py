@@ -34,8 +34,9 @@ from typing import Any, Callable, Dict, Sequence, Tuple
 import numpy as np
 import torch
 from torch.nn import functional as F
+from torch.utils import data as torch_data
 
-from overlap_core.runtime import datasets
+from overlap_core.runtime import datasets, user_code
 from overlap_core.runtime.config import ConfigError, DataConfig
 from overlap_core.runtime.datasets import DatasetInfo
 
@@ -62,6 +63,7 @@ class Source:
   num_examples: Dict[str, int]
   read: Callable[[str], Tuple[Sequence, np.ndarray]]
   decode: Callable[[Any], torch.Tensor]
+  user: bool = False  # the user's Dataset: read gives (it, None)
 
 
 def describe(cfg: DataConfig) -> DatasetInfo:
@@ -72,6 +74,12 @@ def describe(cfg: DataConfig) -> DatasetInfo:
       knob PyTorch refuses (see `load_source`).
   """
   source = load_source(cfg)
+  if source.user:
+    x, _ = first_example(cfg.dataset, "train", source.read("train")[0])
+    return datasets.user_dataset_info(
+        num_classes=source.num_classes, num_examples=source.num_examples,
+        inputs_shape=tuple(x.shape), channels_last=False,
+        image_size=cfg.image_size)
   return datasets.dataset_info(num_classes=source.num_classes,
                                num_examples=source.num_examples,
                                image_size=cfg.image_size)
@@ -92,10 +100,73 @@ def load_source(cfg: DataConfig) -> Source:
       "tfds": _tfds_source,
       "image_folder": _image_folder_source,
   }
+  if user_code.is_import_path(cfg.dataset):
+    return _user_source(cfg)
   if cfg.dataset not in loaders:
     raise ConfigError("dataset", cfg.dataset,
                       f"allowed: {', '.join(loaders)}")
   return loaders[cfg.dataset](cfg)
+
+
+def _user_source(cfg: DataConfig) -> Source:
+  """--dataset=package.module:callable: the user's torch Dataset of
+  (x, y) pairs, map-style or iterable; `read` returns it whole (labels
+  None) and the loader batches it as it is (it decodes its own samples)."""
+  path = cfg.dataset
+  fn = user_code.load_callable("dataset", path)
+  settings = datasets.user_data_settings(cfg)
+  split_sets = {}
+  for split in datasets.SPLITS:
+    ds = user_code.call_with_settings("dataset", path, fn, settings, split)
+    if ds is not None:
+      first_example(path, split, ds)  # refuses a wrong type or structure
+    split_sets[split] = ds
+  if split_sets["train"] is None:
+    raise ConfigError("dataset", path, "returned None for split 'train'")
+  num_examples = {split: _length(ds) for split, ds in split_sets.items()}
+  return Source(name=path, num_classes=cfg.num_classes,
+                num_examples=num_examples,
+                read=lambda split: (split_sets[split], None), decode=None,
+                user=True)
+
+
+def first_example(path: str, split: str, ds) -> tuple:
+  """The first (x, y) of the user's dataset, checked.
+
+  Raises:
+    ConfigError: naming --dataset, for what is not a torch Dataset of
+      (tensor, target) pairs.
+  """
+  if not isinstance(ds, torch_data.Dataset):
+    raise ConfigError("dataset", path,
+                      f"returned {user_code.describe_type(ds)} for split "
+                      f"{split!r}; allowed: a torch Dataset (map-style or "
+                      "iterable) of (x, y) pairs, or None")
+  try:
+    example = (next(iter(ds)) if isinstance(ds, torch_data.IterableDataset)
+               else ds[0])
+  except Exception as e:  # pylint: disable=broad-except
+    raise ConfigError("dataset", path,
+                      f"its first {split} example raised "
+                      f"{type(e).__name__}: {e}".splitlines()[0]) from None
+  if not (isinstance(example, (tuple, list)) and len(example) == 2 and
+          torch.is_tensor(example[0])):
+    shape = (f"a {len(example)}-tuple" if isinstance(example, (tuple, list))
+             else user_code.describe_type(example))
+    raise ConfigError("dataset", path,
+                      f"split {split!r} yields {shape}; allowed: (x, y) "
+                      "pairs, x a tensor")
+  return tuple(example)
+
+
+def _length(ds) -> int:
+  """Examples in one pass; 0 for an iterable dataset without a length."""
+  if ds is None:
+    return 0
+  try:
+    return len(ds)
+  except TypeError:
+    return 0
 
 
 def to_rgb_float(image, image_size: int) -> torch.Tensor:
