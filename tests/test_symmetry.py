@@ -80,7 +80,8 @@ ONE_SIDED_PARAMETERS = {
     ("pipeline", "PipelineRuntime"): {
         "tfoverlap": {"model", "cut_layers", "devices", "num_microbatches"},
         "torch_parity": {"stage_modules", "schedule", "mesh",
-                         "stage_indices", "bucket_mb"}},
+                         "stage_indices", "bucket_mb",
+                         "overlap_all_reduce"}},
 }
 
 # module -> {side: public names only that side has}. Why each:

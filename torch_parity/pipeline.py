@@ -11,8 +11,11 @@ to a `PipelineStage` whose point-to-point traffic runs on the stage-to-stage
 group of its data-parallel column. The schedule splits the batch into
 micro-batches: the first stage reads the inputs, the last computes the loss.
 With replicas, each stage's gradients are then averaged over the ranks
-holding that stage (`average_stage_gradients`). Every step's bubble and
-transfer are timed (`torch_parity.pipeline_timing`).
+holding that stage, bucket by bucket as the last micro-batch's backward
+makes them final (`torch_parity.pipeline_allreduce`). Every step's bubble,
+transfer and exposed all-reduce are timed (`torch_parity.pipeline_timing`),
+and the bytes each stage saves for backward counted
+(`torch_parity.pipeline_memory`).
 
   split = plan_split(model, example, cfg)
   modules = build_stages(model, split.cuts)
@@ -20,7 +23,9 @@ transfer are timed (`torch_parity.pipeline_timing`).
   losses = runtime.step(inputs, targets)   # the last stage gets the losses
 """
 
+import contextlib
 import dataclasses
+import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -39,6 +44,8 @@ from overlap_core.planning.profile import Profile
 from overlap_core.runtime import compat_table, pipeline_stats
 from overlap_core.runtime.config import (ConfigError, PipelineConfig,
                                          TrainConfig)
+from torch_parity.pipeline_allreduce import OverlappedGradientReduce
+from torch_parity.pipeline_memory import SavedTensorMeter
 from torch_parity.pipeline_timing import P2PTimer
 from torch_parity.planning.graph import build_layer_graph, layer_names
 
@@ -51,6 +58,10 @@ _SCHEDULES = {
 }
 # DDP's default bucket: gradients are all-reduced in flat buckets this big.
 DEFAULT_BUCKET_MB = 25.0
+# Steps whose saved tensors are counted: the schedule and the shapes are
+# the same every step, so its peak is too; counting costs a Python call
+# per saved tensor, which later steps (the ones timed) are spared.
+MEMORY_STEPS = 2
 
 
 PLAN_PROGRAM = "torch_parity.plan"
@@ -227,12 +238,11 @@ def average_stage_gradients(modules: Sequence[nn.Module], group,
   """Makes each gradient of these stages its mean over the stage's
   replicas: flat buckets of up to `bucket_mb`, one all-reduce each.
 
-  Why not DDP: a DDP-wrapped stage failed its first forward under the
-  schedule (gloo, 2 stages x 2 replicas), and DDP's overlap would need its
-  hooks to fire once per step, not once per micro-batch. After the
-  schedule's step every gradient is final, so one bucketed all-reduce per
-  step is exact; it does not overlap backward, which is what a replicated
-  stage gives up here.
+  After the schedule's step every gradient is final, so one bucketed
+  all-reduce per step is exact; it does not overlap backward. The runtime
+  uses it when asked not to overlap (`overlap_all_reduce=False`), as the
+  baseline the overlapped all-reduce (`OverlappedGradientReduce`, which
+  says why not DDP) is measured against.
   """
   if replicas == 1:
     return
@@ -267,12 +277,16 @@ class PipelineRuntime:
       stage_indices: the global indices of those stages.
       split: the plan the stages were cut by (its predictions are zero
     without a profile).
-      recorder: bubble and transfer intervals per step, and the totals.
+      recorder: bubble, transfer and (with replicas) exposed all-reduce
+    intervals per step, and the totals.
+      memory: the bytes of tensors this rank's stages saved for backward
+    (`SavedTensorMeter`), counted in steps 2 to MEMORY_STEPS + 1.
   """
 
   def __init__(self, stage_modules: List[nn.Module], schedule,
                mesh: PipelineMesh, stage_indices: List[int], *,
-               bucket_mb: float = DEFAULT_BUCKET_MB):
+               bucket_mb: float = DEFAULT_BUCKET_MB,
+               overlap_all_reduce: bool = True):
     self.stage_modules = stage_modules
     self.schedule = schedule
     self.mesh = mesh
@@ -280,8 +294,21 @@ class PipelineRuntime:
     self.bucket_mb = bucket_mb
     self.split: Optional[partition_lib.StagePlan] = None
     self.has_predictions = False
-    self.recorder = pipeline_stats.StageRecorder()
+    replicas = mesh.dims.data_parallel
+    self.recorder = pipeline_stats.StageRecorder(
+        times_all_reduce=replicas > 1)
     self.timer = P2PTimer(self.recorder)
+    self.memory = SavedTensorMeter(
+        p for m in stage_modules for p in m.parameters())
+    self._num_steps = 0
+    # With replicas, gradients are all-reduced as the last micro-batch's
+    # backward makes them final (overlap_all_reduce), or after the step.
+    self.reducer = None
+    if replicas > 1 and overlap_all_reduce:
+      self.reducer = OverlappedGradientReduce(
+          stage_modules, mesh.replica_group, replicas=replicas,
+          num_microbatches=schedule._n_microbatches,  # pylint: disable=protected-access
+          bucket_mb=bucket_mb)
 
   @property
   def cut_layers(self) -> List[str]:
@@ -317,11 +344,26 @@ class PipelineRuntime:
     kwargs = {}
     if self.holds_last_stage:
       kwargs = dict(target=targets, losses=losses)
-    with self.timer.timing():
+    # Not the first step: torch's stages infer shapes with an extra
+    # forward there, which no later step runs.
+    counting = (self.memory.counting(inputs, targets)
+                if 1 <= self._num_steps <= MEMORY_STEPS
+                else contextlib.nullcontext())
+    self._num_steps += 1
+    with self.timer.timing(), counting:
       self.schedule.step(*args, return_outputs=False, **kwargs)
-    average_stage_gradients(self.stage_modules, self.mesh.replica_group,
-                            self.mesh.dims.data_parallel,
-                            bucket_mb=self.bucket_mb)
+    if self.mesh.dims.data_parallel > 1:
+      # The step waits here for whatever all-reduce backward did not hide:
+      # with the overlap, the buckets still in flight; without it, all.
+      start = time.perf_counter()
+      if self.reducer is not None:
+        self.reducer.finish()
+      else:
+        average_stage_gradients(self.stage_modules, self.mesh.replica_group,
+                                self.mesh.dims.data_parallel,
+                                bucket_mb=self.bucket_mb)
+      self.recorder.record(pipeline_stats.EXPOSED_COMM, start,
+                           time.perf_counter())
     if not self.holds_last_stage:
       return None
     # The micro-batches' losses were divided by M: their sum is the mean.
@@ -337,6 +379,7 @@ class PipelineRuntime:
         "cut_layers": self.cut_layers,
         "schedule": type(self.schedule).__name__,
         "num_microbatches": self.schedule._n_microbatches,  # pylint: disable=protected-access
+        "all_reduce_overlapped": self.reducer is not None,
         "measured": {"steps": len(self.recorder.steps)},
     }
 
@@ -363,8 +406,8 @@ def _stage_indices(cfg: PipelineConfig, stage: int) -> List[int]:
 
 def build_runtime(stage_modules: Sequence[nn.Module], cfg: PipelineConfig,
                   mesh: PipelineMesh, device: torch.device,
-                  loss_fn: Callable, *, bucket_mb: float = DEFAULT_BUCKET_MB
-                  ) -> PipelineRuntime:
+                  loss_fn: Callable, *, bucket_mb: float = DEFAULT_BUCKET_MB,
+                  overlap_all_reduce: bool = True) -> PipelineRuntime:
   """Keeps this rank's stages and puts them under the configured schedule.
 
   Args:
@@ -376,6 +419,9 @@ def build_runtime(stage_modules: Sequence[nn.Module], cfg: PipelineConfig,
       loss_fn: loss_fn(outputs, targets) -> scalar mean loss of one
     micro-batch; the runtime divides it by M, so the M add up to the mean.
       bucket_mb: the replicas' gradient all-reduce bucket.
+      overlap_all_reduce: with replicas, all-reduce each bucket as the
+    last micro-batch's backward finishes it (`OverlappedGradientReduce`);
+    False all-reduces after the schedule's step.
   """
   indices = _stage_indices(cfg, mesh.stage)
   total = cfg.stages * cfg.virtual_stages
@@ -388,11 +434,22 @@ def build_runtime(stage_modules: Sequence[nn.Module], cfg: PipelineConfig,
   # already scaled and the M of them sum to the batch's, as the TensorFlow
   # runtime does; the schedule's own scale_grads would instead divide every
   # gradient by M after the step, one more pass over all of them.
+  runtime_box = []
+
   def microbatch_loss(outputs, targets):
-    return loss_fn(outputs, targets) / cfg.microbatches
+    start = time.perf_counter()
+    loss = loss_fn(outputs, targets) / cfg.microbatches
+    # Timed apart inside stage_compute: a part of the bubble's causes
+    # (`bubble_parts`), only the last stage's.
+    runtime_box[0].recorder.record_loss(start, time.perf_counter())
+    return loss
 
   stage_or_stages = (stages if cfg.schedule == "interleaved_1f1b"
                      else stages[0])
   schedule = schedule_class(stage_or_stages, n_microbatches=cfg.microbatches,
                             loss_fn=microbatch_loss, scale_grads=False)
-  return PipelineRuntime(mine, schedule, mesh, indices, bucket_mb=bucket_mb)
+  runtime = PipelineRuntime(mine, schedule, mesh, indices,
+                            bucket_mb=bucket_mb,
+                            overlap_all_reduce=overlap_all_reduce)
+  runtime_box.append(runtime)
+  return runtime

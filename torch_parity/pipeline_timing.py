@@ -36,7 +36,8 @@ import torch.distributed as dist
 from torch.distributed.pipelining import schedules as _schedules
 
 from overlap_core.planning import split as split_lib
-from overlap_core.runtime.pipeline_stats import (BUBBLE, STAGE_COMPUTE,
+from overlap_core.runtime.pipeline_stats import (BUBBLE, EXPOSED_COMM, LOSS,
+                                                 POSTING, STAGE_COMPUTE,
                                                  TRANSFER, UPDATE,
                                                  StageRecorder,
                                                  pipeline_section,
@@ -57,6 +58,16 @@ MEASUREMENT_SOURCES = {
         "measured: waits on receives timed in the step (a received "
         "tensor's wire time included), and the wait for the last stage's "
         "loss",
+    POSTING: "measured: the part of transfer spent posting sends and "
+             "receives (the rest is waits on sends)",
+    LOSS: "measured: the last stage's loss of each micro-batch, timed "
+          "around the schedule's loss function",
+    EXPOSED_COMM:
+        "measured: with replicas, the wait after the schedule's step for "
+        "the gradient all-reduce backward did not hide",
+    "saved_activation_peak_bytes":
+        "counted: bytes of tensors saved for backward (saved-tensor "
+        "hooks), parameters left out, the most held at once",
 }
 _BATCH = "_batch_p2p"
 _WAIT = "_wait_batch_p2p"
@@ -113,7 +124,9 @@ class P2PTimer:
     def timed_batch(p2p_ops, *args, **kwargs):
       start = self._clock()
       works = batch(p2p_ops, *args, **kwargs)
-      self._recorder.record(TRANSFER, start, self._clock())
+      end = self._clock()
+      self._recorder.record(TRANSFER, start, end)
+      self._recorder.record_posting(start, end)
       # gloo returns one work per op, in order (no coalescing); when a
       # backend coalesces, the works cannot be told apart and count as
       # receives.
@@ -148,6 +161,7 @@ def _local_row(runtime, device, warmup_steps: int) -> dict:
           "device": str(device), "predicted_ms": predicted_ms,
           "predicted_update_ms": predicted_update_ms,
           "predicted_memory_mb": predicted_mb,
+          "saved_activation_peak_bytes": runtime.memory.peak_bytes,
           "medians_ms": runtime.recorder.medians_ms(warmup_steps)}
 
 
@@ -166,7 +180,9 @@ def gather_pipeline_section(runtime, cfg, device, *,
                            medians_ms=r["medians_ms"],
                            predicted_ms=r["predicted_ms"],
                            predicted_update_ms=r["predicted_update_ms"],
-                           predicted_memory_mb=r["predicted_memory_mb"])
+                           predicted_memory_mb=r["predicted_memory_mb"],
+                           saved_activation_peak_bytes=r[
+                               "saved_activation_peak_bytes"])
                for r in rows if r["replica"] == 0]
   section = pipeline_section(
       schedule=cfg.schedule, stages=cfg.stages,

@@ -17,8 +17,7 @@ import torch
 from overlap_core.planning import burst_report, command
 from overlap_core.planning import split as split_lib
 from overlap_core.runtime import background, compat, ledger as ledger_lib
-from overlap_core.runtime import (datasets, pipeline_stats, run_record,
-                                  skeleton, user_code)
+from overlap_core.runtime import datasets, run_record, skeleton, user_code
 from overlap_core.runtime.config import TrainConfig
 from torch_parity import (background_cuda, checkpoint, data, distribute,
                           loops, models, parallelize, pipeline,
@@ -203,7 +202,7 @@ def _phases_measured(parallel, strategy) -> list:
             ledger_lib.CHECKPOINT_STALL]
   if not parallel.pipeline:
     return list(ledger_lib.PHASES)
-  return [ledger_lib.DATA_WAIT, *pipeline_stats.PHASES,
+  return [ledger_lib.DATA_WAIT, *parallel.pipeline.recorder.phases,
           ledger_lib.CHECKPOINT_STALL]
 
 

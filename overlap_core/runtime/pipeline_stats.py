@@ -33,11 +33,20 @@ import statistics
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from overlap_core.runtime import bubble_parts, comm_stats
+
 STAGE_COMPUTE = "stage_compute"  # a stage's forward/backward of its chunks
 BUBBLE = "bubble"  # a stage waiting on a neighbour
 TRANSFER = "transfer"  # point-to-point activation/gradient copies
 PHASES = (STAGE_COMPUTE, BUBBLE, TRANSFER)
 UPDATE = "update"  # the optimizer step: inside stage_compute, not a phase
+LOSS = "loss"  # the last stage's loss: inside stage_compute, not a phase
+# Posting sends and receives: the part of transfer that is not a wait
+# (a wait on a send can be a wait on the neighbour's receive).
+POSTING = "posting"
+# A replicated stage's gradient all-reduce that the step waited for: a
+# phase of its own, carved out of the step like the bubble.
+EXPOSED_COMM = comm_stats.EXPOSED_COMM
 
 Interval = Tuple[str, float, float]  # (phase, start_s, end_s)
 
@@ -92,16 +101,26 @@ class StageRecorder:
   threads, and a runtime may record from a hook there).
   """
 
-  def __init__(self):
+  def __init__(self, *, times_all_reduce: bool = False):
+    """times_all_reduce: every step records its EXPOSED_COMM (a stage
+    with replicas), so a step without a wait counts zero, not unknown."""
     self._lock = threading.Lock()
+    self._times_all_reduce = times_all_reduce
     self._pending: List[Interval] = []
-    self._pending_update_s: Optional[float] = None
+    self._pending_parts: Dict[str, float] = {}
     self._steps: List[Dict[str, float]] = []
 
+  @property
+  def phases(self) -> Tuple[str, ...]:
+    """The ledger phases this recorder's spans use."""
+    return PHASES + ((EXPOSED_COMM,) if self._times_all_reduce else ())
+
   def record(self, phase: str, start_s: float, end_s: float) -> None:
-    """One interval of `phase` (BUBBLE or TRANSFER) in the current step."""
-    if phase not in (BUBBLE, TRANSFER):
-      raise ValueError(f"phase={phase!r}: allowed: {BUBBLE}, {TRANSFER} "
+    """One interval of `phase` (BUBBLE, TRANSFER or, with
+    times_all_reduce, EXPOSED_COMM) in the current step."""
+    allowed = self.phases[1:]
+    if phase not in allowed:
+      raise ValueError(f"phase={phase!r}: allowed: {', '.join(allowed)} "
                        f"({STAGE_COMPUTE} is what they leave)")
     with self._lock:
       self._pending.append((phase, start_s, end_s))
@@ -109,22 +128,33 @@ class StageRecorder:
   def record_update(self, start_s: float, end_s: float) -> None:
     """The optimizer's update of this step: a part of stage_compute, kept
     apart as UPDATE in the step's totals (not a ledger phase)."""
+    self._record_part(UPDATE, end_s - start_s)
+
+  def record_loss(self, start_s: float, end_s: float) -> None:
+    """One micro-batch's loss on the last stage: a part of stage_compute,
+    kept apart as LOSS (summed over the step's micro-batches)."""
+    self._record_part(LOSS, end_s - start_s)
+
+  def record_posting(self, start_s: float, end_s: float) -> None:
+    """Handing one batch of sends and receives to the backend: a part of
+    a TRANSFER interval (also recorded), kept apart as POSTING."""
+    self._record_part(POSTING, end_s - start_s)
+
+  def _record_part(self, part: str, seconds: float) -> None:
     with self._lock:
-      self._pending_update_s = (self._pending_update_s or 0.0) + (
-          end_s - start_s)
+      self._pending_parts[part] = self._pending_parts.get(part, 0.0) + seconds
 
   def end_step(self, start_s: float, end_s: float) -> List[Interval]:
     """Closes the step that ran from start_s to end_s; returns its spans
     (`partition_span`) and keeps their per-phase totals."""
     with self._lock:
       pending, self._pending = self._pending, []
-      update_s, self._pending_update_s = self._pending_update_s, None
+      parts, self._pending_parts = self._pending_parts, {}
     spans = partition_span(start_s, end_s, pending)
-    totals = {phase: 0.0 for phase in PHASES}
+    totals = {phase: 0.0 for phase in self.phases}
     for phase, begin, end in spans:
       totals[phase] += end - begin
-    if update_s is not None:
-      totals[UPDATE] = update_s
+    totals.update(parts)
     with self._lock:
       self._steps.append(totals)
     return spans
@@ -135,13 +165,15 @@ class StageRecorder:
       return list(self._steps)
 
   def medians_ms(self, warmup_steps: int = 0) -> Dict[str, Optional[float]]:
-    """{compute_ms, bubble_ms, transfer_ms, update_ms}: per-step medians
-    after the warm-up (all steps if none is left); None before any step,
-    and update_ms None unless every step recorded its update."""
+    """{compute_ms, bubble_ms, transfer_ms, update_ms, loss_ms,
+    posting_ms, exposed_comm_ms}: per-step medians after the warm-up (all
+    steps if none is left); None before any step, and the last four None
+    unless every step recorded them."""
     steps = self.steps
     measured = steps[warmup_steps:] or steps
     keys = {STAGE_COMPUTE: "compute_ms", BUBBLE: "bubble_ms",
-            TRANSFER: "transfer_ms", UPDATE: "update_ms"}
+            TRANSFER: "transfer_ms", UPDATE: "update_ms", LOSS: "loss_ms",
+            POSTING: "posting_ms", EXPOSED_COMM: "exposed_comm_ms"}
     return {key: (1e3 * statistics.median(s[phase] for s in measured)
                   if measured and all(phase in s for s in measured) else None)
             for phase, key in keys.items()}
@@ -151,12 +183,17 @@ def stage_entry(stage: int, *, layers: Sequence[str], device: str,
                 medians_ms: Dict[str, Optional[float]],
                 predicted_ms: Optional[float] = None,
                 predicted_update_ms: Optional[float] = None,
-                predicted_memory_mb: Optional[float] = None) -> dict:
+                predicted_memory_mb: Optional[float] = None,
+                saved_activation_peak_bytes: Optional[int] = None) -> dict:
   """One row of `per_stage`: the plan's prediction beside the measurement
   (predictions None when the run had no profile). predicted_ms and
   compute_ms are the whole stage_compute of a step; the update_ms pair is
-  the optimizer's share of each (measured None where the runtime cannot
-  time it apart)."""
+  the optimizer's share of each, loss_ms the last stage's loss, posting_ms
+  the share of transfer_ms spent posting, not waiting (measured None where
+  the runtime cannot time it apart); exposed_comm_ms the
+  replicas' all-reduce the step waited for (None without replicas);
+  saved_activation_peak_bytes the most bytes of tensors saved for
+  backward the stage held at once in a step (None where not counted)."""
   return {"stage": stage, "layers": list(layers), "device": device,
           "predicted_ms": predicted_ms,
           "predicted_update_ms": predicted_update_ms,
@@ -164,7 +201,11 @@ def stage_entry(stage: int, *, layers: Sequence[str], device: str,
           "compute_ms": medians_ms.get("compute_ms"),
           "update_ms": medians_ms.get("update_ms"),
           "bubble_ms": medians_ms.get("bubble_ms"),
-          "transfer_ms": medians_ms.get("transfer_ms")}
+          "transfer_ms": medians_ms.get("transfer_ms"),
+          "posting_ms": medians_ms.get("posting_ms"),
+          "loss_ms": medians_ms.get("loss_ms"),
+          "exposed_comm_ms": medians_ms.get("exposed_comm_ms"),
+          "saved_activation_peak_bytes": saved_activation_peak_bytes}
 
 
 def measured_bubble_fraction(per_stage: Sequence[dict]) -> Optional[float]:
@@ -185,7 +226,11 @@ def pipeline_section(*, schedule: str, stages: int, micro_batches: int,
                      split: str = "even", cut_layers: Sequence[str] = (),
                      per_stage: Sequence[dict] = ()) -> dict:
   """run.json's `pipeline`: the schedule, the split, the theoretical and
-  the measured bubble, and one `stage_entry` per stage (ms per step)."""
+  the measured bubble, one `stage_entry` per stage (ms per step), and each
+  stage's idle time in parts (`bubble_parts`)."""
+  parts = bubble_parts.split_idle(per_stage, schedule=schedule,
+                                  micro_batches=micro_batches,
+                                  virtual_stages=virtual_stages)
   return {
       "schedule": schedule,
       "stages": stages,
@@ -199,4 +244,6 @@ def pipeline_section(*, schedule: str, stages: int, micro_batches: int,
       "bubble_fraction": measured_bubble_fraction(per_stage),
       "per_stage": sorted((dict(row) for row in per_stage),
                           key=lambda row: row["stage"]),
+      "bubble_parts": {"per_stage": parts,
+                       "summary": bubble_parts.summarize(parts)},
   }

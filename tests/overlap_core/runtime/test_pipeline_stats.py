@@ -44,8 +44,9 @@ def test_recorder_totals_and_medians_per_step():
   assert recorder.steps[0] == pytest.approx(
       {ps.STAGE_COMPUTE: 3.25, ps.BUBBLE: 0.5, ps.TRANSFER: 0.25})
   medians = recorder.medians_ms(warmup_steps=1)  # steps 1..3: .1 .2 .3
-  # No step timed its update: None, not zero.
-  assert medians.pop("update_ms") is None
+  # No step timed its update, loss or all-reduce: None, not zero.
+  for key in ("update_ms", "loss_ms", "posting_ms", "exposed_comm_ms"):
+    assert medians.pop(key) is None
   assert medians == pytest.approx(
       {"compute_ms": 3550.0, "bubble_ms": 200.0, "transfer_ms": 250.0})
   assert ps.StageRecorder().medians_ms()["bubble_ms"] is None
@@ -90,7 +91,8 @@ def test_section_sums_the_bubble_over_stages():
   assert set(section["per_stage"][0]) == {
       "stage", "layers", "device", "predicted_ms", "predicted_update_ms",
       "predicted_memory_mb", "compute_ms", "update_ms", "bubble_ms",
-      "transfer_ms"}
+      "transfer_ms", "posting_ms", "loss_ms", "exposed_comm_ms",
+      "saved_activation_peak_bytes"}
   unmeasured = ps.stage_entry(0, layers=[], device="cpu", medians_ms={})
   assert ps.measured_bubble_fraction([unmeasured]) is None
 
