@@ -25,8 +25,8 @@ import sys
 
 from absl import flags as absl_flags
 
-from flags import (burst, checkpoint, data, distribute, model, offload,
-                   pipeline, run)
+from flags import (burst, checkpoint, data, distribute, help as flag_help,
+                   model, offload, pipeline, run)
 from overlap_core.planning.dims import ParallelDims
 from overlap_core.runtime import user_code
 from overlap_core.runtime.config import (AUTOTUNE, CheckpointConfig,
@@ -70,6 +70,12 @@ def parse_or_exit(argv, validate: bool = True):
     validate: also build the TrainConfig, refusing what it refuses; a
       launcher that only reads its own flags passes False.
   """
+  asked = flag_help.asked_for(argv)
+  if asked:
+    # Before parsing: help needs no valid value of any other flag.
+    print(flag_help.full_help(FLAGS) if asked == "full"
+          else flag_help.short_help(FLAGS))
+    sys.exit(0)
   try:
     remaining = FLAGS(argv)
   except absl_flags.Error as e:
@@ -86,7 +92,7 @@ def parse_or_exit(argv, validate: bool = True):
     try:
       to_config(FLAGS)
     except ConfigError as e:
-      exit_with_usage_error(str(e))
+      exit_with_config_error(e)
   return remaining
 
 
@@ -125,8 +131,13 @@ def parse_launcher_argv(argv, *, build_worker_args, check=None):
     # The user's module imports, or one line now rather than one per worker.
     user_code.check_importable(config.model.name, config.data.dataset)
   except ConfigError as e:
-    exit_with_usage_error(str(e))
+    exit_with_config_error(e)
   return argv[:1] + worker_args
+
+
+def exit_with_config_error(error: ConfigError):
+  """Exits 2 with the refusal's one line and the page that explains it."""
+  exit_with_usage_error(flag_help.refusal_line(error, FLAGS))
 
 
 def exit_with_usage_error(message: str):

@@ -44,7 +44,7 @@ def run_trainer(program: str, framework: str,
   try:
     record = train(config)
   except ConfigError as e:
-    tfo_flags.exit_with_usage_error(str(e))
+    tfo_flags.exit_with_config_error(e)
   except runtime_errors() as e:  # pylint: disable=catching-non-exception
     # One line for the user (saying so when a peer stopped answering) and
     # a failure record in run.json's place; the traceback stays available

@@ -66,6 +66,16 @@ def _define_all():
   return tfo_flags.FLAGS
 
 
+def _explained_in(module: str) -> str:
+  """The line that links the group's page, as `--helpfull` names it."""
+  from flags import help as flag_help  # pylint: disable=g-import-not-at-top
+  page = flag_help.GROUP_PAGES.get(module)
+  if page is None:
+    return ""
+  link = os.path.relpath(page, os.path.dirname(PAGE))
+  return f" Explained in [{os.path.basename(page)}]({link})."
+
+
 def _cell(text: str) -> str:
   """Text made safe for one Markdown table cell."""
   text = " ".join(str(text).split())
@@ -120,7 +130,8 @@ def render() -> str:
                      "them to SECTIONS in tools/render_flag_reference.py")
   out = [HEADER]
   for module, heading, readers in SECTIONS:
-    out.append(f"## {heading}\n\nRead by {readers}.\n\n"
+    out.append(f"## {heading}\n\nRead by {readers}.{_explained_in(module)}"
+               "\n\n"
                "| flag | default | allowed | what it does |\n"
                "| --- | --- | --- | --- |\n")
     for flag in sorted(by_module[module], key=lambda f: f.name):

@@ -22,6 +22,8 @@ from overlap_core.runtime.config import (ConfigError, TrainConfig,
                                          check_burst_supported)
 
 FRAMEWORK_NAMES = {TF: "TensorFlow", PT: "PyTorch"}
+# The manual page that holds render_matrix(); every refusal names it.
+DOCS_PAGE = "docs/compatibility.md"
 
 
 def row_features(row: Row) -> List[tuple]:
@@ -73,7 +75,8 @@ def refusal(row: Row, config: TrainConfig) -> ConfigError:
   given = f" {row.given.format(**fields)}" if row.given else ""
   return ConfigError(row.flag, FLAG_VALUES[row.flag](config),
                      f"{row.reason.format(**fields)}; "
-                     f"allowed{given}: {row.allowed.format(**fields)}")
+                     f"allowed{given}: {row.allowed.format(**fields)}",
+                     page=DOCS_PAGE)
 
 
 def check_combinations(config: TrainConfig, framework: str, *,

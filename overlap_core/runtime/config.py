@@ -23,10 +23,14 @@ class ConfigError(ValueError):
   so the trainers can print it as the one line a user sees.
   """
 
-  def __init__(self, flag: str, value, allowed: str):
+  def __init__(self, flag: str, value, allowed: str,
+               page: Optional[str] = None):
     self.flag = flag
     self.value = value
     self.allowed = allowed
+    # The manual page that explains the refusal, where it is not the page
+    # of the flag's own group (flags.help.page_for).
+    self.page = page
     super().__init__(f"--{flag}={value}: {allowed}")
 
 

@@ -212,7 +212,7 @@ def test_every_cheap_yes_trains_two_steps(framework, tmp_path):
 
 
 def test_the_docs_hold_the_rendered_matrix():
-  page = os.path.join("docs", "compatibility.md")
+  page = compat.DOCS_PAGE
   with open(os.path.join(REPO_ROOT, page), encoding="utf-8") as f:
     text = f.read()
   section = re.search(r"<!-- compat-matrix -->\n(.*?)<!-- /compat-matrix -->",
