@@ -252,7 +252,9 @@ def _parse_pipeline(values) -> PipelineConfig:
     for flag, value, default in (("pipeline_microbatches", micro, 1),
                                  ("pipeline_schedule", schedule, "gpipe"),
                                  ("pipeline_split", split, "auto"),
-                                 ("pipeline_virtual_stages", virtual, 1)):
+                                 ("pipeline_virtual_stages", virtual, 1),
+                                 ("pipeline_overlap_all_reduce",
+                                  values.pipeline_overlap_all_reduce, True)):
       if value != default:
         raise ConfigError(flag, value, "applies only with "
                           "--pipeline_stages of 2 or more")
@@ -295,7 +297,8 @@ def _parse_pipeline(values) -> PipelineConfig:
                       "DIR/profile.json")
   return PipelineConfig(stages=stages, microbatches=micro, schedule=schedule,
                         split=split, cut_layers=cut_layers,
-                        virtual_stages=virtual, profile=profile)
+                        virtual_stages=virtual, profile=profile,
+                        overlap_all_reduce=values.pipeline_overlap_all_reduce)
 
 
 def _build_offload(values) -> OffloadConfig:

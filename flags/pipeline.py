@@ -33,6 +33,13 @@ def define_flags():
       "pipeline_virtual_stages", 1,
       "Stages per rank for interleaved_1f1b and zero_bubble (2 or more).",
       lower_bound=1)
+  flags.DEFINE_boolean(
+      "pipeline_overlap_all_reduce", True,
+      "With stage replicas (a PyTorch world of stages x 2 or more "
+      "replicas), all-reduce each stage's gradients bucket by bucket as the "
+      "last micro-batch's backward finishes them. false: all-reduce after "
+      "the schedule's step, all of it exposed (to measure what the overlap "
+      "hides).")
   flags.DEFINE_string(
       "plan_profile", "",
       "A layer profile JSON (the shared schema; python -m tfoverlap.plan "

@@ -124,6 +124,26 @@ def group_findings(comparison: Comparison, key: GroupKey) -> List[str]:
   elif combos:
     lines.append("No combination was slower than its parts beyond the "
                  "noise.")
+  lines += _pipeline_findings(comparison, stats)
+  return lines
+
+
+def _pipeline_findings(comparison: Comparison, stats) -> List[str]:
+  """Per pipelined cell: which stage wastes the most of its step, and on
+  what (`overlap_core.runtime.bubble_parts`)."""
+  lines = []
+  for cell, cell_stats in stats.items():
+    pipe = cell_stats.pipeline
+    worst = pipe.most_idle_stage() if pipe else None
+    if worst is None:
+      continue
+    stage, share, part = worst
+    text = (f"Pipeline {comparison.matrix.label(cell)}: stage {stage} idles "
+            f"{100 * share:.0f}% of its step, most of it "
+            f"{part.replace('_', ' ')}")
+    if pipe.idle_explained is False:
+      text += " (the parts leave more than the tolerance unexplained)"
+    lines.append(text + ".")
   return lines
 
 

@@ -68,7 +68,7 @@ Definitions (the report prints them too):
 import dataclasses
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from overlap_core.runtime import intervals, pipeline_stats
+from overlap_core.runtime import bubble_parts, intervals, pipeline_stats
 from overlap_core.runtime import verdict as verdict_lib
 from overlap_core.runtime.ledger import (CHECKPOINT_STALL, COMPUTE,
                                         COMPUTE_PARTS, DATA_WAIT,
@@ -106,6 +106,9 @@ FASTER, SLOWER, EVEN = "faster", "slower", "even"
 # A resource-bound verdict whose interval spans both answers.
 UNPLACED = "could not be placed (noise)"
 _ROUNDING = 1e-9
+# A pipeline stage's idle time in parts, in the order the report shows
+# them (`overlap_core.runtime.bubble_parts`).
+IDLE_PARTS = bubble_parts.PARTS + (bubble_parts.RESIDUAL,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +129,15 @@ class PipelineStats:
       runtime did not record it.
     bubble_source: how the bubble was had, from the section's `sources`
       ("measured" or "derived"), or "" when the run did not say.
+    idle_parts_ms: per stage, {part: ms per step} of its idle time
+      (`bubble_parts`: step, idle, each part and the residual, all "_ms"
+      keys), or None where the run did not take it apart.
+    idle_explained: every stage's residual is within the stated tolerance
+      (`bubble_parts.RESIDUAL_TOLERANCE_FRAC`); None without parts.
+    saved_activation_peak_bytes: per stage, the most bytes of tensors
+      saved for backward it held at once; None where not counted.
+    all_reduce_overlapped: with replicas, whether their all-reduce ran
+      during backward; None where no stage all-reduces or not recorded.
   """
   schedule: str
   stages: int
@@ -139,6 +151,20 @@ class PipelineStats:
   transfer_ms: Tuple[Optional[float], ...]
   bubble_ms: Tuple[Optional[float], ...]
   bubble_source: str = ""
+  idle_parts_ms: Optional[Tuple[Dict[str, float], ...]] = None
+  idle_explained: Optional[bool] = None
+  saved_activation_peak_bytes: Tuple[Optional[int], ...] = ()
+  all_reduce_overlapped: Optional[bool] = None
+
+  def most_idle_stage(self) -> Optional[Tuple[int, float, str]]:
+    """(stage, idle share of its step, the largest part's name) of the
+    stage that idles the largest share of its step; None without parts."""
+    rows = [r for r in self.idle_parts_ms or () if r.get("step_ms")]
+    if not rows:
+      return None
+    row = max(rows, key=lambda r: r["idle_ms"] / r["step_ms"])
+    largest = max(IDLE_PARTS, key=lambda p: row[f"{p}_ms"])
+    return row["stage"], row["idle_ms"] / row["step_ms"], largest
 
 
 def pipeline_stats_of(record: dict) -> Optional[PipelineStats]:
@@ -152,6 +178,8 @@ def pipeline_stats_of(record: dict) -> Optional[PipelineStats]:
     return tuple(row.get(key) for row in rows)
 
   source = (section.get("sources") or {}).get(pipeline_stats.BUBBLE, "")
+  parts = section.get("bubble_parts") or {}
+  summary = parts.get("summary") or {}
   return PipelineStats(
       schedule=section["schedule"], stages=section["stages"],
       micro_batches=section["micro_batches"],
@@ -161,7 +189,12 @@ def pipeline_stats_of(record: dict) -> Optional[PipelineStats]:
       bubble_fraction_theory=section.get("bubble_fraction_theory"),
       compute_ms=column("compute_ms"), update_ms=column("update_ms"),
       transfer_ms=column("transfer_ms"), bubble_ms=column("bubble_ms"),
-      bubble_source=source.split(":", 1)[0].strip())
+      bubble_source=source.split(":", 1)[0].strip(),
+      idle_parts_ms=(tuple(dict(p) for p in parts["per_stage"])
+                     if parts.get("per_stage") else None),
+      idle_explained=summary.get("explained"),
+      saved_activation_peak_bytes=column("saved_activation_peak_bytes"),
+      all_reduce_overlapped=section.get("all_reduce_overlapped"))
 
 
 @dataclasses.dataclass(frozen=True)

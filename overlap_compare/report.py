@@ -32,7 +32,15 @@ PIPELINE_COLUMNS = (
     "pipeline_schedule", "pipeline_stages", "pipeline_micro_batches",
     "pipeline_virtual_stages", "pipeline_replicas", "bubble_fraction",
     "bubble_fraction_theory", "bubble_source", "stage_compute_ms",
-    "stage_update_ms", "stage_transfer_ms", "stage_bubble_ms")
+    "stage_update_ms", "stage_transfer_ms", "stage_bubble_ms",
+    *(f"stage_idle_{part}_ms" for part in overlap_metrics.IDLE_PARTS),
+    "idle_explained", "stage_saved_activation_peak_bytes",
+    "all_reduce_overlapped")
+# How the report names each part of a stage's idle time.
+IDLE_PART_LABELS = {
+    "fill_drain": "fill & drain", "imbalance": "imbalance",
+    "transfer": "transfer", "loss_and_update": "loss & update",
+    "residual": "residual"}
 
 DEFINITIONS = """\
 - **Cell numbers** are those of the cell's median repeat: the successful
@@ -95,6 +103,15 @@ DEFINITIONS = """\
   stages' summed bubble over their summed step time, beside the
   schedule's own (S-1)/(M+S-1); "derived" marks a bubble that is the
   step's remainder after parts timed alone, not waits timed in the step.
+  "Where each stage's idle time goes" splits a stage's idle time (bubble
+  and transfer) into fill & drain (the schedule's own), imbalance
+  (waiting on a slower neighbour beyond it), transfer (posting sends and
+  receives), loss & update (waiting on the last stage's loss or a
+  neighbour's longer optimizer step) and the residual the four leave;
+  "explained" when every stage's residual is within the stated share of
+  its step (run.json `pipeline.bubble_parts`). Saved activations are the
+  most bytes of tensors saved for backward a stage held at once (1F1B's
+  point: fewer than GPipe's).
 - **Exposed comm** is the all-reduce the step waited for after backward's
   last gradient (PyTorch's DDP and Horovod; "n/a" where a run did not
   measure it: no all-reduce, or TensorFlow's, inside its compiled step).
@@ -273,7 +290,51 @@ def _pipelines_section(comparison: Comparison) -> str:
     return ""
   return ("\n## Pipelines side by side (median repeat)\n\n"
           "Per stage, ms per step, in stage order; the bubble is measured "
-          "(theory: (S-1)/(M+S-1)).\n\n" + out.getvalue())
+          "(theory: (S-1)/(M+S-1)).\n\n" + out.getvalue() +
+          _idle_parts_section(comparison))
+
+
+def _idle_parts_section(comparison: Comparison) -> str:
+  """One row per pipelined cell, framework and stage: its idle time in
+  parts and its saved activations; "" when no run took its idle apart."""
+  rows = []
+  for workload in comparison.workloads.cells():
+    for cell in comparison.matrix.cells():
+      for framework in comparison.frameworks:
+        result = comparison.results.get((framework, workload), {}).get(cell)
+        pipe = result.stats.pipeline if result and result.stats else None
+        if pipe is None or (pipe.idle_parts_ms is None and not any(
+            b is not None for b in pipe.saved_activation_peak_bytes)):
+          continue
+        label = comparison.matrix.label(cell)
+        if comparison.workloads.axes:
+          label = f"{comparison.workloads.full_label(workload)}: {label}"
+        explained = ("" if pipe.idle_explained is None else
+                     " (explained)" if pipe.idle_explained
+                     else " (not explained)")
+        parts = pipe.idle_parts_ms or ({},) * pipe.stages
+        peaks = pipe.saved_activation_peak_bytes or (None,) * pipe.stages
+        for stage, (part, peak) in enumerate(zip(parts, peaks)):
+          rows.append([label, framework + explained, str(stage)] + [
+              _part_ms(part.get(key)) for key in
+              ["step_ms", "idle_ms"] +
+              [f"{p}_ms" for p in overlap_metrics.IDLE_PARTS]] +
+                      [_mib(peak)])
+  if not rows:
+    return ""
+  headers = (["cell", "framework", "stage", "step ms", "idle ms"] +
+             [f"{IDLE_PART_LABELS[p]} ms" for p in overlap_metrics.IDLE_PARTS]
+             + ["saved activations MiB"])
+  return ("### Where each stage's idle time goes\n\n" +
+          _table(headers, rows) + "\n\n")
+
+
+def _part_ms(value: Optional[float]) -> str:
+  return "n/a" if value is None else f"{value:.1f}"
+
+
+def _mib(value: Optional[int]) -> str:
+  return "n/a" if value is None else f"{value / 2**20:.2f}"
 
 
 def _per_stage_ms(values) -> str:
@@ -488,7 +549,18 @@ def _pipeline_csv(pipe: Optional[overlap_metrics.PipelineStats]
           _num(pipe.bubble_fraction), _num(pipe.bubble_fraction_theory),
           pipe.bubble_source, per_stage(pipe.compute_ms),
           per_stage(pipe.update_ms), per_stage(pipe.transfer_ms),
-          per_stage(pipe.bubble_ms)]
+          per_stage(pipe.bubble_ms)] + [
+              per_stage(r[f"{part}_ms"] for r in pipe.idle_parts_ms)
+              if pipe.idle_parts_ms else ""
+              for part in overlap_metrics.IDLE_PARTS] + [
+                  _flag(pipe.idle_explained),
+                  ";".join("" if b is None else str(b)
+                           for b in pipe.saved_activation_peak_bytes),
+                  _flag(pipe.all_reduce_overlapped)]
+
+
+def _flag(value: Optional[bool]) -> str:
+  return "" if value is None else str(value).lower()
 
 
 def format_results_csv(comparison: Comparison) -> str:

@@ -129,8 +129,9 @@ def apply_pipeline(strategy: Strategy, build_model: Callable[[], nn.Module],
                    spec: PipelineSpec) -> Parallelized:
   """Step 1, then step 3 within it: cut, keep this rank's stages; with
   replicas, the runtime averages each stage's gradients over the ranks
-  holding it after every schedule step (no DDP wrapper: see
-  `pipeline.average_stage_gradients`)."""
+  holding it, as backward finishes them or, with
+  --pipeline_overlap_all_reduce=false, after every schedule step (no DDP
+  wrapper: see `pipeline_allreduce`)."""
   cfg = spec.config
   model = build_model()
   split = pipeline_lib.plan_split(model, spec.example_input, cfg,
@@ -140,7 +141,8 @@ def apply_pipeline(strategy: Strategy, build_model: Callable[[], nn.Module],
   runtime = pipeline_lib.build_runtime(
       modules, cfg, mesh, strategy.device, spec.loss_fn,
       bucket_mb=(strategy.cfg.all_reduce_pack_mb or
-                 pipeline_lib.DEFAULT_BUCKET_MB))
+                 pipeline_lib.DEFAULT_BUCKET_MB),
+      overlap_all_reduce=cfg.overlap_all_reduce)
   runtime.split = split
   runtime.has_predictions = spec.profile is not None
   own = nn.ModuleList(runtime.stage_modules)

@@ -188,6 +188,9 @@ def gather_pipeline_section(runtime, cfg, device, *,
       schedule=cfg.schedule, stages=cfg.stages,
       micro_batches=cfg.microbatches, virtual_stages=cfg.virtual_stages,
       replicas=runtime.mesh.dims.data_parallel, split=cfg.split,
-      cut_layers=runtime.cut_layers, per_stage=per_stage)
+      cut_layers=runtime.cut_layers, per_stage=per_stage,
+      all_reduce_overlapped=(runtime.reducer is not None
+                             if runtime.mesh.dims.data_parallel > 1
+                             else None))
   section["sources"] = dict(MEASUREMENT_SOURCES)
   return section

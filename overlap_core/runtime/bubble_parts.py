@@ -23,8 +23,13 @@ the runtimes record, with no framework in sight:
   residual         measured idle minus the four parts above.
 
 Here w_s is stage s's forward and backward of one micro-batch without the
-loss: (compute - update - loss) / M, from its measured medians; the last
-stage's loss per micro-batch is l = loss / M; u_s its update.
+loss, and its posting of that micro-batch's sends and receives where the
+runtime times it apart: (compute - update - loss + posting) / M, from its
+measured medians; the last stage's loss per micro-batch is l = loss / M;
+u_s its update. Posting is on the path because a stage that posts is not
+computing, and a neighbour waiting on it waits through both; on a loaded
+host, where a stage can lose the CPU while it posts, it is a large part of
+a slow stage's pace.
 
 Why those terms: GPipe and 1F1B are max-plus recurrences; a micro-batch
 leaves stage s when it left stage s - 1 and stage s finished the previous
@@ -98,8 +103,12 @@ def split_idle(per_stage: Sequence[dict], *, schedule: str,
   update = [row.get("update_ms") or 0.0 for row in rows]
   loss_total = rows[last].get("loss_ms") or 0.0
   loss = loss_total / micro_batches
-  work = [max(row["compute_ms"] - update[k]
-              - (loss_total if k == last else 0.0), 0.0) / micro_batches
+  # A stage posting a send or a receive is not computing, and its
+  # neighbours wait for it all the same: posting is on the micro-batch's
+  # path through the stage, like its work (where it is timed apart).
+  work = [(max(row["compute_ms"] - update[k]
+               - (loss_total if k == last else 0.0), 0.0)
+           + (row.get("posting_ms") or 0.0)) / micro_batches
           for k, row in enumerate(rows)]
   # w': the loss lies on the last stage's path of every micro-batch.
   path = [w + (loss if k == last else 0.0) for k, w in enumerate(work)]

@@ -82,6 +82,17 @@ def _data_parallel(c, h) -> bool:
           (d.strategy == "mirrored" and d.num_devices > 1))
 
 
+def _one_pipeline(c, h) -> bool:
+  """Pipelined, and the world is the stages: no stage has a replica, so
+  no stage's gradients are all-reduced (`ParallelDims.for_run` reckons
+  the world; a world the stages do not divide counts as one pipeline
+  until the trainer refuses it)."""
+  # Lazily: dims reads this table's DATA_PARALLEL_REFUSAL.
+  from overlap_core.planning.dims import ParallelDims  # pylint: disable=g-import-not-at-top
+  return (c.pipeline.stages > 1 and
+          ParallelDims.from_config(c, None).data_parallel == 1)
+
+
 _PIPE = {"pipeline_stages": "2", "pipeline_split": "even",
          "strategy": "mirrored", "num_devices": "2"}
 FEATURES = {f.name: f for f in (
@@ -114,6 +125,11 @@ FEATURES = {f.name: f for f in (
     Feature("schedule=zero_bubble", _schedule("zero_bubble"),
             {**_PIPE, "pipeline_schedule": "zero_bubble",
              "pipeline_virtual_stages": "2", "pipeline_microbatches": "2"}),
+    Feature("one_pipeline", _one_pipeline, _PIPE),
+    Feature("no_all_reduce_overlap",
+            lambda c, h: (c.pipeline.stages > 1 and
+                          not c.pipeline.overlap_all_reduce),
+            {**_PIPE, "pipeline_overlap_all_reduce": "false"}),
     Feature("burst", lambda c, h: c.burst.enabled,
             {"burst_parallel": BURST_PLAN, "strategy": "mirrored",
              "num_devices": "2"}),
@@ -163,6 +179,7 @@ FLAG_VALUES = {
     "all_reduce": lambda c: c.distribute.all_reduce,
     "all_reduce_pack_mb": lambda c: c.distribute.all_reduce_pack_mb,
     "pipeline_schedule": lambda c: c.pipeline.schedule,
+    "pipeline_overlap_all_reduce": lambda c: c.pipeline.overlap_all_reduce,
     "burst_parallel": lambda c: c.burst.plan_path,
     "background_job": lambda c: c.burst.background_job,
     "offload": lambda c: ",".join(c.offload.targets),
@@ -299,6 +316,15 @@ ROWS = (
         "zero-bubble schedules split backward into input and weight "
         "gradients, which the fx stage modules here do not provide",
         "gpipe, 1f1b, interleaved_1f1b"),
+    # The knob exists to measure what the overlap hides; where no stage
+    # all-reduces, turning it off would change nothing.
+    Row(("no_all_reduce_overlap",), (TF,), "pipeline_overlap_all_reduce",
+        "a TensorFlow pipeline is one replica, whose stages all-reduce "
+        "nothing", "true", _TF_SIDE),
+    Row(("no_all_reduce_overlap", "one_pipeline"), (PT,),
+        "pipeline_overlap_all_reduce",
+        "the world is the stages, so no stage has replicas to all-reduce "
+        "with", "true, or a world of stages x 2 or more replicas"),
     Row(("pipeline", "strategy=multi_worker"), (TF,), "strategy",
         DATA_PARALLEL_REFUSAL, "mirrored", _PIPELINED),
     Row(("pipeline", _NOT_DDP), (TF,), "strategy",

@@ -212,6 +212,9 @@ class PipelineConfig:
   virtual_stages: int = 1  # stages per rank (interleaved schedules)
   profile: str = ""  # --plan_profile: a layer profile JSON that predicts
   # stage times (and lets split=auto run); "" for none
+  # With stage replicas, all-reduce a stage's gradient buckets as the last
+  # micro-batch's backward finishes them (False: after the schedule's step).
+  overlap_all_reduce: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -224,10 +224,15 @@ def measured_bubble_fraction(per_stage: Sequence[dict]) -> Optional[float]:
 def pipeline_section(*, schedule: str, stages: int, micro_batches: int,
                      virtual_stages: int = 1, replicas: int = 1,
                      split: str = "even", cut_layers: Sequence[str] = (),
-                     per_stage: Sequence[dict] = ()) -> dict:
+                     per_stage: Sequence[dict] = (),
+                     all_reduce_overlapped: Optional[bool] = None) -> dict:
   """run.json's `pipeline`: the schedule, the split, the theoretical and
   the measured bubble, one `stage_entry` per stage (ms per step), and each
-  stage's idle time in parts (`bubble_parts`)."""
+  stage's idle time in parts (`bubble_parts`).
+
+  all_reduce_overlapped: with replicas, whether each stage's all-reduce
+  ran during backward (True) or after the schedule's step (False); None
+  where no stage all-reduces (one pipeline)."""
   parts = bubble_parts.split_idle(per_stage, schedule=schedule,
                                   micro_batches=micro_batches,
                                   virtual_stages=virtual_stages)
@@ -237,6 +242,7 @@ def pipeline_section(*, schedule: str, stages: int, micro_batches: int,
       "micro_batches": micro_batches,
       "virtual_stages": virtual_stages,
       "replicas": replicas,
+      "all_reduce_overlapped": all_reduce_overlapped,
       "split": split,
       "cut_layers": list(cut_layers),
       "bubble_fraction_theory": bubble_fraction_theory(

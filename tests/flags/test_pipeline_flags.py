@@ -79,6 +79,9 @@ def test_micro_batches_divide_each_pipelines_batch(parsed, microbatch_size):
      "--pipeline_split=a,b: 8 stages need 7 comma-separated cut layers"),
     (dict(pipeline_microbatches="4"),
      "--pipeline_microbatches=4: applies only with --pipeline_stages of 2"),
+    (dict(pipeline_overlap_all_reduce="false"),
+     "--pipeline_overlap_all_reduce=False: applies only with "
+     "--pipeline_stages of 2"),
     (dict(pipeline_stages="2", pipeline_microbatches="4",
           plan_profile="no/such/profile.json"),
      "--plan_profile=no/such/profile.json: no such file"),

@@ -14,7 +14,7 @@ from overlap_compare import plots as compare_plots
 from overlap_compare import report as compare_report
 from overlap_compare import comparison
 from overlap_compare import metrics as overlap_metrics
-from overlap_core.runtime import run_record
+from overlap_core.runtime import pipeline_stats, run_record
 from overlap_core.runtime.ledger import (CHECKPOINT_STALL, COMPUTE, DATA_WAIT,
                                          OFFLOAD_COPY, CpuClocks, StepLedger,
                                          carve_compute)
@@ -546,3 +546,53 @@ def test_report_names_the_users_model_and_data_from_run_json(tmp_path):
   assert "| model | /models/net.keras (keras_file, sha256 abababababab) |" \
       in report
   assert "| data | mypkg.data:load (import) |" in report
+
+
+def _pipelined(record):
+  """`record` as a 2-stage GPipe run at M = 4 whose stage 0 computes 8 ms
+  and posts 2 ms per micro-batch, stage 1 computes 2 ms (the parts are
+  worked by hand in test_bubble_parts); 4 and 1 MiB saved for backward."""
+  rows = [pipeline_stats.stage_entry(
+      stage, layers=[], device="cpu", medians_ms=medians,
+      saved_activation_peak_bytes=peak)
+          for stage, medians, peak in (
+              (0, {"compute_ms": 32.0, "bubble_ms": 2.0, "transfer_ms": 8.0,
+                   "posting_ms": 8.0}, 4 * 2**20),
+              (1, {"compute_ms": 8.0, "bubble_ms": 34.0,
+                   "transfer_ms": 0.0}, 2**20))]
+  record["pipeline"] = pipeline_stats.pipeline_section(
+      schedule="gpipe", stages=2, micro_batches=4, per_stage=rows)
+  return record
+
+
+def test_a_pipelined_cell_shows_its_idle_parts_and_saved_activations(
+    tmp_path):
+  records = records_without_interference()
+  records[PREFETCH] = [_pipelined(make_record(data_ms=2, compute_ms=42,
+                                              stall_ms=40))]
+  result = _comparison(records, tmp_path)
+  pipe = result.stats(("tensorflow", Cell(())))[PREFETCH].pipeline
+  assert pipe.saved_activation_peak_bytes == (4 * 2**20, 2**20)
+  assert pipe.idle_explained and pipe.all_reduce_overlapped is None
+  assert pipe.most_idle_stage() == (1, pytest.approx(34 / 42), "imbalance")
+  report = compare_report.format_report(result, str(tmp_path))
+  assert "### Where each stage's idle time goes" in report
+  # step, idle, fill & drain, imbalance, transfer, loss & update,
+  # residual, saved MiB.
+  assert ("| prefetch=2 | tensorflow (explained) | 0 | 42.0 | 10.0 | 2.0 | "
+          "0.0 | 8.0 | 0.0 | 0.0 | 4.00 |") in report
+  assert ("| prefetch=2 | tensorflow (explained) | 1 | 42.0 | 34.0 | 10.0 | "
+          "24.0 | 0.0 | 0.0 | 0.0 | 1.00 |") in report
+  assert ("Pipeline prefetch=2: stage 1 idles 81% of its step, most of it "
+          "imbalance.") in report
+  paths = compare_report.write_report_dir(result, str(tmp_path))
+  with open(paths["results.csv"], encoding="utf-8") as f:
+    rows = {(r["framework"], r["cell"]): r for r in csv.DictReader(f)}
+  row = rows[("tensorflow", "prefetch=2")]
+  assert row["stage_idle_fill_drain_ms"] == "2;10"
+  assert row["stage_idle_imbalance_ms"] == "0;24"
+  assert row["stage_idle_transfer_ms"] == "8;0"
+  assert row["idle_explained"] == "true"
+  assert row["stage_saved_activation_peak_bytes"] == "4194304;1048576"
+  assert row["all_reduce_overlapped"] == ""
+  assert rows[("tensorflow", "baseline")]["stage_idle_residual_ms"] == ""

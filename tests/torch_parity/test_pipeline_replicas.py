@@ -3,15 +3,19 @@
 Four real processes over gloo (torch.multiprocessing.spawn inside a
 subprocess with a timeout: gloo point-to-point has hung in earlier torch
 releases, pytorch/pytorch#132644). Ranks 0 and 1 hold stage 0, ranks 2 and
-3 stage 1; replica r reads half r of every batch. After each schedule step
-the runtime averages each stage's gradients over its two replicas, so the
-parameters must follow the unsplit model trained here on the full batch.
+3 stage 1; replica r reads half r of every batch. Each stage's gradients
+are averaged over its two replicas, bucket by bucket as the last
+micro-batch's backward finishes them (the default) or after the schedule's
+step (`overlap_all_reduce=False`); the same four processes train both ways
+in turn, and both must follow the unsplit model trained here on the full
+batch.
 """
 
 import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -30,6 +34,7 @@ MICROBATCHES = 2
 STEPS = 3
 LEARNING_RATE = 0.1
 STAGES, REPLICAS = 2, 2
+OVERLAP = (True, False)  # the all-reduce during backward, then after it
 # Four ranks of a small CNN at 8 px: seconds on a loaded 2-core host.
 RUN_TIMEOUT_S = 300
 
@@ -55,31 +60,38 @@ def _worker(rank: int, port: int, out_dir: str):
   rendezvous.init_process_group("gloo",
                                 init_method=f"tcp://127.0.0.1:{port}",
                                 rank=rank, world_size=STAGES * REPLICAS)
-  model = _model()
-  names = {id(p): n for n, p in model.named_parameters()}
-  cfg = PipelineConfig(stages=STAGES, microbatches=MICROBATCHES,
-                       split="even")
-  half = BATCH // REPLICAS
-  cuts = pipeline.plan_cut_layers(model, _batches()[0][0][:half], cfg)
-  modules = pipeline.build_stages(model, cuts)
   mesh = pipeline.build_mesh_groups(
       ParallelDims(STAGES * REPLICAS, REPLICAS, STAGES), rank)
-  # A bucket smaller than the stage's gradients: several all-reduces.
-  runtime = pipeline.build_runtime(
-      modules, cfg, mesh, torch.device("cpu"),
-      lambda outputs, targets: F.cross_entropy(outputs, targets),
-      bucket_mb=0.01)
-  (stage,) = runtime.stage_modules
-  optimizer = torch.optim.SGD(stage.parameters(), lr=LEARNING_RATE)
-  losses = []
+  half = BATCH // REPLICAS
   rows = slice(mesh.replica * half, (mesh.replica + 1) * half)
-  for inputs, targets in _batches():
-    optimizer.zero_grad()
-    losses.append(runtime.step(inputs[rows], targets[rows]))
-    optimizer.step()
-  torch.save({"stage": mesh.stage, "replica": mesh.replica, "losses": losses,
-              "params": {names[id(p)]: p.detach().clone()
-                         for p in stage.parameters()}},
+  runs = {}
+  for overlap in OVERLAP:
+    model = _model()
+    names = {id(p): n for n, p in model.named_parameters()}
+    cfg = PipelineConfig(stages=STAGES, microbatches=MICROBATCHES,
+                         split="even", overlap_all_reduce=overlap)
+    cuts = pipeline.plan_cut_layers(model, _batches()[0][0][:half], cfg)
+    modules = pipeline.build_stages(model, cuts)
+    # A bucket smaller than the stage's gradients: several all-reduces.
+    runtime = pipeline.build_runtime(
+        modules, cfg, mesh, torch.device("cpu"),
+        lambda outputs, targets: F.cross_entropy(outputs, targets),
+        bucket_mb=0.01, overlap_all_reduce=cfg.overlap_all_reduce)
+    (stage,) = runtime.stage_modules
+    optimizer = torch.optim.SGD(stage.parameters(), lr=LEARNING_RATE)
+    losses, overlapped = [], []
+    for inputs, targets in _batches():
+      optimizer.zero_grad()
+      losses.append(runtime.step(inputs[rows], targets[rows]))
+      optimizer.step()
+      reducer = runtime.reducer
+      overlapped.append(None if reducer is None else
+                        (reducer.num_overlapped, reducer.num_buckets))
+    runs[overlap] = {
+        "losses": losses, "overlapped": overlapped,
+        "params": {names[id(p)]: p.detach().clone()
+                   for p in stage.parameters()}}
+  torch.save({"stage": mesh.stage, "replica": mesh.replica, "runs": runs},
              os.path.join(out_dir, f"rank{rank}.pt"))
   dist.destroy_process_group()
 
@@ -98,16 +110,24 @@ def _reference():
   return losses, {n: p.detach() for n, p in model.named_parameters()}
 
 
-def test_two_stages_by_two_replicas_train_like_the_full_batch(tmp_path):
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+  out = tmp_path_factory.mktemp("replicas")
   (port,) = processes.free_ports(1)
-  subprocess.run([sys.executable, __file__, str(port), str(tmp_path)],
+  subprocess.run([sys.executable, __file__, str(port), str(out)],
                  check=True, cwd=REPO_ROOT, env=subprocess_env(),
                  timeout=RUN_TIMEOUT_S)
-  ranks = [torch.load(tmp_path / f"rank{r}.pt")
-           for r in range(STAGES * REPLICAS)]
+  return [torch.load(out / f"rank{r}.pt") for r in range(STAGES * REPLICAS)]
+
+
+@pytest.mark.parametrize("overlap", OVERLAP,
+                         ids=["overlapped", "after_the_step"])
+def test_two_stages_by_two_replicas_train_like_the_full_batch(ranks,
+                                                              overlap):
   assert [(r["stage"], r["replica"]) for r in ranks] == [
       (0, 0), (0, 1), (1, 0), (1, 1)]
   want_losses, want_params = _reference()
+  runs = [r["runs"][overlap] for r in ranks]
   # The full batch's mean loss is the mean of the two halves' means (equal
   # halves), and each half's the mean of its equal micro-batches; and the
   # averaged gradient is the full batch's. Only the order of sums differs.
@@ -117,18 +137,34 @@ def test_two_stages_by_two_replicas_train_like_the_full_batch(tmp_path):
   # and in the gradients behind it. After 3 SGD steps of lr 0.1 that stays
   # below 1e-6 of a parameter's scale; a replica that kept its own
   # gradient (half the batch) would be off by about lr x |g|, 1e-3 or more.
-  last = [r for r in ranks if r["stage"] == 1]
+  last = [run for r, run in zip(ranks, runs) if r["stage"] == 1]
   for step in range(STEPS):
     got = torch.stack([r["losses"][step] for r in last]).mean()
     torch.testing.assert_close(got, want_losses[step], rtol=1e-6, atol=0)
-  for rank in ranks:
-    for name, got in rank["params"].items():
+  for run in runs:
+    for name, got in run["params"].items():
       want = want_params[name]
       scale = want.abs().max().item()
       torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6 * scale,
                                  msg=name)
-  covered = set(ranks[0]["params"]) | set(ranks[2]["params"])
+  covered = set(runs[0]["params"]) | set(runs[2]["params"])
   assert covered == set(want_params)
+
+
+def test_the_overlapped_buckets_start_during_backward(ranks):
+  for rank in ranks:
+    # Every bucket was handed to its all-reduce by the hook that saw its
+    # last gradient accumulate, i.e. during the schedule's backward; a
+    # bucket left to `finish()` (after the step) would not count.
+    for num_overlapped, num_buckets in rank["runs"][True]["overlapped"]:
+      assert num_buckets >= 2 and num_overlapped == num_buckets, rank
+    # Without the overlap, no reducer runs: all of it after the step.
+    assert rank["runs"][False]["overlapped"] == [None] * STEPS
+  # Both ways reduce the same sums, so they agree to rounding.
+  for rank in ranks:
+    for name, got in rank["runs"][True]["params"].items():
+      torch.testing.assert_close(got, rank["runs"][False]["params"][name],
+                                 rtol=1e-6, atol=1e-9, msg=name)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,22 @@ def test_a_slow_last_stage_makes_its_loss_a_cause_every_micro_batch():
   assert last["imbalance_ms"] == last["loss_and_update_ms"] == 0.0
 
 
+def test_a_neighbours_posting_is_on_the_path_its_own_is_transfer():
+  # M = 4. Stage 0 computes 8 ms and posts 2 ms per micro-batch: its pace
+  # is 10 ms. Stage 1 computes 2 ms. Stage 1 waits one trip (10) and
+  # 3 x (10 - 2) in steady state; stage 0's posting is its own transfer.
+  rows = [_row(0, compute=32.0, bubble=2.0, transfer=8.0),
+          _row(1, compute=8.0, bubble=34.0)]
+  rows[0]["posting_ms"] = 8.0
+  slow, fast = bp.split_idle(rows, schedule="gpipe", micro_batches=4)
+  assert fast["fill_drain_ms"] == pytest.approx(10.0)
+  assert fast["imbalance_ms"] == pytest.approx(24.0)
+  assert fast["residual_ms"] == pytest.approx(0.0)
+  assert slow["transfer_ms"] == 8.0
+  assert slow["fill_drain_ms"] == pytest.approx(2.0)
+  assert slow["residual_ms"] == pytest.approx(0.0)
+
+
 def test_interleaving_shrinks_fill_and_drain_and_unknowns_give_none():
   rows = [_row(0, compute=40.0, bubble=5.0), _row(1, compute=40.0,
                                                   bubble=5.0)]
