@@ -37,6 +37,21 @@ SCHEDULES = ("gpipe", "1f1b")
 RUN_TIMEOUT_S = 300
 
 
+def _runqueue_ms() -> float:
+  """How long this process's threads have waited, runnable, for a CPU
+  (Linux schedstat: the second field, in ns); 0 where it cannot be read."""
+  total_ns = 0
+  task_dir = "/proc/self/task"
+  for tid in os.listdir(task_dir) if os.path.isdir(task_dir) else ():
+    try:
+      with open(os.path.join(task_dir, tid, "schedstat"),
+                encoding="ascii") as f:
+        total_ns += int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+      continue  # a thread that ended, or a kernel without schedstat
+  return total_ns / 1e6
+
+
 def _worker(rank: int, port: int, out_dir: str):
   import torch.distributed as dist  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
@@ -61,7 +76,9 @@ def _worker(rank: int, port: int, out_dir: str):
         torch.device("cpu"), F.cross_entropy)
     (stage,) = runtime.stage_modules
     optimizer = torch.optim.SGD(stage.parameters(), lr=0.01)
-    for _ in range(STEPS):
+    for step in range(STEPS):
+      if step == 1:  # after the warm-up step, as the medians are
+        runqueue_start_ms = _runqueue_ms()
       start = time.perf_counter()
       optimizer.zero_grad()
       loss = runtime.step(inputs, targets)
@@ -74,6 +91,10 @@ def _worker(rank: int, port: int, out_dir: str):
       dist.all_reduce(total)
       runtime.timer.record("bubble", wait_start, time.perf_counter())
       runtime.recorder.end_step(start, time.perf_counter())
+    runqueue_ms = (_runqueue_ms() - runqueue_start_ms) / (STEPS - 1)
+    with open(os.path.join(out_dir, f"{schedule}-{rank}.runqueue"), "w",
+              encoding="ascii") as f:
+      f.write(repr(runqueue_ms))
     section = pipeline_timing.gather_pipeline_section(
         runtime, cfg, torch.device("cpu"), warmup_steps=1)
     if rank == 0:
@@ -94,6 +115,9 @@ def sections(tmp_path_factory):
   for schedule in SCHEDULES:
     with open(out / f"{schedule}.json", encoding="utf-8") as f:
       result[schedule] = json.load(f)
+    result[schedule]["runqueue_ms_per_step"] = [
+        float((out / f"{schedule}-{rank}.runqueue").read_text("ascii"))
+        for rank in range(STAGES)]
   return result
 
 
@@ -103,7 +127,8 @@ def test_the_parts_add_up_to_each_stages_idle_time(sections, schedule):
   parts = section["bubble_parts"]["per_stage"]
   rows = section["per_stage"]
   slow, fast = parts
-  for part, row in zip(parts, rows):
+  for part, row, runqueue_ms in zip(parts, rows,
+                                    section["runqueue_ms_per_step"]):
     assert part["idle_ms"] == pytest.approx(row["bubble_ms"] +
                                             row["transfer_ms"])
     # The identity is exact by construction: the parts and the residual
@@ -111,20 +136,20 @@ def test_the_parts_add_up_to_each_stages_idle_time(sections, schedule):
     assert sum(part[f"{name}_ms"] for name in bubble_parts.PARTS + (
         bubble_parts.RESIDUAL,)) == pytest.approx(part["idle_ms"])
     # The module's stated tolerance (bubble_parts' docstring argues it):
-    # what the parts leave unexplained is within a fifth of the step.
-    # Why it holds on a loaded host too (this suite shares 2 cores between
-    # two test processes): every time here is wall-clock, so a stage that
+    # what the parts leave unexplained is within a fifth of the step, plus
+    # what the host took. Every time here is wall-clock, so a stage that
     # loses the CPU while computing or posting has a longer w, and the
     # terms built from w (fill and drain, imbalance) grow with the wait it
-    # causes its neighbour; posting is on that path (`bubble_parts`), and
-    # was the largest unexplained wait under load before it was. What load
-    # adds beyond the model is a woken stage's delay before it runs again,
-    # once per wait that blocked: at most a few per step on the heavy stage
-    # (its neighbour's gradients are ready before it asks), and on the light
-    # one each delay is a small part of a step that the heavy stage's
-    # M micro-batches make long.
+    # causes its neighbour. What load adds beyond the model is a stage's
+    # time runnable but off the CPU outside its own work: a woken stage's
+    # delay before it runs again, and gloo's threads' delay in moving the
+    # bytes. Both are in the time this rank's threads waited on the run
+    # queue (Linux schedstat), so that bounds it; on a quiet host it is
+    # about 0 and the bound is the module's. This suite runs two test
+    # processes on 2 cores, where it measured up to a third of a step.
     assert abs(part["residual_ms"]) <= (
-        bubble_parts.RESIDUAL_TOLERANCE_FRAC * part["step_ms"]), (part, row)
+        bubble_parts.RESIDUAL_TOLERANCE_FRAC * part["step_ms"]
+        + runqueue_ms), (part, row, runqueue_ms)
   # The loss is timed on the last stage only.
   assert rows[1]["loss_ms"] > 0 and rows[0]["loss_ms"] is None
   # The light stage idles most of its step, and mostly on the heavy one:
