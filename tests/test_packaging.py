@@ -20,7 +20,7 @@ import pytest
 from tests.helpers import REPO_ROOT
 
 # Top-level packages that are part of the project but never installed.
-NOT_INSTALLED = ("benchmarks", "tests", "tools")
+NOT_INSTALLED = ("benchmarks", "examples", "tests", "tools")
 # Directories that are never source: outputs, caches, environments.
 _NOT_SOURCE = ("__pycache__", "build", "dist", "runs", "venv")
 

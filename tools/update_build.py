@@ -30,14 +30,19 @@ NOT_BUILT = {
                   "write results into benchmarks/results/ of the checkout. "
                   "The tests read them as data (//:benchmark_files): the "
                   "harness's arithmetic, and the benchmark pages against them",
+    "examples": "the user's own code, which the trainers import by path "
+                "(`--model=examples.<name>.model:build`); the tests run "
+                "them as data (//:docs_files)",
 }
 # What the benchmark tests read, as a glob, so that a new results file or
 # script needs no BUILD change.
 BENCHMARK_FILES_GLOB = ("benchmarks/**/*.py", "benchmarks/results/*.json",
                         "benchmarks/reports/*/report.md")
 # What the docs tests read: the manual (whose benchmark pages the renderer
-# test also compares with the results), and the examples it shows.
-DOCS_FILES_GLOB = ("docs/**/*.md", "examples/**/*.yaml")
+# test also compares with the results), and the examples it shows (whose
+# code the example tests hand the trainers as --model and --dataset).
+DOCS_FILES_GLOB = ("docs/**/*.md", "examples/**/*.yaml", "examples/**/*.md",
+                   "examples/**/*.py")
 # Top-level files the tests read: packaging metadata, pytest's settings,
 # the README and BENCHMARKS.md (the manual's front doors), mkdocs.yml and
 # the CI script whose test command the docs tests hold to the README's.

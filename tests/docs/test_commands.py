@@ -12,7 +12,8 @@ ROOT = doc_commands.ROOT
 
 def _documents():
   paths = [os.path.join(ROOT, "README.md")] + sorted(
-      glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
+      glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
+  ) + sorted(glob.glob(os.path.join(ROOT, "examples", "*", "README.md")))
   for path in paths:
     with open(path, encoding="utf-8") as f:
       yield os.path.relpath(path, ROOT), f.read()
@@ -51,7 +52,9 @@ def test_the_docs_mark_the_tour_and_each_overlap_runnable(invocations_and_flags)
   # The tour, and the pages whose commands a reader copies most.
   for page in ("README.md", "docs/getting-started.md",
                "docs/overlaps/several-hosts.md", "docs/comparing.md",
-               "docs/planning.md"):
+               "docs/planning.md", "examples/keras_mobilenet/README.md",
+               "examples/keras_regression/README.md",
+               "examples/torch_module/README.md"):
     assert page in places, f"{page} has no runnable block"
   assert len(found) >= 40, len(found)
 

@@ -1,0 +1,1 @@
+"""A functional Keras model written here, trained as a regression."""

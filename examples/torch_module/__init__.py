@@ -1,0 +1,1 @@
+"""An nn.Module written here, on a torch Dataset written here."""

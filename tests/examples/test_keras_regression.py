@@ -1,0 +1,76 @@
+"""examples/keras_regression: a functional Keras model with a regression
+Task, compared over two overlaps by overlap_compare (whose report names
+the model), planned by tfoverlap.plan and run on that plan."""
+
+import pytest
+
+from tests.examples import example_runs
+from tests.helpers import run_module
+
+NAME = "keras_regression"
+# Two pipeline stages of 2 micro-batches of 8, as small as it gets.
+PIPELINE_JOB = ("--batch_size=16", "--strategy=mirrored", "--num_devices=2",
+                "--pipeline_stages=2", "--pipeline_microbatches=2")
+TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+  """The README's comparison, at a tiny size: 2 cells, one repeat."""
+  out = tmp_path_factory.mktemp(NAME) / "compare"
+  result = run_module(
+      "overlap_compare", "--matrix=checkpoint=sync,async",
+      "--frameworks=tensorflow", "--repeats=1", f"--output_dir={out}", "--",
+      *example_runs.example_flags(NAME), "--batch_size=16",
+      "--strategy=default", "--train_steps=4", "--checkpoint_every=2",
+      *example_runs.QUIET, timeout=TIMEOUT_S)
+  assert result.returncode == 0, result.stderr[-4000:]
+  return out
+
+
+def test_comparison_runs_both_cells_on_the_users_model(compared):
+  runs = sorted(compared.rglob("run.json"))
+  assert len(runs) == 2, runs
+  modes = set()
+  for path in runs:
+    record = example_runs.record_of(path.parent)
+    example_runs.assert_sources(record, NAME)
+    modes.add(record["flags"]["checkpoint"]["mode"])
+    assert record["steps"] == 4
+  assert modes == {"sync", "async"}
+  report = (compared / "report.md").read_text(encoding="utf-8")
+  assert "examples.keras_regression.model:build (import)" in report
+  assert "examples.keras_regression.data:load (import)" in report
+  assert "| checkpoint=async | 1/1 |" in report
+
+
+def test_plan_drives_the_pipeline_run(tmp_path):
+  plan_dir = tmp_path / "plan"
+  planned = run_module(
+      "tfoverlap.plan", *example_runs.example_flags(NAME), *PIPELINE_JOB,
+      "--plan_warmup=1", "--plan_repeats=1", f"--plan_output_dir={plan_dir}",
+      timeout=TIMEOUT_S)
+  assert planned.returncode == 0, planned.stderr[-4000:]
+  result = run_module(
+      "tfoverlap.train", *example_runs.example_flags(NAME), *PIPELINE_JOB,
+      "--pipeline_split=auto", f"--plan_profile={plan_dir / 'profile.json'}",
+      "--train_steps=2", *example_runs.QUIET,
+      f"--model_dir={tmp_path / 'run'}", timeout=TIMEOUT_S)
+  assert result.returncode == 0, result.stderr[-4000:]
+  record = example_runs.record_of(tmp_path / "run")
+  example_runs.assert_sources(record, NAME)
+  section = record["pipeline"]
+  assert section["split"] == "auto"
+  [cut] = section["cut_layers"]
+  assert cut in ("hidden_1", "hidden_2", "hidden_3")
+  assert f"cuts after: {cut}" in (plan_dir / "plan.txt").read_text(
+      encoding="utf-8")
+  assert all(row["predicted_ms"] > 0 for row in section["per_stage"])
+  # The Task is regression: evaluated by mean absolute error, not accuracy.
+  assert record["final"]["eval_mean_abs_error"] > 0
+  assert "eval_accuracy" not in record["final"]
+
+
+def test_readme_runs_this_example():
+  example_runs.assert_readme_runs_the_example(
+      NAME, "tfoverlap.train", "overlap_compare", "tfoverlap.plan")
