@@ -18,7 +18,7 @@ from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import run_record
 from overlap_core.runtime import trace
 
-from tests.helpers import run_error_line, run_module
+from tests.helpers import REPO_ROOT, run_error_line, run_module
 
 tfo_flags.define_flags()
 QUICK = ["--log_every_steps=10"]
@@ -51,17 +51,29 @@ def train(tmp_path, *args, timeout=600):
   return result, run_record.load_run_record(str(model_dir)), model_dir
 
 
+def _readme_main_job_flags() -> list:
+  """The flags of the README's main-job command, after the trainer's name."""
+  with open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8") as f:
+    for line in f:
+      if "pip install . && python -m tfoverlap.train" in line:
+        return line.split("python -m tfoverlap.train", 1)[1].split()
+  raise AssertionError("README.md has no main-job command")
+
+
 def test_main_job_learns_digits_and_reports(tmp_path):
-  # The main job exactly as the README runs it: no flags but where to write.
-  result = run_module("tfoverlap.train", f"--model_dir={tmp_path}",
-                      timeout=600)
+  # The main job exactly as the README runs it, and where to write.
+  result = run_module("tfoverlap.train", *_readme_main_job_flags(),
+                      f"--model_dir={tmp_path}", timeout=600)
   assert result.returncode == 0, result.stderr[-4000:]
   record = run_record.load_run_record(str(tmp_path))
   assert record["final"]["eval_accuracy"] >= 0.90
   assert record["final"]["eval_examples"] == 360
-  assert record["strategy"]["class"] == "MirroredStrategy"
-  assert record["strategy"]["num_replicas"] == 2
+  assert record["steps_per_execution"] == 8
+  assert record["flags"]["data"]["cache"]
   assert record["flags"]["data"]["prefetch"] != 0
+  # The data wait was timed, so the verdict could judge it.
+  assert "data_wait" in record["phases_measured"]
+  assert "data_wait" not in record["verdict"]["unmeasured"]
   assert "Per-step breakdown" in result.stdout
   for phase in ("data_wait", "compute", "checkpoint_stall", "step"):
     assert phase in result.stdout
