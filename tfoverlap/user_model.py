@@ -69,7 +69,7 @@ def _build(config: TrainConfig, info: DatasetInfo):
     except Exception as e:  # pylint: disable=broad-except
       raise ConfigError("model", path,
                         f"does not load with keras.saving.load_model: "
-                        f"{type(e).__name__}: {_first_line(e)}") from None
+                        f"{type(e).__name__}: {user_code.first_line(e)}") from None
     return user_code.split_model_result(path, model, keras.Model,
                                         "a keras.Model")
   builder = user_code.load_callable("model", path)
@@ -114,26 +114,12 @@ def _probe(path: str, model, spec, inputs, targets) -> None:
   try:
     outputs = model(inputs, training=False)
   except Exception as e:  # pylint: disable=broad-except
-    raise ConfigError("model", path,
-                      f"does not take the data's first batch (inputs "
-                      f"{_shape(inputs)}): {type(e).__name__}: "
-                      f"{_first_line(e)}") from None
+    raise user_code.probe_refusal(path, e, inputs=inputs) from None
   try:
     steps.per_example_loss(spec.task, targets, outputs)
   except Exception as e:  # pylint: disable=broad-except
-    raise ConfigError("model", path,
-                      f"its outputs {_shape(outputs)} do not fit the "
-                      f"{spec.task} loss on targets {_shape(targets)}: "
-                      f"{type(e).__name__}: {_first_line(e)}") from None
-
-
-def _shape(value) -> str:
-  shape = getattr(value, "shape", None)
-  return str(list(shape)) if shape is not None else type(value).__name__
-
-
-def _first_line(error: BaseException) -> str:
-  return (str(error).strip().splitlines() or [""])[0]
+    raise user_code.probe_refusal(path, e, inputs=inputs, outputs=outputs,
+                                  targets=targets, task=spec.task) from None
 
 
 def first_batch_of(path: str, dataset: tf.data.Dataset):
@@ -149,7 +135,7 @@ def first_batch_of(path: str, dataset: tf.data.Dataset):
   except (tf.errors.OpError, StopIteration) as e:
     raise ConfigError("dataset", path,
                       f"its first examples do not batch: {type(e).__name__}"
-                      f": {_first_line(e)}") from None
+                      f": {user_code.first_line(e)}") from None
 
 
 def make_first_batch(config: TrainConfig, info: DatasetInfo):

@@ -83,7 +83,7 @@ def check_graph(model: nn.Module, config: TrainConfig) -> None:
     return
   except Exception as e:  # pylint: disable=broad-except
     construct = (f"{type(model).__qualname__}: torch.fx cannot trace it "
-                 f"({type(e).__name__}: {_first_line(e)})")
+                 f"({type(e).__name__}: {user_code.first_line(e)})")
   if config.pipeline.stages > 1:
     raise ConfigError("pipeline_stages", config.pipeline.stages,
                       f"--model={config.model.name} is {construct}; "
@@ -103,28 +103,17 @@ def _probe(path: str, model: nn.Module, spec, inputs, targets) -> None:
       try:
         outputs = model(inputs)
       except Exception as e:  # pylint: disable=broad-except
-        raise ConfigError("model", path,
-                          f"does not take the data's first batch (inputs "
-                          f"{list(inputs.shape)}): {type(e).__name__}: "
-                          f"{_first_line(e)}") from None
+        raise user_code.probe_refusal(path, e, inputs=inputs) from None
       try:
         steps.per_example_loss(spec.task, targets, outputs)
       except Exception as e:  # pylint: disable=broad-except
-        raise ConfigError("model", path,
-                          f"its outputs {_shape(outputs)} do not fit the "
-                          f"{spec.task} loss on targets {_shape(targets)}: "
-                          f"{type(e).__name__}: {_first_line(e)}") from None
+        raise user_code.probe_refusal(
+            path, e, inputs=inputs, outputs=outputs, targets=targets,
+            task=spec.task) from None
   finally:
     model.train(was_training)
 
 
-def _shape(value) -> str:
-  shape = getattr(value, "shape", None)
-  return str(list(shape)) if shape is not None else type(value).__name__
-
-
-def _first_line(error: BaseException) -> str:
-  return (str(error).strip().splitlines() or [""])[0]
 
 
 def first_batch_of(path: str, dataset):
@@ -146,7 +135,7 @@ def first_batch_of(path: str, dataset):
   except Exception as e:  # pylint: disable=broad-except
     raise ConfigError("dataset", path,
                       f"its first examples do not batch: {type(e).__name__}"
-                      f": {_first_line(e)}") from None
+                      f": {user_code.first_line(e)}") from None
   return inputs, targets
 
 

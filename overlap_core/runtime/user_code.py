@@ -156,11 +156,11 @@ def load_callable(flag: str, path: str) -> Callable:
     target = importlib.import_module(module_name)
   except ImportError as e:
     raise ConfigError(flag, path, f"module {module_name!r} does not import: "
-                      f"{type(e).__name__}: {_first_line(e)}") from None
+                      f"{type(e).__name__}: {first_line(e)}") from None
   except Exception as e:  # pylint: disable=broad-except
     # The user's module raised while importing: its error, on one line.
     raise ConfigError(flag, path, f"module {module_name!r} raised on import: "
-                      f"{type(e).__name__}: {_first_line(e)}") from None
+                      f"{type(e).__name__}: {first_line(e)}") from None
   for name in attr_path.split("."):
     if not hasattr(target, name):
       raise ConfigError(flag, path, f"module {module_name!r} has no "
@@ -194,7 +194,7 @@ def call_with_settings(flag: str, path: str, fn: Callable,
     return fn(*args, **kwargs)
   except Exception as e:  # pylint: disable=broad-except
     raise ConfigError(flag, path, f"{path} raised {type(e).__name__}: "
-                      f"{_first_line(e)}") from None
+                      f"{first_line(e)}") from None
 
 
 def split_model_result(path: str, result, model_type: type,
@@ -291,5 +291,26 @@ def check_importable(model: str, dataset: str) -> None:
     load_callable("dataset", dataset)
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+  """An exception's first line: what a one-line refusal quotes of it."""
   return (str(error).strip().splitlines() or [""])[0]
+
+
+def shape_text(value) -> str:
+  """A tensor's shape as a list, or what the value is when it has none."""
+  shape = getattr(value, "shape", None)
+  return str(list(shape)) if shape is not None else type(value).__name__
+
+
+def probe_refusal(path: str, error: BaseException, *, inputs, outputs=None,
+                  targets=None, task: Optional[Task] = None) -> ConfigError:
+  """The one line for a user model that failed on the data's first
+  examples: on its forward pass (`outputs` None), or on its task's loss."""
+  cause = f"{type(error).__name__}: {first_line(error)}"
+  if outputs is None:
+    return ConfigError("model", path,
+                       f"does not take the data's first batch (inputs "
+                       f"{shape_text(inputs)}): {cause}")
+  return ConfigError("model", path,
+                     f"its outputs {shape_text(outputs)} do not fit the "
+                     f"{task} loss on targets {shape_text(targets)}: {cause}")
