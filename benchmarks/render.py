@@ -22,6 +22,7 @@ from typing import Callable, Dict, List
 
 from benchmarks import render_tables
 # Imported for its side effect: it registers its tables.
+from benchmarks import render_tables_ledger  # noqa: F401
 from benchmarks import render_tables_parallel  # noqa: F401
 from benchmarks import render_tables_soak  # noqa: F401
 from benchmarks import render_tables_stages  # noqa: F401

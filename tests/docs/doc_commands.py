@@ -57,14 +57,23 @@ def runnable_blocks(text: str) -> List[Tuple[int, str]]:
   return blocks
 
 
+_COMMAND_SEPARATORS = ("&&", "||", ";", "|")
+
+
 def command_lines(code: str) -> List[List[str]]:
   """The shell words of each command of a block; comments dropped."""
   joined = re.sub(r"\\\n", " ", code)
   commands = []
   for line in joined.split("\n"):
-    words = shlex.split(line, comments=True)
-    if words:
-      commands.append(words)
+    # `a && b` is two commands: b's flags are not a's.
+    words = []
+    for word in shlex.split(line, comments=True) + ["&&"]:
+      if word in _COMMAND_SEPARATORS:
+        if words:
+          commands.append(words)
+        words = []
+      else:
+        words.append(word)
   return commands
 
 

@@ -1,0 +1,28 @@
+"""The ledger fidelity table: each phase against what its removal saved.
+
+Registered into `render_tables.TABLES` on import, like the tables there.
+Every figure is read from `benchmarks/results/ledger_fidelity.json`, which
+`python -m benchmarks.ledger_fidelity` writes.
+"""
+
+from benchmarks import ledger_fidelity
+from benchmarks.render_tables import load, markdown, spread, table
+
+
+@table("ledger_fidelity")
+def ledger_fidelity_table() -> str:
+  data = load(ledger_fidelity.NAME)
+  rows = []
+  for cell in data["summary"]:
+    removal = " ".join(ledger_fidelity.PHASES[cell["phase"]][1])
+    rows.append([
+        cell["framework"], f"`{cell['strategy']}`", f"`{cell['phase']}`",
+        f"`{removal}`", spread(cell["phase_ms_all"]),
+        spread(cell["saving_ms_all"]),
+        spread([s - p for p, s in zip(cell["phase_ms_all"],
+                                      cell["saving_ms_all"])]),
+        spread(cell["miss_over_tolerance_all"]), cell["target_verdict"]])
+  return markdown(
+      ["framework", "strategy", "phase", "removed by", "phase ms",
+       "saving ms", "saving − phase ms", "miss / tolerance",
+       "≤ tolerance"], rows)
