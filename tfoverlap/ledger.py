@@ -216,7 +216,7 @@ class LedgerCallback(FitStepTimer):
     from tfoverlap import trainer  # pylint: disable=g-import-not-at-top
     strategy = self.model.distribute_strategy
     self.record = self._loop.write(
-        model_name=self.model.name,
+        model=self.model, model_name=self.model.name,
         num_params=models.num_params(self.model),
         weights_digest=trainer.weights_digest(self.model),
         environment=trainer.describe_environment(strategy),

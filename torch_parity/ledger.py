@@ -211,8 +211,9 @@ class LoopLedger:
                    and torch.distributed.is_initialized())
     world_size = torch.distributed.get_world_size() if distributed else 1
     ddp = isinstance(self._model, torch.nn.parallel.DistributedDataParallel)
+    trained = self._model.module if ddp else self._model
     return self._loop.write(
-        model_name=type(self._model.module if ddp else self._model).__name__,
+        model=trained, model_name=type(trained).__name__,
         num_params=models.num_params(self._model),
         weights_digest=trainer.weights_digest(self._model),
         environment=trainer.describe_environment(_World(world_size)),

@@ -48,6 +48,8 @@ SETTINGS = ("image_size", "num_classes", "channels", "batch_size", "seed",
             "precision")
 
 ZOO, IMPORT, KERAS_FILE = "zoo", "import", "keras_file"
+# A model handed to a user-loop ledger as an object: its class is its source.
+USER_LOOP = "user_loop"
 KERAS_SUFFIX = ".keras"
 REGRESSION = "regression"
 TASK_KINDS = (zoo.CLASSIFICATION, REGRESSION, zoo.SUPER_RESOLUTION)
@@ -100,7 +102,7 @@ class Task:
 @dataclasses.dataclass(frozen=True)
 class Origin:
   """Where a model or data set came from, as run.json records it."""
-  kind: str  # ZOO, IMPORT or KERAS_FILE
+  kind: str  # ZOO, IMPORT, KERAS_FILE or USER_LOOP
   value: str  # the zoo name, the import path or the file's path
   sha256: str = ""  # of a .keras file
 
@@ -109,6 +111,12 @@ class Origin:
     if self.sha256:
       described["sha256"] = self.sha256
     return described
+
+
+def object_origin(model) -> Origin:
+  """Where a model handed over as an object came from: its class."""
+  cls = type(model)
+  return Origin(USER_LOOP, f"{cls.__module__}:{cls.__qualname__}")
 
 
 def model_kind(value: str) -> str:

@@ -23,7 +23,7 @@ from typing import Iterable, Optional
 
 from overlap_core.runtime import dir_lock
 from overlap_core.runtime import ledger as ledger_lib
-from overlap_core.runtime import run_record, summary
+from overlap_core.runtime import run_record, summary, user_code
 from overlap_core.runtime.config import ArgumentError
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
@@ -107,7 +107,8 @@ class UserLoop:
                            every_steps=self._log_every_steps,
                            enabled=self._progress, stream=self._stream)
 
-  def write(self, *, model_name: str, num_params: int, weights_digest: str,
+  def write(self, *, model, model_name: str, num_params: int,
+            weights_digest: str,
             environment: dict, strategy: dict, final: dict,
             phases_measured: Iterable[str],
             checkpoint_stats: Optional[dict] = None,
@@ -115,6 +116,7 @@ class UserLoop:
     """Writes `<directory>/run.json`, prints the breakdown, lets go.
 
     Args:
+      model: the model object (its class is run.json's `model.source`).
       model_name, num_params, weights_digest: the model, as the framework
         reports it.
       environment, strategy: run.json's sections of those names.
@@ -137,6 +139,7 @@ class UserLoop:
         wall_s=time.perf_counter() - self._start_s, final=final,
         weights_digest=weights_digest, worker_index=0, num_workers=1,
         phases_measured=phases_measured,
+        model_source=user_code.object_origin(model).describe(),
         outputs={"run_record": os.path.join(self.directory,
                                             run_record.RUN_RECORD_NAME)},
         checkpoint=checkpoint_stats,

@@ -76,6 +76,9 @@ def test_a_plain_fit_leaves_the_trainers_run_json(fits):
   assert record["framework"] == "tensorflow"
   assert record["steps"] == STEPS
   assert record["model"]["name"] == "user_mlp"
+  assert record["model"]["source"] == {
+      "source": "user_loop",
+      "value": f"{type(model).__module__}:{type(model).__qualname__}"}
   assert record["weights_digest"] == trainer.weights_digest(model)
   assert record["final"]["train_loss"] == pytest.approx(ledger.last_loss)
   assert record["checkpoint"] is None

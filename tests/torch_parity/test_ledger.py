@@ -78,7 +78,9 @@ def test_a_plain_loop_leaves_the_trainers_run_json(loops):
   assert record == ledger.record
   assert record["framework"] == "pytorch"
   assert record["steps"] == STEPS
-  assert record["model"] == {"name": "TinyNet", "num_params": 83}
+  assert record["model"] == {
+      "name": "TinyNet", "num_params": 83,
+      "source": {"source": "user_loop", "value": f"{__name__}:TinyNet"}}
   assert record["weights_digest"] == trainer.weights_digest(model)
   assert record["final"]["train_loss"] == pytest.approx(ledger.last_loss)
   assert record["phases_measured"] == list(ledger_lib.PHASES)
