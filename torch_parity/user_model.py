@@ -174,14 +174,9 @@ def load_for_planning(config: TrainConfig) -> Tuple[nn.Module, tuple]:
   """
   from torch_parity import data  # pylint: disable=g-import-not-at-top
   info = data.describe(config.data)
-  first_batch = make_first_batch(config, info)
-  shapes = []
-
-  def first_batch_and_shape(spec):
-    inputs, targets = first_batch(spec)
-    shapes.append(tuple(inputs.shape[1:]))
-    return inputs, targets
+  first_batch, shapes = user_code.recording_input_shape(
+      make_first_batch(config, info))
 
   torch.manual_seed(config.run.seed)
-  model, _ = load_model(config, info, first_batch=first_batch_and_shape)
+  model, _ = load_model(config, info, first_batch=first_batch)
   return model, shapes[0]

@@ -310,6 +310,22 @@ def shape_text(value) -> str:
   return str(list(shape)) if shape is not None else type(value).__name__
 
 
+def recording_input_shape(first_batch: Callable):
+  """`first_batch`, wrapped to keep the shape of one example's inputs.
+
+  Returns:
+    (wrapped, shapes): after `wrapped` ran, shapes[0] is that shape.
+  """
+  shapes = []
+
+  def wrapped(spec):
+    inputs, targets = first_batch(spec)
+    shapes.append(tuple(inputs.shape[1:]))
+    return inputs, targets
+
+  return wrapped, shapes
+
+
 def probe_refusal(path: str, error: BaseException, *, inputs, outputs=None,
                   targets=None, task: Optional[Task] = None) -> ConfigError:
   """The one line for a user model that failed on the data's first
