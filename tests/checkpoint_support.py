@@ -252,6 +252,11 @@ def check_one_writer_per_model_dir(module: str, model_dir: str,
   # Its LOCK still names it, and must not keep the next run out.
   assert dir_lock.read_holder(model_dir).pid == holder.pid, (
       dir_lock.read_holder(model_dir))
+  # The kill may land between a write's last fsync and its rename; the next
+  # writer promotes that complete copy before it restores (`recover`).
+  # Settling the directory the same way first makes `newest` the step the
+  # next run must resume from, whichever moment the kill hit.
+  checkpoint_files.recover(checkpoints)
   newest = newest_checkpoint(checkpoints).step
   third = subprocess.run(command + [f"--train_steps={newest + 2}"],
                          cwd=REPO_ROOT, env=subprocess_env(),
