@@ -18,8 +18,14 @@ def define_flags():
   flags.DEFINE_integer("num_workers", 1,
                        "Worker processes for --strategy=multi_worker.",
                        lower_bound=1)
-  flags.DEFINE_enum("all_reduce", "auto", ["auto", "ring", "nccl"],
-                    "Gradient all-reduce implementation.")
+  flags.DEFINE_enum(
+      "all_reduce", "auto", ["auto", "ring", "nccl", "off"],
+      "Gradient all-reduce implementation. off is a diagnostic, not a way "
+      "to train: no gradient is all-reduced (PyTorch DDP runs every step "
+      "under no_sync), so the replicas train apart and end with different "
+      "weights; it exists only to measure what the all-reduce costs "
+      "(benchmarks.ledger_fidelity), and only PyTorch's mirrored and "
+      "multi_worker take it.")
   flags.DEFINE_float(
       "all_reduce_pack_mb", 0.0,
       "Gradients are packed into all-reduce messages of about this many MB "

@@ -26,11 +26,16 @@ All-reduce knobs, for the strategies that have an all-reduce:
                       staged through the host), as TensorFlow's RING is its
                       non-NCCL ring
   --all_reduce=nccl   NCCL; needs GPUs
+  --all_reduce=off    a diagnostic: the whole run inside DDP's no_sync, so
+                      no gradient is all-reduced and the replicas train
+                      apart; it measures what the all-reduce costs (DDP
+                      only: `compat_table` refuses it elsewhere)
   --all_reduce_pack_mb  DDP's bucket_cap_mb, or Horovod's fusion threshold
                       (HOROVOD_FUSION_THRESHOLD); 0 = the framework's
                       default (DDP 25 MB, Horovod 128 MB)
 """
 
+import contextlib
 import datetime
 import os
 import time
@@ -48,6 +53,7 @@ from overlap_core.runtime.config import (ConfigError, DistributeConfig,
 from torch_parity import rendezvous
 
 DDP_STRATEGIES = ("mirrored", "multi_worker")
+ALL_REDUCE_OFF = "off"
 HOROVOD_REFUSAL_NCCL = ("this Horovod was built without NCCL "
                         "(tools/install_horovod.sh builds gloo); allowed with "
                         "horovod: auto or ring")
@@ -245,6 +251,15 @@ class Strategy:
     collective, like `max_over_processes`."""
     return list(values)
 
+  def gather_over_processes(self, value) -> list:
+    """Every process's `value` (picklable), in rank order; a collective,
+    like `max_over_processes`. Only DDP gathers objects (what
+    --all_reduce=off records); elsewhere a world of one."""
+    if self.is_distributed:
+      raise NotImplementedError(
+          f"{type(self).__name__} gathers no objects over processes")
+    return [value]
+
   def mean_over_replicas(self, tensor: torch.Tensor) -> torch.Tensor:
     if not self.is_distributed:
       return tensor
@@ -297,6 +312,9 @@ class DDPStrategy(Strategy):
     self._wrapped: List[nn.parallel.DistributedDataParallel] = []
     self.comm_timer = comm_stats.ExposedCommTimer()
     self._bucket_clock = _BucketClock(self.device)
+    # --all_reduce=off: every wrapped module stays inside no_sync until
+    # close(), so every step, whatever calls it, reduces nothing.
+    self._no_sync = contextlib.ExitStack()
 
   def wrap_model(self, model: nn.Module, process_group=None) -> nn.Module:
     """DDP all-reduces gradient buckets while backward still runs, over
@@ -316,6 +334,11 @@ class DDPStrategy(Strategy):
     # over: the last stamp is where backward's own work ended.
     wrapped.register_comm_hook((process_group, self._bucket_clock),
                                _stamped_allreduce_hook)
+    if self.cfg.all_reduce == ALL_REDUCE_OFF:
+      # no_sync must hold from the forward on: the forward is where DDP
+      # prepares the reducer for the backward's all-reduce. With no bucket
+      # handed over, the ledger records no exposed_comm (`_BucketClock`).
+      self._no_sync.enter_context(wrapped.no_sync())
     self._wrapped.append(wrapped)
     return wrapped
 
@@ -342,6 +365,11 @@ class DDPStrategy(Strategy):
   def sum_over_processes(self, values):
     return self._reduce_floats(values, dist.ReduceOp.SUM)
 
+  def gather_over_processes(self, value) -> list:
+    gathered = [None] * self.world_size
+    dist.all_gather_object(gathered, value)
+    return gathered
+
   def _reduce_floats(self, values, op):
     # NCCL reduces device tensors only; gloo reduces host ones.
     device = self.device if self.backend == "nccl" else torch.device("cpu")
@@ -350,6 +378,10 @@ class DDPStrategy(Strategy):
     return tensor.tolist()
 
   def describe_backend(self) -> str:
+    if self.cfg.all_reduce == ALL_REDUCE_OFF:
+      return (f"DistributedDataParallel over {self.backend}, every step "
+              "under no_sync (--all_reduce=off): no gradient all-reduced, "
+              "the replicas trained apart")
     bucket = self.cfg.all_reduce_pack_mb or 25
     return (f"DistributedDataParallel over {self.backend}, bucket_cap_mb "
             f"{bucket:g}")
@@ -363,6 +395,7 @@ class DDPStrategy(Strategy):
     # once: a rank hung at exit after its last collective; pytorch#56297).
     # Dropped here, the reducers leave the group to destroy_process_group,
     # whose destructor releases the GIL.
+    self._no_sync.close()
     for wrapped in self._wrapped:
       wrapped.reducer = None
       wrapped.logger = None

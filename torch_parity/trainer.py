@@ -220,8 +220,11 @@ def _split_compute(parallel, strategy):
   return None
 
 
-def _describe_strategy(strategy, parallel, config, plan, ledger) -> dict:
+def _describe_strategy(strategy, parallel, config, plan, ledger,
+                       replica_digests=None) -> dict:
   described = strategy.describe()
+  if replica_digests is not None:
+    described["replica_weights_digests"] = replica_digests
   if parallel.pipeline:
     described["pipeline"] = parallel.pipeline.describe()
   if parallel.burst:
@@ -239,6 +242,8 @@ class _TorchSide:
   def __init__(self):
     self._strategy = None
     self._user_model = None  # --model's, once load_user_model built it
+    # Every replica's weights digest, in rank order, under --all_reduce=off.
+    self._replica_digests = None
     self._example_shape = None  # one example's inputs, of the user's data
 
   def check_supported(self, config: TrainConfig) -> None:
@@ -329,6 +334,11 @@ class _TorchSide:
       built.burst.share_first_rank_state(built.model)
     else:
       self._strategy.average_buffers(built.model)
+      if config.distribute.all_reduce == distribute.ALL_REDUCE_OFF:
+        # Replicas that trained apart: run.json shows how far (equal
+        # digests would mean the all-reduce was not off after all).
+        self._replica_digests = self._strategy.gather_over_processes(
+            weights_digest(built.model))
     return None
 
   def stage_conditions(self, config: TrainConfig) -> dict:
@@ -357,7 +367,8 @@ class _TorchSide:
 
   def describe_strategy(self, config: TrainConfig, built, plan,
                         ledger) -> dict:
-    return _describe_strategy(self._strategy, built, config, plan, ledger)
+    return _describe_strategy(self._strategy, built, config, plan, ledger,
+                              self._replica_digests)
 
   def num_params(self, model) -> int:
     return models.num_params(model)

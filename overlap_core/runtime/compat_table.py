@@ -112,6 +112,7 @@ FEATURES = {f.name: f for f in (
             {"strategy": "multi_worker", "num_workers": "2"}),
     Feature("all_reduce=ring", _all_reduce("ring"), {"all_reduce": "ring"}),
     Feature("all_reduce=nccl", _all_reduce("nccl"), {"all_reduce": "nccl"}),
+    Feature("all_reduce=off", _all_reduce("off"), {"all_reduce": "off"}),
     Feature("all_reduce_pack_mb",
             lambda c, h: bool(c.distribute.all_reduce_pack_mb),
             {"all_reduce_pack_mb": "4"}),
@@ -203,6 +204,7 @@ _NOT_DDP = ("strategy=default", "strategy=one_device", "strategy=horovod")
 _PIPELINED = "with --pipeline_stages > 1"
 _BURST = "with --burst_parallel"
 _TF_SIDE = "on the TensorFlow side"
+_NO_ALL_REDUCE = "with --all_reduce=off"
 DATA_PARALLEL_REFUSAL = (
     "data parallelism across pipelines is not built in TensorFlow: a "
     "tf.distribute replica owns one device, so a replica cannot hold stages "
@@ -245,13 +247,43 @@ ROWS = (
     Row(("offload=parameters",), (TF,), "offload",
         "TensorFlow keeps a layer's weights where their variables live and "
         "has no per-layer move", "none or activations", _TF_SIDE),
+    # Its step without the all-reduce exists, but only to be timed before
+    # training (`tfoverlap.exposed_comm`): the loops, Keras' fit and the
+    # multi-step function do not run it.
+    Row(("all_reduce=off",), (TF,), "all_reduce",
+        "the TensorFlow trainer has no run-long local step; it times its "
+        "step without the all-reduce before training and derives "
+        "exposed_comm from it (tfoverlap.exposed_comm)", "auto, ring or nccl",
+        _TF_SIDE),
     # --- Processes and all-reduce.
     Row(("num_workers>1", ("strategy=default", "strategy=one_device",
                            "strategy=mirrored")), BOTH, "num_workers",
         "more than 1 worker needs --strategy=multi_worker or horovod", "1",
         "with --strategy={strategy}"),
-    Row((_ONE_PROCESS, ("all_reduce=ring", "all_reduce=nccl")), BOTH,
+    Row((_ONE_PROCESS, ("all_reduce=ring", "all_reduce=nccl",
+                        "all_reduce=off")), BOTH,
         "all_reduce", "--strategy={strategy} has no all-reduce", "auto"),
+    # --all_reduce=off is DDP's no_sync for the whole run; nothing else
+    # that all-reduces here has a switch for it.
+    Row(("all_reduce=off", "strategy=horovod"), (PT,), "all_reduce",
+        "Horovod's DistributedOptimizer all-reduces inside step() and has no "
+        "run-long local step (DDP's no_sync)", "auto or ring",
+        "with --strategy=horovod"),
+    Row(("all_reduce=off", "pipeline"), (PT,), "all_reduce",
+        "a stage's replicas all-reduce in the pipeline runtime, not in DDP "
+        "(--pipeline_overlap_all_reduce=false measures what its overlap "
+        "hides)", "auto", _PIPELINED),
+    Row(("all_reduce=off", "burst"), (PT,), "all_reduce",
+        "a burst plan all-reduces each layer over its own group, not in DDP",
+        "auto", _BURST),
+    # Replicas that train apart are as many models as there are replicas.
+    Row(("all_reduce=off", _SAVES), (PT,), "checkpoint",
+        "replicas that train apart have no one state to save: the "
+        "checkpoint would hold rank 0's replica and a resume would hand it "
+        "to every replica", "none", _NO_ALL_REDUCE),
+    Row(("all_reduce=off", "evaluate"), (PT,), "evaluate",
+        "replicas that train apart are different models, and an evaluation "
+        "sharded over them scores none of them", "false", _NO_ALL_REDUCE),
     Row((_ONE_PROCESS, "all_reduce_pack_mb"), BOTH, "all_reduce_pack_mb",
         "--strategy={strategy} has no all-reduce", "0"),
     # Before mirrored's own: a pipeline's stages are not replicas.
@@ -392,7 +424,7 @@ ROWS = (
 EXCLUSIVE = (
     ("strategy=default", "strategy=one_device", "strategy=mirrored",
      "strategy=multi_worker", "strategy=horovod"),
-    ("all_reduce=ring", "all_reduce=nccl"),
+    ("all_reduce=ring", "all_reduce=nccl", "all_reduce=off"),
     ("schedule=1f1b", "schedule=interleaved_1f1b", "schedule=zero_bubble"),
     ("checkpoint=sync", "checkpoint=async", "checkpoint=tf_async"),
     ("precision=mixed_float16", "precision=mixed_bfloat16"),

@@ -85,7 +85,7 @@ class DistributeConfig:
   strategy: str  # default | one_device | mirrored | multi_worker | horovod
   num_devices: int
   num_workers: int
-  all_reduce: str  # auto | ring | nccl
+  all_reduce: str  # auto | ring | nccl | off (no gradient all-reduce)
   all_reduce_pack_mb: float  # 0 = the framework's default packing
 
 

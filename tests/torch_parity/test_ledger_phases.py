@@ -52,6 +52,15 @@ def replica_runs(tmp_path_factory):
   return one[1], two[1]
 
 
+@pytest.fixture(scope="module")
+def no_all_reduce_run(tmp_path_factory):
+  """Two DDP replicas with the all-reduce off: each trains on its own."""
+  return _train(tmp_path_factory, "no_all_reduce", "--model=mlp",
+                "--image_size=8", "--batch_size=8", "--train_steps=2",
+                "--strategy=mirrored", "--num_devices=2", "--all_reduce=off",
+                "--synthetic_on_device")
+
+
 def test_a_job_made_input_bound_is_called_input_bound(input_bound_run):
   result, record = input_bound_run
   assert record["verdict"]["verdict"] == verdict.INPUT_BOUND
@@ -95,3 +104,15 @@ def test_a_run_without_all_reduce_records_no_exposed_comm(resident_run):
   _, record = resident_run
   assert ledger_lib.EXPOSED_COMM not in record["phases"]
   assert ledger_lib.EXPOSED_COMM not in record["phases_measured"]
+
+
+def test_with_the_all_reduce_off_replicas_part_and_wait_for_nothing(
+    no_all_reduce_run):
+  _, record = no_all_reduce_run
+  digests = record["strategy"]["replica_weights_digests"]
+  # Each replica stepped on its own shard's gradients: two models.
+  assert len(digests) == 2 and digests[0] != digests[1]
+  assert digests[0] == record["weights_digest"]  # rank 0 wrote run.json
+  assert ledger_lib.EXPOSED_COMM in record["phases_measured"]
+  # No bucket reached the all-reduce, so no step waited for one.
+  assert record["phases"][ledger_lib.EXPOSED_COMM]["mean"] < 1e-4

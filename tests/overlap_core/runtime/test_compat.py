@@ -108,6 +108,8 @@ def test_every_no_is_refused_by_the_trainer_in_one_line(row, framework,
      "--offload_pin_memory=True: TensorFlow allocates and pins"),
     (PT, ["--checkpoint=tf_async"],
      "--checkpoint=tf_async: TensorFlow's own asynchronous save"),
+    (PT, ["--all_reduce=off"],
+     "--all_reduce=off: --strategy=default has no all-reduce"),
 ])
 def test_a_refused_command_line_exits_2_with_one_line(framework, args, line,
                                                       tmp_path):
