@@ -24,15 +24,22 @@ job's own run.json:
                     interference with the steps around it).
   offload_copy      offload off (--offload=none against activations
                     offloaded), default strategy only.
+  exposed_comm      the gradient all-reduce off (--all_reduce=off: every
+                    DDP step under no_sync, the replicas training apart),
+                    PyTorch's mirrored strategy only. Both sides train a
+                    6M-parameter MLP (`--model=mlp --image_size=64`, 25 MB
+                    of gradients) whatever --model says: the small CNN's
+                    gradients cross gloo in less than the tolerance's
+                    floor, which would meet the goal without testing it.
 
-Not covered here, and why. exposed_comm: the run's own removal of the
-all-reduce is what TensorFlow derives the phase from (`tfoverlap.
-exposed_comm` times the step without it before training), so a second
-run without it would check the derivation against itself; a trainer flag
-for a run-long local step (DDP's `no_sync`) does not exist yet. bubble: it
-needs the pipeline's stages run back to back as a second job, which the
-pipeline benchmark's stage timing (`benchmarks.pipeline`) approaches but
-does not yet pair with its runs.
+Not covered here, and why. exposed_comm in TensorFlow: the trainer derives
+the phase from its step without the all-reduce, timed before training
+(`tfoverlap.exposed_comm`), and has no run-long local step, so it refuses
+--all_reduce=off; a run-long one would check the derivation against the
+very step it derives from. Its phase stays derived, not checked by
+intervention. bubble: it needs the pipeline's stages run back to back as a
+second job, which the pipeline benchmark's stage timing
+(`benchmarks.pipeline`) approaches but does not yet pair with its runs.
 
 Verdict per cell, from the repeats: the miss |phase - saving| over the
 tolerance max(10% of the saving, 0.3 ms), per repeat; its median's
@@ -42,6 +49,7 @@ interval at most 1 is "met", wholly above 1 "missed", else "noisy".
 import functools
 import math
 import os
+from typing import NamedTuple, Tuple
 
 from benchmarks import common
 from benchmarks import harness
@@ -55,15 +63,30 @@ STRATEGIES = ("default", "mirrored")
 TOLERANCE_FRAC = 0.10
 TOLERANCE_FLOOR_MS = 0.3
 CHECKPOINT_EVERY = 5
-# phase -> (the job's extra flags, the flags that remove its cause, the
-# strategies it is checked under).
+# The exposed_comm cell's model, after the base flags (the last value of a
+# flag wins): the size that makes two replicas' all-reduce visible in
+# `tests/torch_parity/test_ledger_phases.py`.
+COMM_MODEL_FLAGS = ["--model=mlp", "--image_size=64"]
+
+
+class Removal(NamedTuple):
+  """How a phase's cause is removed, and where that is checked."""
+  job: list  # the job's extra flags
+  removed: list  # the flags, after the job's, that remove the cause
+  strategies: Tuple[str, ...]
+  frameworks: Tuple[str, ...] = FRAMEWORKS
+
+
 PHASES = {
-    "data_wait": ([], ["--synthetic_on_device"], STRATEGIES),
-    "checkpoint_stall": (["--checkpoint=sync",
-                         f"--checkpoint_every={CHECKPOINT_EVERY}"],
-                         ["--checkpoint=none"], STRATEGIES),
-    "offload_copy": (["--offload=activations"], ["--offload=none"],
-                     ("default",)),
+    "data_wait": Removal([], ["--synthetic_on_device"], STRATEGIES),
+    "checkpoint_stall": Removal(
+        ["--checkpoint=sync", f"--checkpoint_every={CHECKPOINT_EVERY}"],
+        ["--checkpoint=none"], STRATEGIES),
+    "offload_copy": Removal(["--offload=activations"], ["--offload=none"],
+                            ("default",)),
+    # TensorFlow refuses --all_reduce=off (see the docstring).
+    "exposed_comm": Removal(COMM_MODEL_FLAGS, ["--all_reduce=off"],
+                            ("mirrored",), ("pytorch",)),
 }
 JOB, REMOVED = "job", "removed"
 
@@ -96,7 +119,8 @@ def parse_args():
 def cells(args) -> list:
   """(framework, strategy, phase) of every cell asked for."""
   return [(f, s, p) for f in args.frameworks for p in args.phases
-          for s in args.strategies if s in PHASES[p][2]]
+          for s in args.strategies
+          if s in PHASES[p].strategies and f in PHASES[p].frameworks]
 
 
 def base_flags(args, strategy: str, steps: int) -> list:
@@ -120,9 +144,9 @@ def measure(args, repeats: int, scratch: str) -> harness.Measured:
 
   def run_one(side, repeat):
     framework, strategy, phase, variant = side
-    job, removed, _ = PHASES[phase]
-    flags = base_flags(args, strategy, steps) + job + (
-        removed if variant == REMOVED else [])
+    removal = PHASES[phase]
+    flags = base_flags(args, strategy, steps) + removal.job + (
+        removal.removed if variant == REMOVED else [])
     record, stats = common.run_trainer_record(
         flags, os.path.join(scratch, "-".join(side) + f"-{repeat}"),
         module=common.TRAINER_MODULES[framework])

@@ -14,7 +14,7 @@ def ledger_fidelity_table() -> str:
   data = load(ledger_fidelity.NAME)
   rows = []
   for cell in data["summary"]:
-    removal = " ".join(ledger_fidelity.PHASES[cell["phase"]][1])
+    removal = " ".join(ledger_fidelity.PHASES[cell["phase"]].removed)
     rows.append([
         cell["framework"], f"`{cell['strategy']}`", f"`{cell['phase']}`",
         f"`{removal}`", spread(cell["phase_ms_all"]),

@@ -38,3 +38,8 @@ def test_cells_cover_each_phases_strategies():
   # Offload is checked under the default strategy only.
   assert ("pytorch", "mirrored", "offload_copy") not in cells
   assert ("pytorch", "default", "offload_copy") in cells
+  # The all-reduce is turned off in PyTorch's DDP only; TensorFlow refuses
+  # --all_reduce=off and keeps its exposed_comm derived.
+  assert ("pytorch", "mirrored", "exposed_comm") in cells
+  assert ("pytorch", "default", "exposed_comm") not in cells
+  assert ("tensorflow", "mirrored", "exposed_comm") not in cells
