@@ -35,7 +35,6 @@ Any further --flag=value goes to every side of both examples, e.g.
 """
 
 import functools
-import tempfile
 
 from benchmarks import common
 from benchmarks import harness
@@ -179,10 +178,7 @@ def measure(args, passthrough, repeats: int, scratch_root: str
 
   def run_one(cell, repeat):
     name, side = cell
-    # A fresh directory each time: a busy repeat that runs again must not
-    # find (and resume from) the discarded run's model_dir.
-    scratch = tempfile.mkdtemp(prefix=f"{name}-{side}-{repeat}-",
-                               dir=scratch_root)
+    scratch = common.make_run_dir(scratch_root, f"{name}-{side}-{repeat}")
     result = run_side(configs[name], side, scratch)
     common.log(f"repeat {repeat + 1}/{repeats} {name} {side}: "
                f"{result['samples_per_second']:.1f} samples/s")
