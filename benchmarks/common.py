@@ -18,6 +18,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from importlib import metadata
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
@@ -198,6 +199,16 @@ def run_trainer(trainer_flags: Sequence[str], model_dir: str, *,
   summary = summarize_record(record)
   summary.update(stats)
   return summary
+
+
+def make_run_dir(scratch_root: str, name: str) -> str:
+  """A new directory under `scratch_root` for one run, named from `name`.
+
+  Never one that exists: a busy repeat that the harness runs again must
+  not find the discarded run's files (a trainer would resume from its
+  checkpoints).
+  """
+  return tempfile.mkdtemp(prefix=f"{name}-", dir=scratch_root)
 
 
 def process_stats(process: dict) -> dict:

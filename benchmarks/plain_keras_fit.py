@@ -5,12 +5,27 @@
 
 It takes the trainer's own model, data and strategy flags, parsed by the same
 flag surface, so the configuration is identical by construction; it then
-uses tfoverlap only to build the same model (`tfoverlap.models.build_model`)
-and the same input pipeline (`make_input_fn` + `distribute_input`). The
+uses tfoverlap only to build the same model (`tfoverlap.models.build_model`,
+or `tfoverlap.user_model.load_model` for the user's own) and the same input
+pipeline (`make_input_fn` + `distribute_input`). The
 strategy, compile and training are plain TensorFlow/Keras: `model.compile`
 with the trainer's optimizer and loss, and `model.fit(..., verbose=0)` with no
 callbacks. Flags the baseline has no counterpart for (loop, checkpoints,
 outputs) are ignored; a data service is refused.
+
+The user's own model and data are taken as the trainer takes them:
+
+  python -m benchmarks.plain_keras_fit \
+      --model=examples.keras_regression.model:build \
+      --dataset=examples.keras_regression.data:load --batch_size=64 \
+      --train_steps=300 --result_json=plain.json
+
+`--model=package.module:callable` (or a `.keras` file) is built and checked
+by the trainer's own `tfoverlap.user_model.load_model`, under the same
+strategy, and compiled with the Keras loss of the Task it declares (mean
+squared error for a regression); `--dataset=package.module:callable` goes
+through the same `make_input_fn`. A model or data set the trainer refuses
+is refused here, with its one line and exit 2.
 
 How the steady state is timed without callbacks. A `model.fit` call's wall
 time includes fixed costs that the trainer's step ledger leaves out: creating
@@ -44,6 +59,7 @@ from absl import flags as absl_flags
 from absl import logging
 
 import flags as tfo_flags
+from overlap_core.runtime.config import ConfigError
 
 tfo_flags.define_flags()
 _RESULT_JSON = absl_flags.DEFINE_string(
@@ -99,6 +115,43 @@ def build_optimizer(name: str, learning_rate: float):
   return keras.optimizers.Adam(learning_rate)
 
 
+def build_model(config, info, strategy):
+  """(model, spec): the zoo's model as the trainer builds it, or the user's
+  --model through the trainer's own loading and checks, under `strategy`.
+
+  Raises:
+    ConfigError: what the trainer refuses of the user's model or data.
+  """
+  # pylint: disable=g-import-not-at-top
+  from overlap_core.runtime import user_code, zoo
+  from tfoverlap import models, user_model
+  # pylint: enable=g-import-not-at-top
+  name = config.model.name
+  if user_code.model_kind(name) != user_code.ZOO:
+    return user_model.load_model(
+        config, info, strategy=strategy,
+        first_batch=user_model.make_first_batch(config, info))
+  with strategy.scope():
+    model = models.build_model(name, image_size=config.data.image_size,
+                               num_classes=info.num_classes,
+                               channels=info.channels)
+  return model, zoo.MODELS[name]
+
+
+def build_loss(task: str):
+  """The Keras loss a plain user compiles for the trainer's task: the same
+  per-example loss (`tfoverlap.steps.per_example_loss`), Keras' class."""
+  # pylint: disable=g-import-not-at-top
+  import keras
+  from overlap_core.runtime import user_code, zoo
+  # pylint: enable=g-import-not-at-top
+  if task == zoo.SUPER_RESOLUTION:
+    return keras.losses.MeanAbsoluteError()
+  if task == user_code.REGRESSION:
+    return keras.losses.MeanSquaredError()
+  return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
 def main(argv):
   del argv
   if not _RESULT_JSON.value:
@@ -116,27 +169,23 @@ def main(argv):
   import keras
   import tensorflow as tf
   from tfoverlap import data, models
-  from overlap_core.runtime import zoo
   from overlap_core.runtime.ledger import default_warmup_steps
   # pylint: enable=g-import-not-at-top
 
   keras.utils.set_random_seed(config.run.seed)
   strategy = build_strategy(config.distribute.strategy,
                             config.distribute.num_devices)
-  spec = zoo.MODELS[config.model.name]
-  info = data.describe(config.data)
-  keras.mixed_precision.set_global_policy(config.model.precision)
-  super_resolution = spec.task == "super_resolution"
+  try:
+    info = data.describe(config.data)
+    keras.mixed_precision.set_global_policy(config.model.precision)
+    model, spec = build_model(config, info, strategy)
+  except ConfigError as e:
+    tfo_flags.exit_with_config_error(e)
   with strategy.scope():
-    model = models.build_model(config.model.name,
-                               image_size=config.data.image_size,
-                               num_classes=info.num_classes,
-                               channels=info.channels)
     model.compile(
         optimizer=build_optimizer(config.model.optimizer,
                                   config.model.learning_rate),
-        loss=(keras.losses.MeanAbsoluteError() if super_resolution else
-              keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
+        loss=build_loss(spec.task),
         jit_compile={"auto": "auto", "true": True,
                      "false": False}[_JIT_COMPILE.value])
 
@@ -191,6 +240,8 @@ def main(argv):
       "jit_compile": bool(model.jit_compile),
       "train_loss": float(loss),
       "num_params": models.num_params(model),
+      "task": spec.task,
+      "loss": type(model.loss).__name__,
       "num_replicas": strategy.num_replicas_in_sync,
       "devices": [d.name for d in tf.config.list_logical_devices()],
   }

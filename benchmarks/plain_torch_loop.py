@@ -7,16 +7,32 @@ measured against.
 It takes the trainer's own model, data and run flags, parsed by the same
 flag surface, so the configuration is identical by construction. From
 torch_parity it uses only what makes the work the same: the model
-(`torch_parity.models.build_model`) and the input (`make_loader`, or with
+(`torch_parity.models.build_model`, or `torch_parity.user_model.load_model`
+for the user's own) and the input (`make_loader`, or with
 --synthetic_on_device the batch `make_resident_iterator` keeps on the
 device, reused every step). The rest is the loop of any PyTorch tutorial:
 `torch.optim` with the trainer's hyperparameters, and per step `next`,
-`zero_grad`, forward, cross-entropy, `backward`, `step`; under
+`zero_grad`, forward, the task's loss, `backward`, `step`; under
 --precision=mixed_bfloat16 the forward runs in `torch.autocast`
 (the trainer's own context, `torch_parity.steps.autocast`), which bfloat16
 needs no loss scaling for. No ledger, progress
 lines, TensorBoard, trace, checkpoints or run.json. It runs in one process:
 --strategy default or one_device.
+
+The user's own model and data are taken as the trainer takes them:
+
+  python -m benchmarks.plain_torch_loop \
+      --model=examples.torch_module.model:build \
+      --dataset=examples.torch_module.data:load --image_size=16 \
+      --batch_size=32 --strategy=default --train_steps=300 \
+      --result_json=plain.json
+
+`--model=package.module:callable` is built and checked by the trainer's
+own `torch_parity.user_model.load_model`, and trained with the torch loss
+of the Task it declares (`F.mse_loss` for a regression);
+`--dataset=package.module:callable` goes through the same `make_loader`.
+A model or data set the trainer refuses is refused here, with its one line
+and exit 2.
 
 How it is timed. `time.perf_counter()` after every step, and once before
 the first; a step lasts from the previous step's end to its own, as the
@@ -39,6 +55,7 @@ from absl import flags as absl_flags
 from absl import logging
 
 import flags as tfo_flags
+from overlap_core.runtime.config import ConfigError
 
 tfo_flags.define_flags()
 _RESULT_JSON = absl_flags.DEFINE_string(
@@ -63,6 +80,47 @@ def build_optimizer(name: str, learning_rate: float, parameters):
                           eps=steps.ADAM_EPSILON)
 
 
+def build_model(config, info):
+  """(model, spec) on the CPU: the zoo's model as the trainer builds it, or
+  the user's --model through the trainer's own loading and checks.
+
+  Raises:
+    ConfigError: what the trainer refuses of the user's model or data.
+  """
+  # pylint: disable=g-import-not-at-top
+  from overlap_core.runtime import user_code, zoo
+  from torch_parity import models, user_model
+  # pylint: enable=g-import-not-at-top
+  name = config.model.name
+  if user_code.model_kind(name) != user_code.ZOO:
+    return user_model.load_model(
+        config, info, first_batch=user_model.make_first_batch(config, info))
+  return (models.build_model(name, image_size=config.data.image_size,
+                             num_classes=info.num_classes,
+                             channels=info.channels),
+          zoo.MODELS[name])
+
+
+def build_loss(task: str):
+  """loss_fn(outputs, targets): the torch loss a plain loop writes for the
+  trainer's task, the mean of `torch_parity.steps.per_example_loss`."""
+  # pylint: disable=g-import-not-at-top
+  from torch.nn import functional as F
+  from overlap_core.runtime import user_code, zoo
+  # pylint: enable=g-import-not-at-top
+  if task == zoo.SUPER_RESOLUTION:
+    return F.l1_loss
+  if task == user_code.REGRESSION:
+    # The trainer takes targets of any shape with the outputs' size ([B]
+    # for outputs [B, 1]); F.mse_loss would broadcast them instead.
+    def mse_loss(outputs, targets):
+      return F.mse_loss(outputs,
+                        targets.reshape(outputs.shape).to(outputs.dtype))
+
+    return mse_loss
+  return F.cross_entropy
+
+
 def main(argv):
   del argv
   if not _RESULT_JSON.value:
@@ -80,8 +138,6 @@ def main(argv):
 
   # pylint: disable=g-import-not-at-top
   import torch
-  from torch.nn import functional as F
-  from overlap_core.runtime import zoo
   from overlap_core.runtime.ledger import default_warmup_steps
   from torch_parity import data, models, steps
   # pylint: enable=g-import-not-at-top
@@ -92,18 +148,15 @@ def main(argv):
     torch.set_num_interop_threads(config.run.inter_op_threads)
   torch.manual_seed(config.run.seed)
   device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-  spec = zoo.MODELS[config.model.name]
-  info = data.describe(config.data)
-  model = models.build_model(config.model.name,
-                             image_size=config.data.image_size,
-                             num_classes=info.num_classes,
-                             channels=info.channels).to(device)
+  try:
+    info = data.describe(config.data)
+    model, spec = build_model(config, info)
+  except ConfigError as e:
+    tfo_flags.exit_with_config_error(e)
+  model = model.to(device)
   optimizer = build_optimizer(config.model.optimizer,
                               config.model.learning_rate, model.parameters())
-  if spec.task == "super_resolution":
-    loss_fn = F.l1_loss
-  else:
-    loss_fn = F.cross_entropy
+  loss_fn = build_loss(spec.task)
 
   if config.data.synthetic_on_device:
     resident = next(data.make_resident_iterator(
@@ -148,6 +201,8 @@ def main(argv):
       "measured_steps": len(steps_s),
       "train_loss": final_loss,
       "num_params": models.num_params(model),
+      "task": spec.task,
+      "loss": loss_fn.__name__,
       "device": str(device),
       "precision": config.model.precision,
       "torch_threads": {"intra_op": torch.get_num_threads(),

@@ -26,6 +26,7 @@ from benchmarks import render_tables_ledger  # noqa: F401
 from benchmarks import render_tables_parallel  # noqa: F401
 from benchmarks import render_tables_soak  # noqa: F401
 from benchmarks import render_tables_stages  # noqa: F401
+from benchmarks import render_tables_user_model  # noqa: F401
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCUMENTS_GLOB = os.path.join(REPO_ROOT, "docs", "benchmarks", "*.md")

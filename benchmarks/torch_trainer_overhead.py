@@ -167,8 +167,8 @@ def measure(args, passthrough, repeats: int, scratch_root: str
   def run_one(cell, repeat):
     config_name, side = cell
     config = configs[config_name]
-    scratch = os.path.join(scratch_root, f"{config_name}-{side}-{repeat}")
-    os.makedirs(scratch)
+    scratch = common.make_run_dir(scratch_root,
+                                  f"{config_name}-{side}-{repeat}")
     result = run_side(
         side, [*config["flags"], f"--train_steps={config['train_steps']}"],
         scratch)

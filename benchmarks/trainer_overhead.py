@@ -231,8 +231,8 @@ def measure(args, passthrough, repeats: int, scratch_root: str
   for config_name, config in configs.items():
 
     def run_one(side, repeat, config_name=config_name, config=config):
-      scratch = os.path.join(scratch_root, f"{config_name}-{side}-{repeat}")
-      os.makedirs(scratch)
+      scratch = common.make_run_dir(scratch_root,
+                                    f"{config_name}-{side}-{repeat}")
       result = run_side(side, config["flags"], config["train_steps"],
                         scratch, args.plain_jit_compile)
       common.log(f"{config_name} repeat {repeat + 1}/{repeats} {side}: "

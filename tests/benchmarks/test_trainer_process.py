@@ -27,3 +27,12 @@ def test_a_refused_run_ends_the_benchmark_naming_command_and_cause(tmp_path):
   assert "--prefetch=bogus: allowed:" in message.splitlines()[-1]
   # The run's output stays beside it, as the comparison keeps it.
   assert os.path.exists(os.path.join(model_dir, trainer_runs.STDERR_NAME))
+
+
+def test_a_repeat_run_again_gets_a_directory_of_its_own(tmp_path):
+  first = common.make_run_dir(str(tmp_path), "preset-side-0")
+  with open(os.path.join(first, "ckpt"), "w", encoding="utf-8") as f:
+    f.write("the discarded run's checkpoint")
+  again = common.make_run_dir(str(tmp_path), "preset-side-0")
+  assert again != first and os.path.isdir(again)
+  assert os.listdir(again) == []

@@ -1,0 +1,46 @@
+"""The user-model overhead table: the trainers against plain loops on the
+examples' own models (section 18).
+
+Registered into `render_tables.TABLES` on import, like the tables there.
+Every figure is read from `benchmarks/results/user_model_overhead.json`,
+which `python -m benchmarks.user_model_overhead` writes. Until that file
+exists the block says so and how to make it, instead of failing the render.
+"""
+
+from benchmarks import harness
+from benchmarks import user_model_overhead
+from benchmarks.render_tables import (DASH, MissingResults, f3, g, load,
+                                      markdown, table)
+
+NOT_YET_RUN = (
+    "Not yet run. `python -m benchmarks.user_model_overhead` writes "
+    f"`benchmarks/results/{user_model_overhead.NAME}.json`; "
+    "`python -m benchmarks.render` then fills this table.")
+
+
+@table("user_model_overhead")
+def user_model_overhead_table() -> str:
+  try:
+    data = load(user_model_overhead.NAME)
+  except MissingResults:
+    return NOT_YET_RUN
+  rows = []
+  for name, summary in data["summary"].items():
+    config = data["configs"][name]
+    for c in summary["comparisons"]:
+      rows.append([
+          f"`{name}`", config["framework"], g(config["train_steps"]),
+          f"{c['side']} / {c['plain_side']}", c["measure"],
+          g(c["plain_value"]), g(c["side_value"]),
+          f3(c["time_ratio_of_medians"]), harness.format_interval(c["judged"]),
+          harness.verdict(c["judged"], c["judged"]["target"],
+                          c["judged"]["direction"])])
+  busy = data.get("harness", {}).get("host_busy")
+  caption = (f"Repeats: {data['repeats']}; {data['machine']['date']}, "
+             f"{data['machine']['cpu_count']} cores; host busy (harness "
+             f"rules): {DASH if busy is None else ('yes' if busy else 'no')}.")
+  return caption + "\n\n" + markdown(
+      ["example", "framework", "steps per run", "sides (trainer / plain)",
+       "measured", "plain", "trainer", "time ratio of medians",
+       "per-repeat ratio: median [interval] (coverage)", "target ≤ 1.02"],
+      rows)
