@@ -101,6 +101,26 @@ def cluster_resolver(found: cluster.Cluster):
       task_type="worker", task_id=found.task_index, rpc_layer="grpc")
 
 
+# How far apart the collective keys of two MirroredStrategies of one
+# process start. Each strategy numbers its collectives from its class's key
+# base; the runtime remembers a collective's shape by its keys, so a second
+# strategy starting where the first did is refused with "Shape mismatch in
+# the collective instance". TensorFlow's own tests space them the same way.
+_COLLECTIVE_KEY_SPACING = 100_000
+
+
+def mirrored_strategy(devices, *, cross_device_ops=None
+                      ) -> tf.distribute.MirroredStrategy:
+  """A MirroredStrategy whose collectives cannot collide with those of any
+  strategy made before it in this process (a notebook's second run, a
+  test session)."""
+  # pylint: disable-next=protected-access
+  tf.distribute.MirroredStrategy._collective_key_base += (
+      _COLLECTIVE_KEY_SPACING)
+  return tf.distribute.MirroredStrategy(devices,
+                                        cross_device_ops=cross_device_ops)
+
+
 def build_strategy(cfg: DistributeConfig) -> tf.distribute.Strategy:
   """The tf.distribute strategy named by `cfg.strategy`.
 
@@ -119,8 +139,7 @@ def build_strategy(cfg: DistributeConfig) -> tf.distribute.Strategy:
     devices = mirrored_devices(cfg.num_devices)
     cross_device_ops = (tf.distribute.NcclAllReduce()
                         if cfg.all_reduce == "nccl" else None)
-    return tf.distribute.MirroredStrategy(devices,
-                                          cross_device_ops=cross_device_ops)
+    return mirrored_strategy(devices, cross_device_ops=cross_device_ops)
   if cfg.strategy == "multi_worker":
     found = cluster.tf_cluster_from_env(os.environ)
     if found is None and cfg.num_workers > 1:

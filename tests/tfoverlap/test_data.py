@@ -507,7 +507,7 @@ def test_data_service_serves_the_same_examples():
 @pytest.mark.parametrize("prefetch_to_device", [True, False])
 def test_mirrored_replicas_get_half_batches(two_cpu_devices,
                                             prefetch_to_device):
-  strategy = tf.distribute.MirroredStrategy(two_cpu_devices)
+  strategy = distribute.mirrored_strategy(two_cpu_devices)
   cfg = make_cfg(batch_size=16, prefetch_to_device=prefetch_to_device)
   input_fn = data.make_input_fn(cfg, split="eval", task="classification",
                                 seed=0)
@@ -570,7 +570,7 @@ def test_default_strategy_stages_a_batch_on_the_device_ahead(
 
 
 def test_resident_batches_are_identical_on_every_replica(two_cpu_devices):
-  strategy = tf.distribute.MirroredStrategy(two_cpu_devices)
+  strategy = distribute.mirrored_strategy(two_cpu_devices)
   cfg = make_cfg(dataset="synthetic", synthetic_on_device=True,
                  batch_size=8)
   batches = data.make_resident_iterator(strategy, cfg,

@@ -26,6 +26,26 @@ def test_mirrored_replicates_over_the_logical_cpus(two_cpu_devices):
   assert [d.lower()[-5:] for d in described["devices"]] == ["cpu:0", "cpu:1"]
 
 
+def _all_reduced_sum(strategy, size: int) -> float:
+  @tf.function
+  def step():
+    def replica_fn():
+      ones = tf.ones((size,))
+      return tf.distribute.get_replica_context().all_reduce("sum", ones)
+    return strategy.run(replica_fn)
+  return float(tf.reduce_sum(strategy.experimental_local_results(step())[0]))
+
+
+def test_a_second_strategy_in_one_process_all_reduces_other_shapes():
+  # A notebook's second run, or the next test: the runtime remembers each
+  # collective's shape by its keys, so the second strategy's collectives
+  # must not reuse the first's.
+  first = distribute.build_strategy(config())
+  assert _all_reduced_sum(first, 5) == 10.0
+  second = distribute.build_strategy(config())
+  assert _all_reduced_sum(second, 7) == 14.0
+
+
 def test_default_and_one_device_have_one_replica():
   default = distribute.build_strategy(config(strategy="default"))
   assert default is tf.distribute.get_strategy()

@@ -7,12 +7,12 @@ import tensorflow as tf
 
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime.zoo import CLASSIFICATION
-from tfoverlap import exposed_comm, steps
+from tfoverlap import distribute, exposed_comm, steps
 
 
 @pytest.fixture
 def mirrored(two_cpu_devices):
-  strategy = tf.distribute.MirroredStrategy(two_cpu_devices)
+  strategy = distribute.mirrored_strategy(two_cpu_devices)
   with strategy.scope():
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
     optimizer = keras.optimizers.Adam(0.1)

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from overlap_core.runtime.config import OffloadConfig
-from tfoverlap import offload
+from tfoverlap import distribute, offload
 
 from tests.helpers import run_module
 from tests.record_checks import (copied_ms, offload_copy_spans_us,
@@ -129,7 +129,7 @@ def test_a_restore_is_placed_where_its_layer_computes(two_cpu_devices):
   variable_device = model.get_layer("conv").kernel.value.device
   assert set(devices.values()) == {variable_device}
   # Two replicas: each restores onto its own device.
-  strategy = tf.distribute.MirroredStrategy(two_cpu_devices)
+  strategy = distribute.mirrored_strategy(two_cpu_devices)
   with strategy.scope():
     model = _tiny_model()
     optimizer = keras.optimizers.SGD(0.1)

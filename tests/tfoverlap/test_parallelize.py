@@ -3,7 +3,7 @@
 import keras
 import tensorflow as tf
 
-from tfoverlap import parallelize
+from tfoverlap import distribute, parallelize
 
 
 def _build_model():
@@ -12,7 +12,7 @@ def _build_model():
 
 
 def test_variables_are_mirrored_and_the_optimizer_built(two_cpu_devices):
-  strategy = tf.distribute.MirroredStrategy(two_cpu_devices)
+  strategy = distribute.mirrored_strategy(two_cpu_devices)
   built = parallelize.parallelize(
       strategy, _build_model, lambda: keras.optimizers.Adam())
   model, train_model, optimizer, dims = (built.model, built.train_model,
