@@ -1,6 +1,7 @@
 """examples/keras_regression: a functional Keras model with a regression
 Task, compared over two overlaps by overlap_compare (whose report names
-the model), planned by tfoverlap.plan and run on that plan."""
+the model), stopped and resumed to the bits of an uninterrupted run,
+planned by tfoverlap.plan and run on that plan."""
 
 import pytest
 
@@ -12,6 +13,13 @@ NAME = "keras_regression"
 PIPELINE_JOB = ("--batch_size=16", "--strategy=mirrored", "--num_devices=2",
                 "--pipeline_stages=2", "--pipeline_microbatches=2")
 TIMEOUT_S = 600
+# Deterministic ops on one thread, one replica: runs are bit-identical, so
+# the comparison's cells are uninterrupted runs a resumed one must match
+# (as the trainer's own resume tests do on the zoo).
+EXACT = ("--strategy=default", "--deterministic", "--intra_op_threads=1",
+         "--inter_op_threads=1")
+TOTAL_STEPS = 4
+JOB = ("--batch_size=16", *EXACT, "--checkpoint_every=2", *example_runs.QUIET)
 
 
 @pytest.fixture(scope="module")
@@ -21,9 +29,8 @@ def compared(tmp_path_factory):
   result = run_module(
       "overlap_compare", "--matrix=checkpoint=sync,async",
       "--frameworks=tensorflow", "--repeats=1", f"--output_dir={out}", "--",
-      *example_runs.example_flags(NAME), "--batch_size=16",
-      "--strategy=default", "--train_steps=4", "--checkpoint_every=2",
-      *example_runs.QUIET, timeout=TIMEOUT_S)
+      *example_runs.example_flags(NAME), *JOB,
+      f"--train_steps={TOTAL_STEPS}", timeout=TIMEOUT_S)
   assert result.returncode == 0, result.stderr[-4000:]
   return out
 
@@ -36,12 +43,32 @@ def test_comparison_runs_both_cells_on_the_users_model(compared):
     record = example_runs.record_of(path.parent)
     example_runs.assert_sources(record, NAME)
     modes.add(record["flags"]["checkpoint"]["mode"])
-    assert record["steps"] == 4
+    assert record["steps"] == TOTAL_STEPS
   assert modes == {"sync", "async"}
   report = (compared / "report.md").read_text(encoding="utf-8")
   assert "examples.keras_regression.model:build (import)" in report
   assert "examples.keras_regression.data:load (import)" in report
   assert "| checkpoint=async | 1/1 |" in report
+
+
+def test_stopped_and_resumed_run_ends_bit_identical(tmp_path, compared):
+  digests = {example_runs.record_of(path.parent)["weights_digest"]
+             for path in compared.rglob("run.json")}
+  assert len(digests) == 1  # how a run checkpoints does not change it
+
+  def train(steps):
+    result = run_module(
+        "tfoverlap.train", *example_runs.example_flags(NAME), *JOB,
+        "--checkpoint=async", f"--train_steps={steps}",
+        f"--model_dir={tmp_path}", timeout=TIMEOUT_S)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return example_runs.record_of(tmp_path)
+
+  train(TOTAL_STEPS // 2)
+  resumed = train(TOTAL_STEPS)
+  assert resumed["checkpoint"]["restore"]["step"] == TOTAL_STEPS // 2
+  assert resumed["steps"] == TOTAL_STEPS // 2
+  assert {resumed["weights_digest"]} == digests
 
 
 def test_plan_drives_the_pipeline_run(tmp_path):
