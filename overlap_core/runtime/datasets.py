@@ -12,10 +12,11 @@ how deep the device buffer is. Nothing here imports TensorFlow or PyTorch.
 import dataclasses
 import functools
 import math
-from typing import Dict, Iterable, Optional
+from typing import Callable, Dict, Iterable, Mapping, Optional, TypeVar
 
 import numpy as np
 
+from overlap_core.runtime import user_code
 from overlap_core.runtime.config import AUTOTUNE, ConfigError
 
 SPLITS = ("train", "eval")
@@ -32,6 +33,26 @@ EVAL_SPLIT_NAMES = ("test", "validation")  # first one present is used
 # Device buffer depth when --prefetch=autotune: device-side buffers cannot be
 # autotuned, and two batches is what hides one step's copy behind the next.
 AUTOTUNE_DEVICE_BUFFER = 2
+
+
+Source = TypeVar("Source")
+
+
+def pick_source(cfg, loaders: Mapping[str, Callable[..., Source]],
+                user_source: Callable[..., Source]) -> Source:
+  """The source `cfg.dataset` names: the user's callable for an import
+  path, else the side's loader of that built-in name (both sides know the
+  same names).
+
+  Raises:
+    ConfigError: naming `dataset` when it is neither.
+  """
+  if user_code.is_import_path(cfg.dataset):
+    return user_source(cfg)
+  if cfg.dataset not in loaders:
+    raise ConfigError("dataset", cfg.dataset,
+                      f"allowed: {', '.join(loaders)}")
+  return loaders[cfg.dataset](cfg)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -89,12 +89,7 @@ def load_source(cfg: DataConfig) -> Source:
       "tfds": _tfds_source,
       "image_folder": _image_folder_source,
   }
-  if user_code.is_import_path(cfg.dataset):
-    return _user_source(cfg)
-  if cfg.dataset not in loaders:
-    raise ConfigError("dataset", cfg.dataset,
-                      f"allowed: {', '.join(loaders)}")
-  return loaders[cfg.dataset](cfg)
+  return datasets.pick_source(cfg, loaders, _user_source)
 
 
 def to_rgb_float(image: tf.Tensor, image_size: int) -> tf.Tensor:
