@@ -164,6 +164,22 @@ def newest_checkpoint(directory: str) -> Optional[
   return loaded
 
 
+# Kills after random steps, before the one after the last step. With a
+# checkpoint every 3 steps, each random kill lands in a step or in a
+# persist (a third of the steps start one, which then runs on through the
+# next steps); two such kills, each on the state the one before left, and
+# the kill in the final save cover every kind of moment, while each kill
+# costs a trainer process.
+NUM_RANDOM_KILLS = 2
+
+
+def checkpoint_identity(directory: str, step: int) -> tuple:
+  """Changes whenever the checkpoint of `step` is written again."""
+  info = os.stat(os.path.join(directory,
+                              checkpoint_files.checkpoint_dir_name(step)))
+  return info.st_ino, info.st_mtime_ns
+
+
 def kill_trainer_at_random_steps(command: Sequence[str], directory: str, *,
                                  total_steps: int, num_kills: int,
                                  rng: random.Random) -> int:

@@ -63,6 +63,12 @@ def state_digest(arrays) -> str:
   return digest.hexdigest()
 
 
+def checkpoint_digest(loaded) -> str:
+  """The digest `main` prints for the state a checkpoint holds."""
+  return state_digest([*loaded.groups["model"].values(),
+                       *loaded.groups["optimizer"].values()])
+
+
 class _Progress(keras.callbacks.Callback):
   """Prints the lines a test triggers kills on."""
 

@@ -2,12 +2,14 @@
 
 Resume exactness, SIGKILLs at random moments, corrupt and mismatched
 checkpoints, full disks and unwritable directories through the trainer; the
-AsyncCheckpoint callback in a plain Keras `model.fit`.
+AsyncCheckpoint callback in a plain Keras `model.fit`. The callback's jobs
+killed at any moment, and a second trainer on a live model directory, are
+in test_checkpoint_kills.py.
 """
 
 import os
 import random
-import signal
+import shutil
 import socket
 import subprocess
 import sys
@@ -24,18 +26,22 @@ from overlap_core.runtime import run_record
 
 from tests import checkpoint_support
 from tests.tfoverlap import keras_fit_job as fit_job
-from tests.helpers import REPO_ROOT, run_module, subprocess_env
+from tests.helpers import REPO_ROOT, subprocess_env
 
 # Digits through the whole pipeline (shuffle, parallel map, prefetch), with
-# deterministic ops: runs are bit-identical, so resumes can be compared.
-EXACT = ["--model=small_cnn", "--strategy=default", "--deterministic",
-         "--log_every_steps=5", "--tensorboard=false", "--trace=false",
-         "--evaluate=false", "--batch_size=32"]
+# deterministic ops: runs are bit-identical, so resumes can be compared. The
+# MLP on 8x8 images keeps each process quick.
+EXACT = ["--model=mlp", "--image_size=8", "--strategy=default",
+         "--deterministic", "--log_every_steps=5", "--tensorboard=false",
+         "--trace=false", "--evaluate=false", "--batch_size=32"]
+TOTAL_STEPS = 30
 
 
-def _train(model_dir, *args, timeout=300, expect_ok=True):
-  result = run_module("tfoverlap.train", f"--model_dir={model_dir}", *EXACT,
-                      *args, timeout=timeout)
+def _train(model_dir, *args, timeout=300, expect_ok=True, **popen):
+  result = subprocess.run(
+      [sys.executable, "-m", "tfoverlap.train", f"--model_dir={model_dir}",
+       *EXACT, *args], cwd=REPO_ROOT, env=subprocess_env(),
+      capture_output=True, text=True, timeout=timeout, check=False, **popen)
   if expect_ok:
     assert result.returncode == 0, result.stderr[-4000:]
   return result
@@ -47,22 +53,57 @@ def _digest(model_dir) -> str:
 
 @pytest.fixture(scope="module")
 def uninterrupted_digest(tmp_path_factory):
-  """The final weights of 60 uninterrupted steps (no checkpoints)."""
+  """The final weights of TOTAL_STEPS uninterrupted steps, no checkpoints."""
   model_dir = tmp_path_factory.mktemp("uninterrupted")
-  _train(model_dir, "--train_steps=60")
+  _train(model_dir, f"--train_steps={TOTAL_STEPS}")
   return _digest(model_dir)
 
 
-@pytest.mark.parametrize("mode", ["async", "sync", "tf_async"])
+ASYNC_EVERY_10 = ["--checkpoint=async", "--checkpoint_every=10"]
+
+
+@pytest.fixture(scope="module")
+def stopped_at_20(tmp_path_factory):
+  """A run stopped after step 20 with async checkpoints of steps 10 and 20;
+  each test resumes a copy of its checkpoints, so one run serves them all."""
+  model_dir = tmp_path_factory.mktemp("stopped_at_20")
+  _train(model_dir, *ASYNC_EVERY_10, "--train_steps=20")
+  assert checkpoint_files.list_checkpoints(
+      str(model_dir / "checkpoints")) == [10, 20]
+  return model_dir
+
+
+def _resume_from(stopped, model_dir, *, drop=()):
+  """Copies a stopped run's checkpoints, less the steps in `drop`."""
+  directory = str(model_dir / "checkpoints")
+  shutil.copytree(str(stopped / "checkpoints"), directory)
+  for step in drop:
+    shutil.rmtree(os.path.join(directory,
+                               checkpoint_files.checkpoint_dir_name(step)))
+  return directory
+
+
+def test_async_stopped_and_resumed_run_ends_bit_identical(
+    tmp_path, stopped_at_20, uninterrupted_digest):
+  _resume_from(stopped_at_20, tmp_path)
+  resumed = _train(tmp_path, *ASYNC_EVERY_10, f"--train_steps={TOTAL_STEPS}")
+  record = run_record.load_run_record(str(tmp_path))
+  assert record["steps"] == TOTAL_STEPS - 20  # after the batch of step 20
+  assert record["checkpoint"]["restore"]["step"] == 20
+  assert "step 20" in " ".join(record["notes"])
+  assert record["weights_digest"] == uninterrupted_digest, resumed.stderr
+
+
+@pytest.mark.parametrize("mode", ["sync", "tf_async"])
 def test_stopped_and_resumed_run_ends_bit_identical(tmp_path, mode,
                                                     uninterrupted_digest):
-  args = [f"--checkpoint={mode}", "--checkpoint_every=10"]
-  _train(tmp_path, *args, "--train_steps=30")
-  resumed = _train(tmp_path, *args, "--train_steps=60")
+  args = [f"--checkpoint={mode}", "--checkpoint_every=5"]
+  _train(tmp_path, *args, "--train_steps=15")
+  resumed = _train(tmp_path, *args, f"--train_steps={TOTAL_STEPS}")
   record = run_record.load_run_record(str(tmp_path))
-  assert record["steps"] == 30  # steps 31..60, after the batch of step 30
-  assert record["checkpoint"]["restore"]["step"] == 30
-  assert "step 30" in " ".join(record["notes"])
+  assert record["steps"] == TOTAL_STEPS - 15  # after the batch of step 15
+  assert record["checkpoint"]["restore"]["step"] == 15
+  assert "step 15" in " ".join(record["notes"])
   assert record["weights_digest"] == uninterrupted_digest, resumed.stderr
 
 
@@ -75,52 +116,52 @@ def test_sigkills_at_random_moments_lose_nothing(tmp_path,
   # completes must end with the uninterrupted run's weights.
   args = [f"--model_dir={tmp_path}", *EXACT, "--log_every_steps=1",
           "--checkpoint=async", "--checkpoint_every=3",
-          "--checkpoint_keep=2", "--train_steps=60"]
+          "--checkpoint_keep=2", f"--train_steps={TOTAL_STEPS}"]
   landed = checkpoint_support.kill_trainer_at_random_steps(
       [sys.executable, "-m", "tfoverlap.train", *args],
-      str(tmp_path / "checkpoints"), total_steps=60, num_kills=4,
-      rng=random.Random(7))
-  assert landed >= 4
+      str(tmp_path / "checkpoints"), total_steps=TOTAL_STEPS,
+      num_kills=checkpoint_support.NUM_RANDOM_KILLS, rng=random.Random(7))
+  assert landed >= checkpoint_support.NUM_RANDOM_KILLS
   _train(tmp_path, *args[1:])
   assert _digest(tmp_path) == uninterrupted_digest
 
 
-def test_corrupt_newest_checkpoint_falls_back_to_the_previous(tmp_path):
-  args = ["--checkpoint=async", "--checkpoint_every=10"]
-  _train(tmp_path, *args, "--train_steps=20")
-  checkpoint_support.damage(str(
-      tmp_path / "checkpoints" / "ckpt-0000000020" / "model.safetensors"))
-  result = _train(tmp_path, *args, "--train_steps=30")
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous(
+    tmp_path, stopped_at_20):
+  directory = _resume_from(stopped_at_20, tmp_path)
+  checkpoint_support.damage(
+      os.path.join(directory, "ckpt-0000000020", "model.safetensors"))
+  result = _train(tmp_path, *ASYNC_EVERY_10, "--train_steps=25")
   checkpoint_support.check_fell_back(result, str(tmp_path), restored_step=10,
-                                     num_steps=20)
+                                     num_steps=15)
 
 
-def test_restoring_into_another_model_names_the_first_difference(tmp_path):
-  _train(tmp_path, "--checkpoint=async", "--checkpoint_every=5",
-         "--train_steps=5")
-  result = _train(tmp_path, "--checkpoint=async", "--checkpoint_every=5",
-                  "--train_steps=10", "--image_size=24", expect_ok=False)
-  assert result.returncode == 1
+def test_restoring_into_another_model_names_the_first_difference(
+    tmp_path, stopped_at_20):
+  directory = _resume_from(stopped_at_20, tmp_path)
+  result = _train(tmp_path, *ASYNC_EVERY_10, "--train_steps=25",
+                  "--image_size=16", expect_ok=False)
+  assert result.returncode == 1, result.stderr[-2000:]
   lines = result.stderr.strip().splitlines()
   assert "CheckpointMismatchError" in lines[-1]
   assert "does not fit" in lines[-1] and "kernel" in lines[-1]
   # The good checkpoint is untouched by the failed attempt.
-  assert checkpoint_files.load_latest(str(tmp_path / "checkpoints")).step == 5
+  assert checkpoint_files.load_latest(directory).step == 20
 
 
 @pytest.mark.parametrize("policy", ["raise", "warn"])
 def test_full_disk_applies_the_policy_and_keeps_the_good_checkpoint(
-    tmp_path, policy):
-  # A file-size limit makes every write past 256 KB fail mid-file, as a
-  # full disk does.
-  args = ["--checkpoint=async", "--checkpoint_every=10",
-          f"--checkpoint_on_error={policy}"]
-  _train(tmp_path, *args, "--train_steps=10")
-  result = subprocess.run(
-      [sys.executable, "-m", "tfoverlap.train", f"--model_dir={tmp_path}",
-       *EXACT, *args, "--train_steps=30"], cwd=REPO_ROOT,
-      env=subprocess_env(), capture_output=True, text=True, timeout=300,
-      preexec_fn=checkpoint_support.limit_file_size(256 * 1024), check=False)
+    tmp_path, stopped_at_20, policy):
+  # A file-size limit below the model file makes its write fail mid-file,
+  # as a full disk does.
+  directory = _resume_from(stopped_at_20, tmp_path, drop=[20])
+  model_bytes = os.path.getsize(
+      os.path.join(directory, "ckpt-0000000010", "model.safetensors"))
+  result = _train(tmp_path, *ASYNC_EVERY_10,
+                  f"--checkpoint_on_error={policy}",
+                  f"--train_steps={TOTAL_STEPS}", expect_ok=False,
+                  preexec_fn=checkpoint_support.limit_file_size(
+                      model_bytes // 2))
   checkpoint_support.check_full_disk_outcome(result, policy, str(tmp_path))
 
 
@@ -151,6 +192,7 @@ def test_auto_cadence_records_its_decisions_and_stays_in_bound(tmp_path):
 # Named layers, so paths match in any process however many models it built
 # before (Keras numbers unnamed layers per process).
 _keras_model = fit_job.build_model
+_identity = checkpoint_support.checkpoint_identity
 
 
 def _keras_data():
@@ -178,19 +220,6 @@ class _CountBatches(keras.callbacks.Callback):
 
   def on_train_batch_end(self, batch, logs=None):
     self.num_batches += 1
-
-
-def _checkpoint_digest(loaded) -> str:
-  """The digest keras_fit_job prints for the state a checkpoint holds."""
-  return fit_job.state_digest([*loaded.groups["model"].values(),
-                               *loaded.groups["optimizer"].values()])
-
-
-def _identity(directory: str, step: int) -> tuple:
-  """Changes whenever the checkpoint of `step` is written again."""
-  info = os.stat(os.path.join(directory,
-                              checkpoint_files.checkpoint_dir_name(step)))
-  return info.st_ino, info.st_mtime_ns
 
 
 def test_callback_in_a_plain_fit_saves_restores_and_resumes_exactly(
@@ -240,7 +269,7 @@ def test_a_finished_fit_rerun_trains_nothing_and_writes_nothing(
   # All of the final state, the optimizer's iteration count and the seed
   # states included (which Keras advances once more at the end of data of
   # unknown length): a fit given more epochs goes on as if never stopped.
-  assert _checkpoint_digest(final) == fit_job.state_digest(
+  assert fit_job.checkpoint_digest(final) == fit_job.state_digest(
       model.variables + model.optimizer.variables)
   steps = checkpoint_files.list_checkpoints(directory)
   for step in steps:  # each says where its step is, an epoch's end as such
@@ -317,89 +346,6 @@ def test_callback_refuses_bad_arguments_at_once(tmp_path):
   assert not os.listdir(directory)  # refused before anything was written
 
 
-class _KillAtProgress:
-  """`kill_when` for keras_fit_job: after the n-th of a run's progress
-  lines (its batches, then "train end"), n drawn once its start says where
-  it restored."""
-
-  def __init__(self, pick):
-    self._pick = pick  # (number of lines the run will print) -> n
-    self._left = None
-
-  def __call__(self, line: str) -> bool:
-    if line.startswith("start "):
-      epochs_left = fit_job.EPOCHS - int(line.split()[2])
-      self._left = self._pick(
-          max(epochs_left, 0) * fit_job.BATCHES_PER_EPOCH + 1)
-      return False
-    if line.startswith(("batch ", "train end")):
-      self._left -= 1
-      return self._left == 0
-    return False
-
-
-def _check_position(state: dict, unknown_length: bool) -> None:
-  """A checkpoint says where fit goes on: an epoch, and a batch in it."""
-  epoch, batch = state["epoch"], state["batch_in_epoch"]
-  assert 0 <= epoch <= fit_job.EPOCHS, state
-  # An epoch's last batch ends it, once its length is known; a dataset of
-  # unknown length tells it only at the end of the first epoch a process runs.
-  assert 0 <= batch <= (fit_job.BATCHES_PER_EPOCH if unknown_length
-                        else fit_job.BATCHES_PER_EPOCH - 1), state
-  assert epoch < fit_job.EPOCHS or batch == 0, state
-
-
-def _done(lines) -> tuple:
-  """keras_fit_job's digests: (weights, all state)."""
-  return tuple(lines[-1].split()[1:]) if lines[-1].startswith("done ") else ()
-
-
-@pytest.mark.parametrize("unknown_length", [False, True],
-                         ids=["known_length", "unknown_length"])
-def test_callback_sigkilled_anywhere_loses_nothing_and_stays_finished(
-    tmp_path, unknown_length):
-  directory = str(tmp_path / "ckpts")
-  command = [sys.executable, "-m", "tests.tfoverlap.keras_fit_job",
-             directory, *(["--unknown_length"] if unknown_length else [])]
-  rng = random.Random(11)
-  # Kills after random batches (checkpoints every 2, so about half land in
-  # a persist), then right after the last batch, then once fit has ended,
-  # in its final save. Keras restarts a restored epoch at its first batch.
-  picks = [lambda lines: rng.randint(1, max(lines - 2, 1))] * 2 + [
-      lambda lines: max(lines - 1, 1), lambda lines: lines]
-  landed = 0
-  for pick in picks:
-    returncode, _, stderr = checkpoint_support.run_killed_when(
-        command, _KillAtProgress(pick), line_timeout_s=240)
-    assert returncode in (0, -signal.SIGKILL), stderr[-3000:]
-    landed += returncode == -signal.SIGKILL
-    newest = checkpoint_support.newest_checkpoint(directory)
-    if newest is not None:
-      _check_position(newest.state, unknown_length)
-  assert landed >= 2
-
-  returncode, lines, stderr = checkpoint_support.run_killed_when(
-      command, lambda line: False, line_timeout_s=240)
-  assert returncode == 0, stderr[-3000:]
-  final = checkpoint_support.newest_checkpoint(directory)
-  assert (final.state["epoch"], final.state["batch_in_epoch"]) == (
-      fit_job.EPOCHS, 0)
-  weights, state = _done(lines)
-  # The finished fit's checkpoint is its final state, the optimizer's
-  # iteration count and the seed states included.
-  assert state == _checkpoint_digest(final)
-  identity = _identity(directory, final.step)
-
-  for _ in range(2):
-    returncode, lines, stderr = checkpoint_support.run_killed_when(
-        command, lambda line: False, line_timeout_s=240)
-    assert returncode == 0, stderr[-3000:]
-    assert lines[0] == f"start {final.step} {fit_job.EPOCHS}", lines
-    assert not [line for line in lines if line.startswith("batch ")], lines
-    assert _done(lines) == (weights, _checkpoint_digest(final))
-    assert _identity(directory, final.step) == identity
-
-
 _PLAIN_KERAS_LOAD = textwrap.dedent("""
     import sys
     import keras, numpy as np
@@ -438,13 +384,6 @@ def test_checkpoint_weights_load_into_plain_keras_without_tfoverlap(
   np.testing.assert_allclose(np.load(tmp_path / "y.npy"),
                              np.asarray(expected(x, training=False)),
                              rtol=1e-6)
-
-
-def test_a_second_trainer_on_a_live_model_dir_is_refused(tmp_path):
-  checkpoint_support.check_one_writer_per_model_dir(
-      "tfoverlap.train", str(tmp_path),
-      [*EXACT, "--checkpoint=async", "--checkpoint_every=5",
-       "--checkpoint_keep=2"])
 
 
 class _FitAnotherAt(keras.callbacks.Callback):

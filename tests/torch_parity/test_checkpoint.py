@@ -1,10 +1,11 @@
 """Checkpoints on the PyTorch side: real torch, real processes, real files.
 
-Mirrors tests/test_checkpoint.py. In process: snapshot and restore of model,
-optimizer and RNG state, DDP and bfloat16 models, mismatches, and the files
-loading into plain torch. Through the trainer: resume exactness, SIGKILLs
-at random moments, corrupt and mismatched checkpoints, full disks, and a
-two-process gloo run with one writer.
+Mirrors tests/tfoverlap/test_checkpoint.py and test_checkpoint_kills.py.
+In process: snapshot and restore of model, optimizer and RNG state, DDP and
+bfloat16 models, mismatches, and the files loading into plain torch.
+Through the trainer: resume exactness, SIGKILLs at random moments, corrupt
+and mismatched checkpoints, full disks, and a two-process gloo run with one
+writer.
 """
 
 import os
@@ -467,9 +468,9 @@ def test_sigkills_at_random_moments_lose_nothing(tmp_path,
           "--checkpoint_keep=2", f"--train_steps={TOTAL_STEPS}"]
   landed = checkpoint_support.kill_trainer_at_random_steps(
       [sys.executable, "-m", "torch_parity.train", *args],
-      str(tmp_path / "checkpoints"), total_steps=TOTAL_STEPS, num_kills=4,
-      rng=random.Random(7))
-  assert landed >= 4
+      str(tmp_path / "checkpoints"), total_steps=TOTAL_STEPS,
+      num_kills=checkpoint_support.NUM_RANDOM_KILLS, rng=random.Random(7))
+  assert landed >= checkpoint_support.NUM_RANDOM_KILLS
   _run(tmp_path, *args[1:])
   assert _record(tmp_path)["weights_digest"] == uninterrupted_digest
 
