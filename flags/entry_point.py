@@ -15,7 +15,8 @@ from absl import app
 from absl import logging
 
 import flags as tfo_flags
-from overlap_core.runtime import failure, host_allocator, summary, waits
+from overlap_core.runtime import (compat, failure, host_allocator, summary,
+                                  waits)
 from overlap_core.runtime.config import ConfigError, TrainConfig
 
 
@@ -42,6 +43,9 @@ def run_trainer(program: str, framework: str,
     # --verbosity=0 brings that back.
     logging.set_verbosity(logging.WARNING)
   try:
+    # What the compatibility table refuses on any host, before the
+    # framework's import; `train` checks everything again.
+    compat.check_without_host(config, framework)
     record = train(config)
   except ConfigError as e:
     tfo_flags.exit_with_config_error(e)

@@ -1,8 +1,9 @@
 """What combines with what: one check and one matrix from `compat_table`.
 
 Both trainers' `check_supported` (and so their launchers) call
-`check_combinations`; the planning commands call it for the rows about what
-they plan. No other code refuses a combination of features. The docs'
+`check_combinations` (their entry points call `check_without_host` before
+the framework is imported); the planning commands call it for the rows about
+what they plan. No other code refuses a combination of features. The docs'
 page "What combines with what" (docs/compatibility.md) is `render_matrix()`:
 
   python -m overlap_core.runtime.compat
@@ -90,6 +91,32 @@ def check_combinations(config: TrainConfig, framework: str, *,
   rows = matching_rows(config, framework, host=host, only=only)
   if rows:
     raise refusal(rows[0], config)
+
+
+def check_without_host(config: TrainConfig, framework: str) -> None:
+  """`check_combinations` as far as it goes before the host is known: the
+  entry points call it before the framework is imported, so a refusal the
+  host cannot change answers at once. It refuses only where the trainer's
+  `check_supported` would give the same line on any host: it stops, saying
+  nothing, at the first row that may refuse `config` and names a host
+  feature (the trainer checks that row and the rest).
+
+  Raises:
+    ConfigError: the first row's line, as `check_supported` has it.
+  """
+  def may_hold(name: str) -> bool:
+    feature = FEATURES[name]
+    return feature.host is not None or feature.holds(config, None)
+
+  for row in ROWS:
+    if framework not in row.frameworks:
+      continue
+    slots = row_features(row)
+    if not all(any(may_hold(n) for n in slot) for slot in slots):
+      continue
+    if any(FEATURES[n].host is not None for slot in slots for n in slot):
+      return
+    raise refusal(row, config)
 
 
 def check_supported(config: TrainConfig, framework: str, *, num_gpus: int,

@@ -101,6 +101,17 @@ def test_every_no_is_refused_by_the_trainer_in_one_line(row, framework,
   assert message.startswith(f"--{first.flag}=")
   if first is row:
     assert row.reason.split("{")[0][:30] in message
+  # Before the framework's import the same line, or none where a row that
+  # names the host may speak first; before every such row, always the line.
+  try:
+    compat.check_without_host(config, framework)
+  except ConfigError as early:
+    assert str(early) == message
+  else:
+    assert any(FEATURES[n].host is not None
+               for earlier in ROWS[:ROWS.index(first) + 1]
+               if framework in earlier.frameworks
+               for slot in compat.row_features(earlier) for n in slot), message
 
 
 @pytest.mark.parametrize("framework, args, line", [
