@@ -8,6 +8,7 @@ resume.
 """
 
 import json
+import shutil
 
 import keras
 import numpy as np
@@ -326,9 +327,14 @@ def test_pipelined_checkpoints_are_unpipelined_ones(tmp_path):
   assert piped_files == _checkpoint_files(
       plain_dir / "checkpoints" / "ckpt-0000000004")
 
-  # Stopped after step 2 and resumed, pipelined both times.
+  # Stopped after step 2 and resumed, pipelined both times. The whole
+  # run's step-2 checkpoint is the one a run stopped there leaves (the same
+  # flags, deterministic), so a copy without the later checkpoint is that
+  # stopped run's directory.
   stopped_dir = tmp_path / "stopped"
-  train(stopped_dir, 2, *piped_flags)
+  shutil.copytree(whole_dir, stopped_dir)
+  shutil.rmtree(stopped_dir / "checkpoints" / "ckpt-0000000004")
+  assert (stopped_dir / "checkpoints" / "ckpt-0000000002").is_dir()
   resumed = train(stopped_dir, 4, *piped_flags)
   assert resumed["checkpoint"]["restore"]["step"] == 2
   assert resumed["pipeline"]["stages"] == 2

@@ -5,7 +5,11 @@ and interleaved 1F1B with 2 stages per rank) in two real processes
 (torch.multiprocessing.spawn, inside a subprocess with a timeout: gloo
 point-to-point has hung in earlier torch releases, pytorch/pytorch#132644)
 and compares every loss and gradient with the
-unsplit model trained here on the same micro-batches.
+unsplit model trained here on the same micro-batches. Every schedule runs
+ResNet-18 (BatchNorm, residual cuts); VGG-16 (a plain chain, the largest
+activations sent) runs under GPipe, whose split and sends the other
+schedules share. One spawn trains all the cases in turn, one process group,
+so the ranks pay torch's start-up once.
 """
 
 import json
@@ -33,6 +37,9 @@ STEPS = 2
 LEARNING_RATE = 0.05
 # Two ranks on a loaded 2-core host: VGG-16 at 32 px takes seconds a step.
 PIPELINE_TIMEOUT_S = 300
+# (model, schedule) cases the spawned ranks train, in this order.
+CASES = (("vgg16", "gpipe"), ("resnet18", "gpipe"), ("resnet18", "1f1b"),
+         ("resnet18", "interleaved_1f1b"))
 
 
 def _model(name: str) -> nn.Module:
@@ -71,14 +78,25 @@ def _cut_layers(model: nn.Module, schedule: str):
                                   _config(schedule))
 
 
-def _worker(rank: int, name: str, schedule: str, port: int, out_dir: str):
-  """One stage: trains STEPS steps, saves its losses and gradients."""
+def _case_dir(out_dir: str, name: str, schedule: str) -> str:
+  return os.path.join(out_dir, f"{name}-{schedule}")
+
+
+def _worker(rank: int, port: int, out_dir: str):
+  """One rank: trains its stage of every case in CASES, in turn."""
   import torch.distributed as dist  # pylint: disable=g-import-not-at-top
-  from overlap_core.planning.dims import ParallelDims  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(1)
   rendezvous.init_process_group("gloo",
                                 init_method=f"tcp://127.0.0.1:{port}",
                                 rank=rank, world_size=2)
+  for name, schedule in CASES:
+    _train_stage(rank, name, schedule, _case_dir(out_dir, name, schedule))
+  dist.destroy_process_group()
+
+
+def _train_stage(rank: int, name: str, schedule: str, out_dir: str):
+  """One stage: trains STEPS steps, saves its losses and gradients."""
+  from overlap_core.planning.dims import ParallelDims  # pylint: disable=g-import-not-at-top
   model = _model(name)
   names = {id(p): n for n, p in model.named_parameters()}
   cfg = _config(schedule)
@@ -96,8 +114,8 @@ def _worker(rank: int, name: str, schedule: str, port: int, out_dir: str):
     record["grads"].append({names[id(p)]: p.grad.clone()
                             for p in stage.parameters()})
     optimizer.step()
+  os.makedirs(out_dir, exist_ok=True)
   torch.save(record, os.path.join(out_dir, f"rank{rank}.pt"))
-  dist.destroy_process_group()
 
 
 def _reference(name: str):
@@ -118,20 +136,38 @@ def _reference(name: str):
   return losses, grads
 
 
-def _run_pipeline(name: str, schedule: str, out_dir: str):
+@pytest.fixture(scope="module")
+def pipeline_runs(tmp_path_factory):
+  """The directory where the two ranks left each case's records."""
+  out_dir = str(tmp_path_factory.mktemp("pipelines"))
   (port,) = processes.free_ports(1)
-  subprocess.run([sys.executable, __file__, name, schedule, str(port),
-                  out_dir], check=True, cwd=REPO_ROOT, env=subprocess_env(),
-                 timeout=PIPELINE_TIMEOUT_S)
-  return [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in (0, 1)]
+  subprocess.run([sys.executable, __file__, str(port), out_dir], check=True,
+                 cwd=REPO_ROOT, env=subprocess_env(),
+                 timeout=len(CASES) * PIPELINE_TIMEOUT_S)
+  return out_dir
 
 
-@pytest.mark.parametrize("name, schedule", [
-    ("vgg16", "gpipe"), ("vgg16", "1f1b"), ("resnet18", "gpipe"),
-    ("resnet18", "1f1b"), ("resnet18", "interleaved_1f1b")])
-def test_two_stages_train_like_the_unsplit_model(name, schedule, tmp_path):
-  first, last = _run_pipeline(name, schedule, str(tmp_path))
-  want_losses, want_grads = _reference(name)
+@pytest.fixture(scope="module")
+def references():
+  """_reference(name), computed once per model for all its schedules
+  (the tests only read it)."""
+  made = {}
+
+  def reference(name):
+    if name not in made:
+      made[name] = _reference(name)
+    return made[name]
+
+  return reference
+
+
+@pytest.mark.parametrize("name, schedule", CASES)
+def test_two_stages_train_like_the_unsplit_model(name, schedule,
+                                                 pipeline_runs, references):
+  case_dir = _case_dir(pipeline_runs, name, schedule)
+  first, last = [torch.load(os.path.join(case_dir, f"rank{r}.pt"))
+                 for r in (0, 1)]
+  want_losses, want_grads = references(name)
   assert first["losses"] == [None] * STEPS  # the loss lives on the last stage
   # Each micro-batch runs the same kernels on the same values as the
   # unsplit model; a pipeline changes only the order in which the four
@@ -209,7 +245,6 @@ def test_the_trainer_refuses_a_pipelined_checkpoint_in_one_line(tmp_path):
 
 
 if __name__ == "__main__":
-  # The pipeline's ranks: python test_pipeline.py NAME SCHEDULE PORT DIR
-  torch.multiprocessing.spawn(_worker, args=(sys.argv[1], sys.argv[2],
-                                             int(sys.argv[3]), sys.argv[4]),
+  # The pipeline's ranks: python test_pipeline.py PORT DIR
+  torch.multiprocessing.spawn(_worker, args=(int(sys.argv[1]), sys.argv[2]),
                               nprocs=2)
