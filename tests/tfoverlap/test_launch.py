@@ -58,21 +58,35 @@ def test_a_bad_collective_timeout_stops_before_any_worker_starts(tmp_path):
   assert not os.listdir(tmp_path)
 
 
-def test_two_workers_train_to_identical_weights(tmp_path):
-  model_dir = tmp_path / "run"
+# With --deterministic the job is as deterministic as one process: the
+# all-reduce sums two workers' gradients in one order, and the data and the
+# seeds are the same in every run. So a resumed job must end where this
+# uninterrupted one does, not only with both workers agreeing.
+REFERENCE_STEPS = 50
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+  """An uninterrupted deterministic two-worker job; tests only read it."""
+  model_dir = tmp_path_factory.mktemp("uninterrupted_two_workers")
   result = run_module("tfoverlap.launch", "--num_workers=2", "--",
-                      *TINY_RUN, "--train_steps=20", "--deterministic",
+                      *TINY_RUN, "--deterministic",
+                      f"--train_steps={REFERENCE_STEPS}",
                       f"--model_dir={model_dir}", timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
-  chief = run_record.load_run_record(str(model_dir))
-  other = run_record.load_run_record(str(model_dir / "worker-1"))
+  return model_dir
+
+
+def test_two_workers_train_to_identical_weights(reference_run):
+  chief = run_record.load_run_record(str(reference_run))
+  other = run_record.load_run_record(str(reference_run / "worker-1"))
   assert chief["worker"] == {"index": 0, "num_workers": 2}
   assert other["worker"] == {"index": 1, "num_workers": 2}
   assert chief["strategy"]["name"] == "multi_worker"
   # MultiWorkerMirroredStrategy is CollectiveAllReduceStrategy at run time.
   assert chief["strategy"]["class"] == "CollectiveAllReduceStrategy"
   assert chief["strategy"]["num_replicas"] == 2
-  assert chief["steps"] == other["steps"] == 20
+  assert chief["steps"] == other["steps"] == REFERENCE_STEPS
   assert chief["weights_digest"] == other["weights_digest"]
 
 
@@ -89,15 +103,21 @@ def _worker_index(pid: int) -> int:
 
 
 def test_killed_worker_ends_the_job_with_a_clear_message(tmp_path):
+  """And, while the job still trained, its workers exposed exactly the
+  ports their warnings name (one job checks both)."""
   launcher = subprocess.Popen(
       [sys.executable, "-m", "tfoverlap.launch", "--num_workers=2", "--",
-       *TINY_RUN, "--train_steps=100000", f"--model_dir={tmp_path}"],
+       *TINY_RUN, "--train_steps=100000", "--data_service=local",
+       f"--model_dir={tmp_path}"],
       cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.PIPE,
       stderr=subprocess.PIPE, text=True)
   workers = {}
   try:
     # Wait until the chief reports training progress: collectives are live.
-    wait_for_line(launcher.stdout, "[worker 0] step ", timeout=180)
+    wait_for_line(launcher.stdout, "[worker 0] step ", timeout=300)
+    pids = [launcher.pid] + sockets.descendants(launcher.pid)
+    listening = sockets.listening_sockets(pids)
+    environments = {pid: sockets.environment(pid) for pid in pids}
     workers = {_worker_index(pid): pid for pid in _children(launcher.pid)}
     os.kill(workers[1], signal.SIGKILL)
     # Bounded: the launcher must notice and stop the chief by itself.
@@ -114,6 +134,8 @@ def test_killed_worker_ends_the_job_with_a_clear_message(tmp_path):
   # launcher that left it running.)
   with pytest.raises(ProcessLookupError):
     os.kill(workers[0], 0)  # the chief is gone too
+  _assert_workers_expose_exactly_the_ports_their_warnings_name(
+      sockets.Snapshot(listening, environments, stderr))
 
 
 def test_every_worker_resumes_from_the_chiefs_checkpoint(tmp_path):
@@ -134,18 +156,9 @@ def test_every_worker_resumes_from_the_chiefs_checkpoint(tmp_path):
 
 
 def test_async_checkpoints_have_one_writer_one_cadence_one_resume_step(
-    tmp_path, tmp_path_factory):
-  # With --deterministic the job is as deterministic as one process: the
-  # all-reduce sums two workers' gradients in one order, and the data and
-  # the seeds are the same in every run. So a resumed job must end where an
-  # uninterrupted one does, not only with both workers agreeing.
-  uninterrupted = tmp_path_factory.mktemp("uninterrupted_two_workers")
-  expected = run_module("tfoverlap.launch", "--num_workers=2", "--",
-                        *TINY_RUN, "--deterministic", "--train_steps=50",
-                        f"--model_dir={uninterrupted}", timeout=300)
-  assert expected.returncode == 0, expected.stderr[-3000:]
+    tmp_path, reference_run):
   expected_digest = run_record.load_run_record(
-      str(uninterrupted))["weights_digest"]
+      str(reference_run))["weights_digest"]
 
   args = [*TINY_RUN, "--deterministic", "--checkpoint=async",
           "--checkpoint_every=auto", f"--model_dir={tmp_path}"]
@@ -166,13 +179,13 @@ def test_async_checkpoints_have_one_writer_one_cadence_one_resume_step(
   last = chief["checkpoint"]["last_persisted_step"]
 
   second = run_module("tfoverlap.launch", "--num_workers=2", "--", *args,
-                      "--train_steps=50", timeout=300)
+                      f"--train_steps={REFERENCE_STEPS}", timeout=300)
   assert second.returncode == 0, second.stderr[-3000:]
   chief = run_record.load_run_record(str(tmp_path))
   other = run_record.load_run_record(str(tmp_path / "worker-1"))
   assert chief["checkpoint"]["restore"]["step"] == last
   assert other["checkpoint"]["restore"]["step"] == last
-  assert chief["steps"] == other["steps"] == 50 - last
+  assert chief["steps"] == other["steps"] == REFERENCE_STEPS - last
   assert (chief["weights_digest"] == other["weights_digest"]
           == expected_digest)
 
@@ -225,16 +238,10 @@ def _announced_ports(stderr: str) -> list:
   return ports
 
 
-def test_workers_expose_exactly_the_ports_their_warnings_name(tmp_path):
+def _assert_workers_expose_exactly_the_ports_their_warnings_name(snapshot):
   """What TensorFlow cannot close is announced, port by port, and nothing
   else listens: each worker's gRPC server and, with --data_service=local,
   its tf.data dispatcher and worker."""
-  snapshot = sockets.listening_while_running(
-      [sys.executable, "-m", "tfoverlap.launch", "--num_workers=2", "--",
-       *TINY_RUN, "--train_steps=100000", "--data_service=local",
-       f"--model_dir={tmp_path}"],
-      until="[worker 0] step ", timeout_s=300, cwd=REPO_ROOT,
-      env=subprocess_env())
   announced = _announced_ports(snapshot.stderr)
   # 2 gRPC servers (the launcher's line), 2 x (dispatcher + worker).
   assert len(announced) == len(set(announced)) == 6, snapshot.stderr[-3000:]

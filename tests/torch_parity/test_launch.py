@@ -165,6 +165,9 @@ def _rank_pids(launcher_pid: int, variable: str) -> dict:
 
 
 def _kill_rank_1_and_wait(launcher_args: list, variable: str, progress: str):
+  """Kills rank 1 of a training job; returns the launcher's exit status,
+  its stderr, the seconds it took to end after the kill, and what the job
+  listened on just before the kill (one job checks both)."""
   launcher = subprocess.Popen(
       [sys.executable, "-m", "torch_parity.launch", *launcher_args],
       cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.PIPE,
@@ -175,6 +178,10 @@ def _kill_rank_1_and_wait(launcher_args: list, variable: str, progress: str):
     wait_for_line(launcher.stdout, progress, timeout=240)
     ranks = _rank_pids(launcher.pid, variable)
     assert sorted(ranks) == [0, 1], ranks
+    # What the live job listens on, at the same point of its progress.
+    pids = [launcher.pid] + sockets.descendants(launcher.pid)
+    found = sockets.listening_sockets(pids)
+    environments = {pid: sockets.environment(pid) for pid in pids}
     os.kill(ranks[1], signal.SIGKILL)
     started = time.monotonic()
     # Bounded: the job must end by itself.
@@ -189,17 +196,21 @@ def _kill_rank_1_and_wait(launcher_args: list, variable: str, progress: str):
   # launcher that left it running.)
   with pytest.raises(ProcessLookupError):
     os.kill(ranks[0], 0)  # the surviving rank is gone too
-  return launcher.returncode, stderr, ended_s
+  return (launcher.returncode, stderr, ended_s,
+          sockets.Snapshot(found, environments, stderr))
 
 
 def test_killed_ddp_rank_ends_the_job_with_a_clear_message(tmp_path):
-  code, stderr, ended_s = _kill_rank_1_and_wait(
+  """And, while the job still trained, the ranks listened on loopback
+  only."""
+  code, stderr, ended_s, snapshot = _kill_rank_1_and_wait(
       ["--num_workers=2", "--", *TINY_RUN, "--train_steps=100000",
        f"--model_dir={tmp_path}"], "RANK", "[worker 0] step ")
   assert code != 0
   last = stderr.strip().splitlines()[-1]
   assert last.startswith("torch_parity.launch: rank 1 was killed by SIGKILL")
   assert ended_s < DEAD_RANK_BOUND_S
+  _assert_ddp_ranks_listen_on_loopback_only(snapshot)
 
 
 def test_two_horovod_ranks_train_like_ddp(ddp_run, tmp_path):
@@ -224,7 +235,9 @@ def test_two_horovod_ranks_train_like_ddp(ddp_run, tmp_path):
 
 
 def test_killed_horovod_rank_ends_the_job_with_a_clear_message(tmp_path):
-  code, stderr, ended_s = _kill_rank_1_and_wait(
+  """And, while the job still trained, only horovodrun's announced
+  rendezvous listened beyond loopback."""
+  code, stderr, ended_s, snapshot = _kill_rank_1_and_wait(
       ["--num_workers=2", "--", "--strategy=horovod", *TINY_RUN,
        "--train_steps=100000", f"--model_dir={tmp_path}"], "HOROVOD_RANK",
       "[worker 0] step ")
@@ -232,6 +245,7 @@ def test_killed_horovod_rank_ends_the_job_with_a_clear_message(tmp_path):
   last = stderr.strip().splitlines()[-1]
   assert last.startswith("torch_parity.launch: rank 1 was killed by SIGKILL")
   assert ended_s < DEAD_RANK_BOUND_S
+  _assert_only_horovodruns_announced_rendezvous_is_exposed(snapshot)
 
 
 def test_horovod_launch_needs_no_writable_home(tmp_path):
@@ -286,17 +300,7 @@ def test_stuck_rank_ends_the_job_after_the_collective_timeout(tmp_path):
   assert record["timeout"]["timeout_s"] == STUCK_TIMEOUT_S
 
 
-def _listening_while_training(tmp_path, *trainer_args):
-  return sockets.listening_while_running(
-      [sys.executable, "-m", "torch_parity.launch", "--num_workers=2", "--",
-       *TINY_RUN, "--train_steps=100000", f"--model_dir={tmp_path}",
-       *trainer_args],
-      until="[worker 0] step ", timeout_s=240, cwd=REPO_ROOT,
-      env=subprocess_env())
-
-
-def test_ddp_ranks_listen_on_loopback_only(tmp_path):
-  snapshot = _listening_while_training(tmp_path)
+def _assert_ddp_ranks_listen_on_loopback_only(snapshot):
   assert snapshot.sockets, "no listening socket found at all"
   assert all(s.is_loopback for s in snapshot.sockets), snapshot.sockets
   # Not vacuous: rank 0 serves the rendezvous store on MASTER_ADDR, which
@@ -310,8 +314,7 @@ def test_ddp_ranks_listen_on_loopback_only(tmp_path):
   assert "listens on all interfaces" not in snapshot.stderr
 
 
-def test_horovod_exposes_only_horovodruns_announced_rendezvous(tmp_path):
-  snapshot = _listening_while_training(tmp_path, "--strategy=horovod")
+def _assert_only_horovodruns_announced_rendezvous_is_exposed(snapshot):
   exposed = [s for s in snapshot.sockets if not s.is_loopback]
   assert len(exposed) == 1, snapshot.sockets
   assert exposed[0].is_wildcard and "horovodrun" in exposed[0].command
