@@ -169,11 +169,19 @@ def _line(points: Sequence[Tuple[float, float]]) -> Tuple[float, float]:
 
 def fit_updates(optimizer: str,
                 updates: Sequence[UpdateTiming]) -> Optional[UpdateFit]:
-  """The update fit of a profile's timings; None when there are none."""
+  """The update fit of a profile's timings; None when there are none.
+
+  A profile whose layers' shares all came out at zero (each update no
+  longer than the call's fixed cost, as tiny layers on a busy host give)
+  still timed the update: its fit adds nothing per layer, on 0 layers.
+  """
+  if not updates:
+    return None
   points = [(float(u.param_bytes), u.update_s) for u in updates
             if u.param_bytes > 0 and u.update_s > 0]
   if not points:
-    return None
+    return UpdateFit(optimizer=optimizer, intercept_s=0.0,
+                     seconds_per_byte=0.0, num_layers=0, holdout_error=None)
   holdout = None
   if len(points) >= MIN_CONFIGS_FOR_HOLDOUT:
     errors = []
@@ -268,6 +276,11 @@ class CostModel:
     if self.update is None:
       rows.append("optimizer update: not profiled, so stage times leave "
                   "it out")
+    elif not self.update.num_layers:
+      rows.append(f"optimizer update ({self.update.optimizer}, once per "
+                  f"step): a call {self.update_call_s * 1e3:.3f} ms; no "
+                  "layer's share measured above the call's own cost, so "
+                  "layers add none")
     else:
       u = self.update
       err = ("n/a (<3 layers)" if u.holdout_error is None

@@ -124,6 +124,24 @@ def test_timed_layers_keep_their_share_and_the_call_is_counted_apart():
   assert Profile.from_json(profile.to_json()) == profile
 
 
+def test_updates_no_longer_than_the_call_still_count_as_profiled():
+  # Tiny layers on a busy host: every update at or under the call's fixed
+  # cost, so every share is 0. The update was timed all the same.
+  graph = LayerGraph("g", 1, (1,), 0, (
+      LayerNode("fc", "linear", {}, (MODEL_INPUT,), (1,), 4096, 0),))
+  profile = Profile(
+      model="g", framework="x", device="cpu", warmup=0, repeats=1,
+      timings=(LayerTiming("fc", "linear", 1, 1e-3, 2e-3),),
+      optimizer="adam", update_call_s=7e-4,
+      updates=(UpdateTiming("fc", 4096, 5e-4),))
+  model = fit_cost_model([(graph, profile)])
+  assert model.update.num_layers == 0
+  assert model.predict_update(graph.nodes[0]) == 0.0
+  assert model.update_call_s == 7e-4
+  assert ("optimizer update (adam, once per step): a call 0.700 ms; no "
+          "layer's share measured above" in model.report())
+
+
 def test_no_updates_profiled_predicts_none_and_says_so():
   model = fit_cost_model(samples=synthetic_samples(random.Random(4), 0.0))
   node = LayerNode("fc", "linear", {}, ("input",), (1,), 4096, 0)
