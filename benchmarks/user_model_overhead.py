@@ -57,7 +57,7 @@ EXAMPLES = {
                   "--dataset=examples.keras_regression.data:load",
                   "--batch_size=64", "--strategy=default"],
         "sides": list(trainer_overhead.SIDES),
-        "train_steps": 1000, "quick_train_steps": 12,
+        "train_steps": 3000, "quick_train_steps": 12,
     },
     "torch_module": {
         "framework": "pytorch",
@@ -66,7 +66,7 @@ EXAMPLES = {
                   "--image_size=16", "--batch_size=32",
                   "--strategy=default"],
         "sides": list(torch_trainer_overhead.SIDES),
-        "train_steps": 400, "quick_train_steps": 12,
+        "train_steps": 2000, "quick_train_steps": 12,
     },
 }
 # What each framework's comparison is judged on, as its own driver does.
