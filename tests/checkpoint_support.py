@@ -12,6 +12,7 @@ import queue
 import random
 import re
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -150,6 +151,17 @@ def check_fell_back(result: subprocess.CompletedProcess, model_dir: str, *,
   record = run_record.load_run_record(model_dir)
   assert record["checkpoint"]["restore"]["step"] == restored_step
   assert record["steps"] == num_steps
+
+
+def resume_from(stopped, model_dir, *, drop=()) -> str:
+  """Copies a stopped run's checkpoints into `model_dir`, less the steps
+  in `drop`, so each test resumes its own copy of one shared run."""
+  directory = str(model_dir / "checkpoints")
+  shutil.copytree(str(stopped / "checkpoints"), directory)
+  for step in drop:
+    shutil.rmtree(os.path.join(directory,
+                               checkpoint_files.checkpoint_dir_name(step)))
+  return directory
 
 
 def newest_checkpoint(directory: str) -> Optional[

@@ -9,7 +9,6 @@ in test_checkpoint_kills.py.
 
 import os
 import random
-import shutil
 import socket
 import subprocess
 import sys
@@ -73,19 +72,9 @@ def stopped_at_20(tmp_path_factory):
   return model_dir
 
 
-def _resume_from(stopped, model_dir, *, drop=()):
-  """Copies a stopped run's checkpoints, less the steps in `drop`."""
-  directory = str(model_dir / "checkpoints")
-  shutil.copytree(str(stopped / "checkpoints"), directory)
-  for step in drop:
-    shutil.rmtree(os.path.join(directory,
-                               checkpoint_files.checkpoint_dir_name(step)))
-  return directory
-
-
 def test_async_stopped_and_resumed_run_ends_bit_identical(
     tmp_path, stopped_at_20, uninterrupted_digest):
-  _resume_from(stopped_at_20, tmp_path)
+  checkpoint_support.resume_from(stopped_at_20, tmp_path)
   resumed = _train(tmp_path, *ASYNC_EVERY_10, f"--train_steps={TOTAL_STEPS}")
   record = run_record.load_run_record(str(tmp_path))
   assert record["steps"] == TOTAL_STEPS - 20  # after the batch of step 20
@@ -128,7 +117,7 @@ def test_sigkills_at_random_moments_lose_nothing(tmp_path,
 
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous(
     tmp_path, stopped_at_20):
-  directory = _resume_from(stopped_at_20, tmp_path)
+  directory = checkpoint_support.resume_from(stopped_at_20, tmp_path)
   checkpoint_support.damage(
       os.path.join(directory, "ckpt-0000000020", "model.safetensors"))
   result = _train(tmp_path, *ASYNC_EVERY_10, "--train_steps=25")
@@ -138,7 +127,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous(
 
 def test_restoring_into_another_model_names_the_first_difference(
     tmp_path, stopped_at_20):
-  directory = _resume_from(stopped_at_20, tmp_path)
+  directory = checkpoint_support.resume_from(stopped_at_20, tmp_path)
   result = _train(tmp_path, *ASYNC_EVERY_10, "--train_steps=25",
                   "--image_size=16", expect_ok=False)
   assert result.returncode == 1, result.stderr[-2000:]
@@ -154,7 +143,7 @@ def test_full_disk_applies_the_policy_and_keeps_the_good_checkpoint(
     tmp_path, stopped_at_20, policy):
   # A file-size limit below the model file makes its write fail mid-file,
   # as a full disk does.
-  directory = _resume_from(stopped_at_20, tmp_path, drop=[20])
+  directory = checkpoint_support.resume_from(stopped_at_20, tmp_path, drop=[20])
   model_bytes = os.path.getsize(
       os.path.join(directory, "ckpt-0000000010", "model.safetensors"))
   result = _train(tmp_path, *ASYNC_EVERY_10,
