@@ -36,9 +36,12 @@ def user_model_overhead_table() -> str:
           harness.verdict(c["judged"], c["judged"]["target"],
                           c["judged"]["direction"])])
   busy = data.get("harness", {}).get("host_busy")
+  load_at_start = data["machine"].get("load_average_at_start")
   caption = (f"Repeats: {data['repeats']}; {data['machine']['date']}, "
-             f"{data['machine']['cpu_count']} cores; host busy (harness "
-             f"rules): {DASH if busy is None else ('yes' if busy else 'no')}.")
+             f"{data['machine']['cpu_count']} cores, load average at start "
+             f"{f'{load_at_start[0]:.2f}' if load_at_start else DASH}; host "
+             f"busy (harness rules): "
+             f"{DASH if busy is None else ('yes' if busy else 'no')}.")
   return caption + "\n\n" + markdown(
       ["example", "framework", "steps per run", "sides (trainer / plain)",
        "measured", "plain", "trainer", "time ratio of medians",

@@ -106,15 +106,21 @@ def test_update_fit_recovers_a_known_line_and_predicts_new_sizes():
   assert "optimizer update (adam, once per step)" in model.report()
 
 
-def test_timed_layers_keep_their_share_and_the_call_is_counted_apart():
+def _one_layer(update_s: float, **profile_fields):
+  """A one-layer graph and its profile, whose optimizer call costs 0.7 ms
+  and whose layer's update took `update_s` in all."""
   graph = LayerGraph("g", 1, (1,), 0, (
       LayerNode("fc", "linear", {}, (MODEL_INPUT,), (1,), 4096, 0),))
   profile = Profile(
       model="g", framework="x", device="cpu", warmup=0, repeats=1,
       timings=(LayerTiming("fc", "linear", 1, 1e-3, 2e-3),),
       optimizer="adam", update_call_s=7e-4,
-      updates=(UpdateTiming("fc", 4096, 1e-3),),
-      gradient_sum_s_per_byte=2e-10)
+      updates=(UpdateTiming("fc", 4096, update_s),), **profile_fields)
+  return graph, profile
+
+
+def test_timed_layers_keep_their_share_and_the_call_is_counted_apart():
+  graph, profile = _one_layer(1e-3, gradient_sum_s_per_byte=2e-10)
   model = fit_cost_model([(graph, profile)])
   assert model.update_call_s == 7e-4
   assert model.predict_update(graph.nodes[0]) == pytest.approx(3e-4)
@@ -127,13 +133,7 @@ def test_timed_layers_keep_their_share_and_the_call_is_counted_apart():
 def test_updates_no_longer_than_the_call_still_count_as_profiled():
   # Tiny layers on a busy host: every update at or under the call's fixed
   # cost, so every share is 0. The update was timed all the same.
-  graph = LayerGraph("g", 1, (1,), 0, (
-      LayerNode("fc", "linear", {}, (MODEL_INPUT,), (1,), 4096, 0),))
-  profile = Profile(
-      model="g", framework="x", device="cpu", warmup=0, repeats=1,
-      timings=(LayerTiming("fc", "linear", 1, 1e-3, 2e-3),),
-      optimizer="adam", update_call_s=7e-4,
-      updates=(UpdateTiming("fc", 4096, 5e-4),))
+  graph, profile = _one_layer(5e-4)
   model = fit_cost_model([(graph, profile)])
   assert model.update.num_layers == 0
   assert model.predict_update(graph.nodes[0]) == 0.0
