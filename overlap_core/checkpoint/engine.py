@@ -46,6 +46,7 @@ from overlap_core.checkpoint import cadence
 from overlap_core.checkpoint import files as checkpoint_files
 from overlap_core.checkpoint import persist
 from overlap_core.checkpoint.files import CheckpointError
+from overlap_core.runtime import cpu_clock
 from overlap_core.runtime.config import CheckpointConfig, DataConfig
 
 CHECKPOINT_DIR_NAME = "checkpoints"
@@ -124,13 +125,6 @@ class PersistCost:
   """What one background persist took: wall time, and its thread's CPU."""
   wall_s: float
   cpu_s: float
-
-
-def _usable_cores() -> int:
-  try:
-    return len(os.sched_getaffinity(0))
-  except (AttributeError, OSError):
-    return os.cpu_count() or 1
 
 
 def _cpu_share(cpu_s: float, wall_s: float,
@@ -220,7 +214,8 @@ class CheckpointEngine:
     self._persists = persist.PersistThread(timeout_s=persist_timeout_s)
     self._last_mark: Optional[float] = None
     self._last_cpu_mark = 0.0
-    self._num_cores = _usable_cores()  # read once: a syscall, not per step
+    # Read once: a syscall, not per step.
+    self._num_cores = cpu_clock.usable_cores()
     self._last_marked_step = 0
     self._stall_in_step_s = 0.0
     self.stall_s: List[float] = []

@@ -30,6 +30,14 @@ import time
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
+def usable_cores() -> int:
+  """The cores this process may run on (its affinity), else all of them."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except (AttributeError, OSError):
+    return os.cpu_count() or 1
+
+
 def _proc_cpu_s(pid: int) -> float:
   """User + system CPU of one live process, from /proc/<pid>/stat."""
   with open(f"/proc/{pid}/stat", "rb") as f:

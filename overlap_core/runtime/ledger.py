@@ -37,7 +37,6 @@ timed elsewhere and has no CPU time.
 import contextlib
 import dataclasses
 import math
-import os
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -292,14 +291,6 @@ class StepLedger:
     }
 
 
-def usable_cores() -> int:
-  """The cores this process may run on (its affinity), else all of them."""
-  try:
-    return len(os.sched_getaffinity(0))
-  except (AttributeError, OSError):
-    return os.cpu_count() or 1
-
-
 def cpu_summary(work_s_per_step: float, step_s: float,
                 processes: int = 1) -> dict:
   """What the steps' work asked of the host.
@@ -312,7 +303,7 @@ def cpu_summary(work_s_per_step: float, step_s: float,
   work allows on these cores if nothing else runs and every core is
   shared perfectly: a step near it has filled the machine.
   """
-  cores = usable_cores()
+  cores = cpu_clock_lib.usable_cores()
   return {"work_s_per_step": work_s_per_step, "cores": cores,
           "processes": processes,
           "busy_cores": work_s_per_step / step_s if step_s else 0.0,

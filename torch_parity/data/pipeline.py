@@ -23,7 +23,6 @@ The knobs, and what each becomes, are described in `torch_parity.data`.
 import concurrent.futures
 import dataclasses
 import math
-import os
 from typing import Iterator, List, Optional, Sequence
 
 import numpy as np
@@ -31,6 +30,7 @@ import torch
 from torch.nn import functional as F
 from torch.utils import data as torch_data
 
+from overlap_core.runtime import cpu_clock
 from overlap_core.runtime import datasets
 from overlap_core.runtime.config import AUTOTUNE, ConfigError, DataConfig
 from torch_parity.data import preprocess_cost, sources
@@ -91,9 +91,7 @@ def loader_settings(cfg: DataConfig) -> LoaderSettings:
 
 def available_cores() -> int:
   """CPU cores this process may run on: the autotuned parallelism."""
-  if hasattr(os, "sched_getaffinity"):
-    return max(1, len(os.sched_getaffinity(0)))
-  return max(1, os.cpu_count() or 1)
+  return max(1, cpu_clock.usable_cores())
 
 
 def epoch_order(num_examples: int, *, seed: int, epoch: int,
