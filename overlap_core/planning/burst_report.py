@@ -14,6 +14,7 @@ import os
 from typing import List, Optional, Sequence, Tuple
 
 from overlap_core.planning import burst
+from overlap_core.planning import report
 from overlap_core.planning.burst_costs import (CommModel, default_widths,
                                                split_samples)
 from overlap_core.planning.graph import LayerGraph
@@ -59,15 +60,9 @@ def write_burst_files(graph: LayerGraph, profile: Profile,
                       plan: burst.BurstPlan, output_dir: str) -> List[str]:
   """graph.json, profile.json, burst_plan.json and burst_plan.txt; prints
   the command that draws the scaling plot from them."""
-  os.makedirs(output_dir, exist_ok=True)
-  files = {"graph.json": graph.to_json(), "profile.json": profile.to_json(),
-           PLAN_NAME: plan.to_json(), "burst_plan.txt": plan.table() + "\n"}
-  paths = []
-  for name, text in files.items():
-    path = os.path.join(output_dir, name)
-    with open(path, "w", encoding="utf-8") as f:
-      f.write(text)
-    paths.append(path)
+  paths = report.write_text_files(output_dir, {
+      "graph.json": graph.to_json(), "profile.json": profile.to_json(),
+      PLAN_NAME: plan.to_json(), "burst_plan.txt": plan.table() + "\n"})
   # The plot needs matplotlib, which the neutral core never loads, and is
   # drawn by the comparison package, which sits above it; so the planner
   # names the command instead of running a layer above its own.

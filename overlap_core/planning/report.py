@@ -7,7 +7,7 @@ report printed, so a PyTorch plan and a TensorFlow plan read the same.
 
 import dataclasses
 import os
-from typing import Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 from overlap_core.planning.cost_model import CostModel, fit_cost_model
 from overlap_core.planning.graph import LayerGraph
@@ -61,18 +61,25 @@ def format_report(result: PlanResult) -> str:
   return "\n".join(parts)
 
 
-def write_plan_files(result: PlanResult, output_dir: str) -> list:
-  """graph.json, graph.dot, profile.json and plan.txt under `output_dir`."""
+def write_text_files(output_dir: str, texts: Mapping[str, str]) -> List[str]:
+  """Writes {file name: text} under `output_dir` (made if missing), for
+  both planners' files; returns the paths in the order of `texts`."""
   os.makedirs(output_dir, exist_ok=True)
-  files = {"graph.json": result.graph.to_json(),
-           "graph.dot": result.graph.to_dot(),
-           "profile.json": result.profile.to_json(),
-           "plan.txt": format_report(result) + "\n"}
   paths = []
-  for name, text in files.items():
+  for name, text in texts.items():
     path = os.path.join(output_dir, name)
     with open(path, "w", encoding="utf-8") as f:
       f.write(text)
     paths.append(path)
+  return paths
+
+
+def write_plan_files(result: PlanResult, output_dir: str) -> list:
+  """graph.json, graph.dot, profile.json and plan.txt under `output_dir`."""
+  paths = write_text_files(output_dir, {
+      "graph.json": result.graph.to_json(),
+      "graph.dot": result.graph.to_dot(),
+      "profile.json": result.profile.to_json(),
+      "plan.txt": format_report(result) + "\n"})
   png = result.graph.write_png(os.path.join(output_dir, "graph.png"))
   return paths + ([png] if png else [])
