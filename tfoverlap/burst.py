@@ -27,7 +27,7 @@ import keras
 import tensorflow as tf
 from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
 
-from overlap_core.planning.burst import BurstPlan
+from overlap_core.planning.burst import BurstPlan, check_plan_layers
 from overlap_core.planning.burst_costs import split_samples
 from overlap_core.planning.graph import neutral_names
 
@@ -106,20 +106,9 @@ def check_plan(model: keras.Model, widths_by_layer: Mapping[str, int],
   Raises:
     ValueError: one line naming the first layer at fault.
   """
-  names = [layer.name for layer in chain_layers(model)]
-  missing = [n for n in names if n not in widths_by_layer]
-  if missing:
-    raise ValueError(f"layer {missing[0]!r} of the model has no width in "
-                     f"the plan ({len(missing)} layers lack one)")
-  extra = sorted(set(widths_by_layer) - set(names))
-  if extra:
-    raise ValueError(f"the plan names layer {extra[0]!r}, which the model "
-                     "lacks")
-  for name in names:
-    k = widths_by_layer[name]
-    if not 1 <= k <= len(devices):
-      raise ValueError(f"layer {name!r} has width {k}; allowed: 1 to "
-                       f"{len(devices)} (the devices given)")
+  check_plan_layers([layer.name for layer in chain_layers(model)],
+                    widths_by_layer, max_width=len(devices),
+                    max_width_reason="the devices given")
 
 
 def make_burst_forward(model: keras.Model,

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
+from overlap_core.planning.burst import check_plan_layers
 from overlap_core.planning.burst_costs import sample_ranges
 from overlap_core.planning.graph import MODEL_INPUT, neutral_names
 from torch_parity.planning.graph import layer_names
@@ -147,20 +148,8 @@ class BurstModel(nn.Module):
     """
     layers = [self._names[n] for n in self.traced.graph.nodes
               if n.op in _LAYER_OPS]
-    missing = [l for l in layers if l not in widths_by_layer]
-    if missing:
-      raise ValueError(f"layer {missing[0]!r} of the model has no width in "
-                       f"the plan ({len(missing)} layers lack one)")
-    extra = sorted(set(widths_by_layer) - set(layers))
-    if extra:
-      raise ValueError(f"the plan names layer {extra[0]!r}, which the model "
-                       "lacks")
-    bad = {l: k for l, k in widths_by_layer.items()
-           if not 1 <= k <= min(self.world_size, self.global_batch)}
-    if bad:
-      layer, k = next(iter(bad.items()))
-      raise ValueError(f"layer {layer!r} has width {k}; allowed: 1 to "
-                       f"{min(self.world_size, self.global_batch)}")
+    check_plan_layers(layers, widths_by_layer,
+                      max_width=min(self.world_size, self.global_batch))
     widths = dict(widths_by_layer)
     first = next(n for n in self.traced.graph.nodes if n.op in _LAYER_OPS)
     # The input arrives where its first reader runs: no exchange there.

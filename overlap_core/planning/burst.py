@@ -231,6 +231,41 @@ class BurstPlan:
     return cls.from_dict(json.loads(text))
 
 
+def check_plan_layers(layers: Sequence[str],
+                      widths_by_layer: Mapping[str, int], *, max_width: int,
+                      max_width_reason: str = "") -> None:
+  """Refuses a plan that does not name exactly the model's layers, or that
+  gives one a width this run cannot give it.
+
+  Both trainers check a plan here before running it, so that a plan a
+  model does not fit is refused in the same words on either side.
+
+  Args:
+    layers: the model's layers, in order, by the names the plan uses.
+    widths_by_layer: the plan's width of every layer, by layer name.
+    max_width: the widest a layer may run here.
+    max_width_reason: what sets `max_width`, said after it ("" for
+      nothing).
+
+  Raises:
+    ValueError: one line naming the first layer at fault.
+  """
+  missing = [name for name in layers if name not in widths_by_layer]
+  if missing:
+    raise ValueError(f"layer {missing[0]!r} of the model has no width in "
+                     f"the plan ({len(missing)} layers lack one)")
+  extra = sorted(set(widths_by_layer) - set(layers))
+  if extra:
+    raise ValueError(f"the plan names layer {extra[0]!r}, which the model "
+                     "lacks")
+  for name in layers:
+    k = widths_by_layer[name]
+    if not 1 <= k <= max_width:
+      reason = f" ({max_width_reason})" if max_width_reason else ""
+      raise ValueError(f"layer {name!r} has width {k}; allowed: 1 to "
+                       f"{max_width}{reason}")
+
+
 def describe(problem: BurstProblem,
              widths_by_layer: Mapping[str, int]) -> BurstPlan:
   """The plan of an assignment, with every predicted cost filled in.
