@@ -273,6 +273,40 @@ def run_interleaved(sides: Sequence[Hashable], repeats: int,
   return {"runs": runs, "order": orders, "repeats": repeats, "host": host}
 
 
+def run_trainer_cells(cells: Sequence[tuple], repeats: int, scratch: str, *,
+                      flags_of: Callable[[tuple], List[str]],
+                      describe: Callable[[tuple, dict], str],
+                      module_of: Optional[Callable[[tuple], str]] = None,
+                      redo_busy: int = 0) -> dict:
+  """`run_interleaved` over a grid whose every cell is one trainer run.
+
+  Args:
+    cells: the grid's cells, tuples of names and numbers.
+    repeats, redo_busy: as `run_interleaved`'s.
+    scratch: the runs' model directories go below it, one per cell and
+      repeat.
+    flags_of: a cell's trainer flags.
+    describe: the progress line's text for a cell and its result.
+    module_of: a cell's trainer module (default: the TensorFlow trainer).
+
+  Returns:
+    The `run_interleaved` record, whose runs are {"cell": list(cell),
+    "repeat", "flags", "result": `common.run_trainer`'s}.
+  """
+  def run_one(cell, repeat):
+    flags = flags_of(cell)
+    module = (module_of(cell) if module_of
+              else common.TRAINER_MODULES["tensorflow"])
+    result = common.run_trainer(
+        flags, os.path.join(scratch, "-".join(map(str, cell)) + f"-{repeat}"),
+        module=module)
+    common.log(f"repeat {repeat + 1}/{repeats} {describe(cell, result)}")
+    return {"cell": list(cell), "repeat": repeat, "flags": flags,
+            "result": result}
+
+  return run_interleaved(cells, repeats, run_one, redo_busy=redo_busy)
+
+
 def values_by_side(runs: Sequence[dict],
                    key: Union[str, Callable[[dict], float]],
                    *, side_field: str = "side",

@@ -22,7 +22,6 @@ the memory the default policy handed back and had to fault in again.
 """
 
 import functools
-import os
 
 from benchmarks import common
 from benchmarks import harness
@@ -96,20 +95,15 @@ def measure(args, repeats: int, scratch: str) -> harness.Measured:
   models = QUICK_MODELS if args.quick else MODELS
   train_steps = QUICK_TRAIN_STEPS if args.quick else TRAIN_STEPS
 
-  def run_one(cell, repeat):
-    framework, model, policy = cell
-    flags = job_flags(model, policy, train_steps)
-    result = common.run_trainer(
-        flags, os.path.join(scratch, "-".join(cell) + f"-{repeat}"),
-        module=common.TRAINER_MODULES[framework])
-    common.log(f"repeat {repeat + 1}/{repeats} {'/'.join(cell)}: step "
-               f"{result['step']['p50_ms']:.1f} ms, "
-               f"{result['process_minor_faults']} faults")
-    return {"cell": list(cell), "repeat": repeat, "flags": flags,
-            "result": result}
+  def describe(cell, result):
+    return (f"{'/'.join(cell)}: step {result['step']['p50_ms']:.1f} ms, "
+            f"{result['process_minor_faults']} faults")
 
-  record = harness.run_interleaved(cells(models), repeats, run_one,
-                                   redo_busy=args.redo_busy)
+  record = harness.run_trainer_cells(
+      cells(models), repeats, scratch,
+      flags_of=lambda cell: job_flags(cell[1], cell[2], train_steps),
+      module_of=lambda cell: common.TRAINER_MODULES[cell[0]],
+      describe=describe, redo_busy=args.redo_busy)
   return harness.Measured.of_group(
       record, summary=summarize(record["runs"], models, train_steps),
       train_steps=train_steps)

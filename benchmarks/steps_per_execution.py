@@ -31,7 +31,6 @@ step at K over the step at 1 within each repeat.
 """
 
 import functools
-import os
 
 from benchmarks import common
 from benchmarks import harness
@@ -138,20 +137,15 @@ def measure(args, repeats: int, scratch: str) -> harness.Measured:
   k = args.steps_per_execution
   train_steps = args.train_steps or (40 if args.quick else None)
 
-  def run_one(cell, repeat):
-    strategy, calls, data_input = cell
-    flags = job_flags(strategy, calls, data_input, train_steps)
-    result = common.run_trainer(
-        flags, os.path.join(scratch,
-                            f"{strategy}-{calls}-{data_input}-{repeat}"))
-    common.log(f"repeat {repeat + 1}/{repeats} {cell_name(*cell)}: "
-               f"data wait {100 * result['data_wait']['fraction']:.1f}%, "
-               f"step {result['step']['mean_ms']:.2f} ms")
-    return {"cell": list(cell), "repeat": repeat, "flags": flags,
-            "result": result}
+  def describe(cell, result):
+    return (f"{cell_name(*cell)}: data wait "
+            f"{100 * result['data_wait']['fraction']:.1f}%, step "
+            f"{result['step']['mean_ms']:.2f} ms")
 
-  record = harness.run_interleaved(benchmark_cells(k), repeats, run_one,
-                                   redo_busy=args.redo_busy)
+  record = harness.run_trainer_cells(
+      benchmark_cells(k), repeats, scratch,
+      flags_of=lambda cell: job_flags(*cell, train_steps),
+      describe=describe, redo_busy=args.redo_busy)
   return harness.Measured.of_group(
       record, summary=summarize(record["runs"], k), steps_per_execution=k,
       target_max_data_wait_fraction=TARGET_MAX_DATA_WAIT_FRAC)
