@@ -26,7 +26,6 @@ each keeps that out of the comparison.
 """
 
 import functools
-import os
 
 from benchmarks import common
 from benchmarks import harness
@@ -141,28 +140,18 @@ def measure(args, passthrough, repeats: int, scratch_root: str
             ) -> harness.Measured:
   configs = build_configs(args, passthrough)
 
-  def run_one(cell, repeat):
-    config_name, framework = cell
-    config = configs[config_name]
-    model_dir = os.path.join(scratch_root,
-                             f"{config_name}-{framework}-{repeat}")
-    result = common.run_trainer(
+  def run_side(name, framework, model_dir):
+    config = configs[name]
+    return common.run_trainer(
         [*config["flags"], f"--train_steps={config['train_steps']}"],
         model_dir, module=common.TRAINER_MODULES[framework])
-    common.log(f"repeat {repeat + 1}/{repeats} {config_name} "
-               f"{framework}: {result['samples_per_second']:.1f} samples/s")
-    return {"config": config_name, "framework": framework,
-            "repeat": repeat, "result": result}
 
-  # Repeats outermost: a slow stretch of the machine then hits every
-  # preset and framework of one repeat, not all repeats of one of them.
-  cells = [(name, framework) for name in configs
-           for framework in FRAMEWORKS]
-  record = harness.run_interleaved(cells, repeats, run_one,
-                                   redo_busy=args.redo_busy)
-  return harness.Measured.of_group(
-      record, configs=configs, trainer_modules=common.TRAINER_MODULES,
-      quiet_trainer_flags=list(common.QUIET_TRAINER_FLAGS))
+  return harness.measure_config_sides(
+      configs, repeats, scratch_root, sides_of=lambda name: FRAMEWORKS,
+      run_side=run_side,
+      describe=lambda result: f"{result['samples_per_second']:.1f} samples/s",
+      redo_busy=args.redo_busy, side_field="framework",
+      trainer_modules=common.TRAINER_MODULES)
 
 
 def main():

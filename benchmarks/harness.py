@@ -431,6 +431,53 @@ class Measured:
                hosts={group: record["host"]}, num_runs=len(record["runs"]))
 
 
+def measure_config_sides(configs: Dict[str, dict], repeats: int,
+                         scratch_root: str, *,
+                         sides_of: Callable[[str], Sequence[str]],
+                         run_side: Callable[[str, str, str], dict],
+                         describe: Callable[[dict], str],
+                         redo_busy: int = 0, side_field: str = "side",
+                         **fields) -> Measured:
+  """Measures every side of every preset ("config"), all in one rotation.
+
+  One rotation over all presets' sides, not one per preset, so that one
+  repeat covers every cell within minutes of each other and a slow stretch
+  of the machine hits every preset and side of one repeat, not all repeats
+  of one of them.
+
+  Args:
+    configs: {preset name: its config}, recorded as "configs".
+    repeats, redo_busy: as `run_interleaved`'s.
+    scratch_root: every run gets a new directory below it
+      (`common.make_run_dir`).
+    sides_of: a preset's sides, by its name.
+    run_side: run_side(preset name, side, run directory) runs one side once
+      and returns its result.
+    describe: the progress line's text for a result.
+    side_field: the run records' name for the side ("framework" where the
+      sides are the frameworks).
+    **fields: the benchmark's own results-file fields.
+
+  Returns:
+    The `Measured` whose runs are {"config", side_field, "repeat",
+    "result"}, and which records the trainers' quiet flags too.
+  """
+  def run_one(cell, repeat):
+    name, side = cell
+    scratch = common.make_run_dir(scratch_root, f"{name}-{side}-{repeat}")
+    result = run_side(name, side, scratch)
+    common.log(f"repeat {repeat + 1}/{repeats} {name} {side}: "
+               f"{describe(result)}")
+    return {"config": name, side_field: side, "repeat": repeat,
+            "result": result}
+
+  cells = [(name, side) for name in configs for side in sides_of(name)]
+  record = run_interleaved(cells, repeats, run_one, redo_busy=redo_busy)
+  return Measured.of_group(
+      record, configs=configs,
+      quiet_trainer_flags=list(common.QUIET_TRAINER_FLAGS), **fields)
+
+
 def main_per_config(name: str, args, measure: Callable[[int, str], Measured],
                     *, default_repeats: int,
                     summarize_runs: Callable[..., object],

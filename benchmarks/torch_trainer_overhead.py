@@ -164,28 +164,19 @@ def measure(args, passthrough, repeats: int, scratch_root: str
             ) -> harness.Measured:
   configs = build_configs(args, passthrough)
 
-  def run_one(cell, repeat):
-    config_name, side = cell
-    config = configs[config_name]
-    scratch = common.make_run_dir(scratch_root,
-                                  f"{config_name}-{side}-{repeat}")
-    result = run_side(
+  def run_config_side(name, side, scratch):
+    config = configs[name]
+    return run_side(
         side, [*config["flags"], f"--train_steps={config['train_steps']}"],
         scratch)
-    common.log(f"repeat {repeat + 1}/{repeats} {config_name} {side}: "
-               f"step p50 {result['step']['p50_ms']:.2f} ms, "
-               f"{result['samples_per_second']:.1f} samples/s")
-    return {"config": config_name, "side": side, "repeat": repeat,
-            "result": result}
 
-  # Every preset's sides in one rotation, so that one repeat covers all
-  # cells within minutes of each other.
-  cells = [(name, side) for name in configs for side in SIDES]
-  record = harness.run_interleaved(cells, repeats, run_one,
-                                   redo_busy=args.redo_busy)
-  return harness.Measured.of_group(
-      record, configs=configs,
-      quiet_trainer_flags=list(common.QUIET_TRAINER_FLAGS))
+  def describe(result):
+    return (f"step p50 {result['step']['p50_ms']:.2f} ms, "
+            f"{result['samples_per_second']:.1f} samples/s")
+
+  return harness.measure_config_sides(
+      configs, repeats, scratch_root, sides_of=lambda name: SIDES,
+      run_side=run_config_side, describe=describe, redo_busy=args.redo_busy)
 
 
 def main():

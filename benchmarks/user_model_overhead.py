@@ -175,25 +175,13 @@ def format_summary(payload: dict) -> str:
 def measure(args, passthrough, repeats: int, scratch_root: str
             ) -> harness.Measured:
   configs = build_configs(args, passthrough)
-
-  def run_one(cell, repeat):
-    name, side = cell
-    scratch = common.make_run_dir(scratch_root, f"{name}-{side}-{repeat}")
-    result = run_side(configs[name], side, scratch)
-    common.log(f"repeat {repeat + 1}/{repeats} {name} {side}: "
-               f"{result['samples_per_second']:.1f} samples/s")
-    return {"config": name, "side": side, "repeat": repeat,
-            "result": result}
-
-  # Every example's sides in one rotation: one repeat covers all cells
-  # within minutes of each other, and no cell always runs first.
-  cells = [(name, side) for name, config in configs.items()
-           for side in config["sides"]]
-  record = harness.run_interleaved(cells, repeats, run_one,
-                                   redo_busy=args.redo_busy)
-  return harness.Measured.of_group(
-      record, configs=configs,
-      quiet_trainer_flags=list(common.QUIET_TRAINER_FLAGS),
+  return harness.measure_config_sides(
+      configs, repeats, scratch_root,
+      sides_of=lambda name: configs[name]["sides"],
+      run_side=lambda name, side, scratch: run_side(configs[name], side,
+                                                    scratch),
+      describe=lambda result: f"{result['samples_per_second']:.1f} samples/s",
+      redo_busy=args.redo_busy,
       target_max_overhead_frac=TARGET_MAX_OVERHEAD_FRAC)
 
 
