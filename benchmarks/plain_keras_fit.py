@@ -48,8 +48,6 @@ batch of the pipeline, cached and repeated, staged on the device by
 """
 
 import dataclasses
-import json
-import os
 import statistics
 import sys
 import time
@@ -59,6 +57,7 @@ from absl import flags as absl_flags
 from absl import logging
 
 import flags as tfo_flags
+from overlap_core.runtime import run_record
 from overlap_core.runtime.config import ConfigError
 
 tfo_flags.define_flags()
@@ -245,10 +244,9 @@ def main(argv):
       "num_replicas": strategy.num_replicas_in_sync,
       "devices": [d.name for d in tf.config.list_logical_devices()],
   }
-  os.makedirs(os.path.dirname(os.path.abspath(_RESULT_JSON.value)),
-              exist_ok=True)
-  with open(_RESULT_JSON.value, "w", encoding="utf-8") as f:
-    json.dump(result, f, indent=2)
+  # Written as the trainers write run.json, so that the drivers read both
+  # sides' results the same way.
+  run_record.write_json_atomically(_RESULT_JSON.value, result)
   print(f"plain keras fit: {result['samples_per_second']:.1f} samples/s "
         f"(marginal step {result['marginal_step_ms']:.3f} ms over "
         f"{measured_steps} steps; whole fit "

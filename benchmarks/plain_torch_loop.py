@@ -44,8 +44,6 @@ each step (a plain loop need not), so on a GPU the device is waited for at
 the end of the timed steps instead; on the CPU every step is synchronous.
 """
 
-import json
-import os
 import statistics
 import sys
 import time
@@ -55,6 +53,7 @@ from absl import flags as absl_flags
 from absl import logging
 
 import flags as tfo_flags
+from overlap_core.runtime import run_record
 from overlap_core.runtime.config import ConfigError
 
 tfo_flags.define_flags()
@@ -208,10 +207,9 @@ def main(argv):
       "torch_threads": {"intra_op": torch.get_num_threads(),
                         "inter_op": torch.get_num_interop_threads()},
   }
-  os.makedirs(os.path.dirname(os.path.abspath(_RESULT_JSON.value)),
-              exist_ok=True)
-  with open(_RESULT_JSON.value, "w", encoding="utf-8") as f:
-    json.dump(result, f, indent=2)
+  # Written as the trainers write run.json, so that the drivers read both
+  # sides' results the same way.
+  run_record.write_json_atomically(_RESULT_JSON.value, result)
   print(f"plain torch loop: {result['samples_per_second']:.1f} samples/s "
         f"(step p50 {result['step']['p50_ms']:.3f} ms over "
         f"{len(steps_s)} steps)")
