@@ -342,6 +342,25 @@ def add_list_arg(parser: argparse.ArgumentParser, name: str, *, default,
                       help=f"Comma-separated {what}: " + ", ".join(allowed))
 
 
+def add_synthetic_job_args(parser: argparse.ArgumentParser) -> None:
+  """--model, --image_size and --batch_size of a job on synthetic images,
+  whose input costs next to nothing (see `synthetic_job_flags`)."""
+  parser.add_argument("--model", default="small_cnn")
+  parser.add_argument("--image_size", type=int, default=16)
+  parser.add_argument("--batch_size", type=int, default=64)
+
+
+def synthetic_job_flags(args) -> List[str]:
+  """The trainer flags of `add_synthetic_job_args`'s job.
+
+  Synthetic data: its decode is a few random numbers per pixel, so the
+  pipeline costs next to nothing and what a benchmark adds or removes is
+  what it studies.
+  """
+  return [f"--model={args.model}", "--dataset=synthetic",
+          f"--image_size={args.image_size}", f"--batch_size={args.batch_size}"]
+
+
 def add_common_args(parser: argparse.ArgumentParser, *, repeats: int,
                     resummarize: bool = False) -> None:
   """The flags every driver takes; with `resummarize`, --resummarize too

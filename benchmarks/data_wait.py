@@ -59,9 +59,7 @@ SHORT_CALIBRATION_STEPS = 30
 def parse_args():
   parser = common.make_parser(__doc__, repeats=DEFAULT_REPEATS,
                               resummarize=True)
-  parser.add_argument("--model", default="small_cnn")
-  parser.add_argument("--image_size", type=int, default=16)
-  parser.add_argument("--batch_size", type=int, default=64)
+  common.add_synthetic_job_args(parser)
   parser.add_argument("--strategy", default="default")
   parser.add_argument("--num_devices", type=int, default=1)
   parser.add_argument("--framework", choices=tuple(common.TRAINER_MODULES),
@@ -102,12 +100,10 @@ def parse_args():
 
 
 def base_flags(args) -> list:
-  # Synthetic data: its decode is a few random numbers per pixel, so at
-  # k = 0 the pipeline costs next to nothing and the added cost is the input
-  # work being studied.
-  return [f"--model={args.model}", "--dataset=synthetic",
-          f"--image_size={args.image_size}", f"--batch_size={args.batch_size}",
-          f"--strategy={args.strategy}", f"--num_devices={args.num_devices}"]
+  # At k = 0 the synthetic pipeline costs next to nothing, so the added
+  # cost is the input work being studied.
+  return [*common.synthetic_job_flags(args), f"--strategy={args.strategy}",
+          f"--num_devices={args.num_devices}"]
 
 
 def _run(args, flags: list, model_dir: str) -> dict:

@@ -94,9 +94,7 @@ JOB, REMOVED = "job", "removed"
 def parse_args():
   parser = common.make_parser(__doc__, repeats=DEFAULT_REPEATS,
                               resummarize=True)
-  parser.add_argument("--model", default="small_cnn")
-  parser.add_argument("--image_size", type=int, default=16)
-  parser.add_argument("--batch_size", type=int, default=64)
+  common.add_synthetic_job_args(parser)
   parser.add_argument("--train_steps", type=int, default=100)
   common.add_list_arg(parser, "frameworks", default=FRAMEWORKS,
                       allowed=FRAMEWORKS, what="frameworks")
@@ -124,9 +122,7 @@ def cells(args) -> list:
 
 
 def base_flags(args, strategy: str, steps: int) -> list:
-  return [f"--model={args.model}", "--dataset=synthetic",
-          f"--image_size={args.image_size}",
-          f"--batch_size={args.batch_size}", f"--train_steps={steps}",
+  return [*common.synthetic_job_flags(args), f"--train_steps={steps}",
           f"--strategy={strategy}",
           f"--num_devices={2 if strategy == 'mirrored' else 1}"]
 
