@@ -289,10 +289,9 @@ def make_loader(cfg: DataConfig, *, split: str, task: str, seed: int,
                              skip_batches=skip_batches, settings=settings)
   elements, labels = source.read(split)
   elements, labels = elements[rank::world_size], labels[rank::world_size]
-  if training and not len(labels):
-    raise ConfigError("batch_size", cfg.batch_size,
-                      f"{source.name} has too few training examples for "
-                      f"{world_size} ranks to each read a shard")
+  order = _batch_order(len(labels), cfg, dataset_name=source.name,
+                       training=training, batch_size=batch_size, seed=seed,
+                       world_size=world_size, skip_batches=skip_batches)
   cost_iterations = (preprocess_cost.iterations_for_cost(
       cfg.preprocess_cost_ms) if training else 0)
   batch_set = BatchSet(
@@ -300,22 +299,44 @@ def make_loader(cfg: DataConfig, *, split: str, task: str, seed: int,
       task=task, upscale=upscale, cost_iterations=cost_iterations,
       cache=cfg.cache, shared=settings.num_workers > 0,
       sample_threads=settings.sample_threads)
-  if training:
-    order = TrainBatchOrder(len(labels), batch_size=batch_size, seed=seed,
-                            shuffle=cfg.shuffle_buffer > 0,
-                            first_batch=skip_batches)
-  else:
-    order = EvalBatchOrder(len(labels), batch_size=batch_size,
-                           first_batch=skip_batches)
-  extra = ({"prefetch_factor": settings.prefetch_factor}
-           if settings.num_workers else {})
   return torch_data.DataLoader(
       batch_set, batch_size=None, sampler=order, collate_fn=_as_is,
-      num_workers=settings.num_workers,
-      # Page-locked batches are what lets the device prefetcher's copies run
-      # asynchronously; on a host without CUDA there is nothing to pin for.
-      pin_memory=cfg.prefetch_to_device and torch.cuda.is_available(),
-      **extra)
+      pin_memory=_pin_memory(cfg), **_worker_args(settings))
+
+
+def _pin_memory(cfg: DataConfig) -> bool:
+  # Page-locked batches are what lets the device prefetcher's copies run
+  # asynchronously; on a host without CUDA there is nothing to pin for.
+  return cfg.prefetch_to_device and torch.cuda.is_available()
+
+
+def _worker_args(settings: LoaderSettings) -> dict:
+  """The DataLoader's worker arguments; prefetch_factor only with workers,
+  as DataLoader refuses it without."""
+  extra = ({"prefetch_factor": settings.prefetch_factor}
+           if settings.num_workers else {})
+  return {"num_workers": settings.num_workers, **extra}
+
+
+def _batch_order(num_examples: int, cfg: DataConfig, *, dataset_name: str,
+                 training: bool, batch_size: int, seed: int,
+                 world_size: int, skip_batches: int):
+  """The order of this rank's shard of `num_examples`, for the zoo's
+  sources and the user's map-style datasets alike.
+
+  Raises:
+    ConfigError: a training shard with no examples.
+  """
+  if training and not num_examples:
+    raise ConfigError("batch_size", cfg.batch_size,
+                      f"{dataset_name} has too few training examples for "
+                      f"{world_size} ranks to each read a shard")
+  if training:
+    return TrainBatchOrder(num_examples, batch_size=batch_size, seed=seed,
+                           shuffle=cfg.shuffle_buffer > 0,
+                           first_batch=skip_batches)
+  return EvalBatchOrder(num_examples, batch_size=batch_size,
+                        first_batch=skip_batches)
 
 
 def _make_user_loader(cfg: DataConfig, dataset, *, training: bool,
@@ -332,7 +353,7 @@ def _make_user_loader(cfg: DataConfig, dataset, *, training: bool,
   iterator cannot be split over worker processes without the dataset's
   own help.
   """
-  pin = cfg.prefetch_to_device and torch.cuda.is_available()
+  pin = _pin_memory(cfg)
   if isinstance(dataset, torch_data.IterableDataset):
     stream = _UserStream(dataset, training=training, rank=rank,
                          world_size=world_size, seed=seed,
@@ -342,22 +363,11 @@ def _make_user_loader(cfg: DataConfig, dataset, *, training: bool,
                                  drop_last=training, collate_fn=_pair,
                                  pin_memory=pin)
   shard = torch_data.Subset(dataset, range(rank, len(dataset), world_size))
-  if training and not len(shard):
-    raise ConfigError("batch_size", cfg.batch_size,
-                      f"{cfg.dataset} has too few training examples for "
-                      f"{world_size} ranks to each read a shard")
-  if training:
-    order = TrainBatchOrder(len(shard), batch_size=batch_size, seed=seed,
-                            shuffle=cfg.shuffle_buffer > 0,
-                            first_batch=skip_batches)
-  else:
-    order = EvalBatchOrder(len(shard), batch_size=batch_size,
-                           first_batch=skip_batches)
-  extra = ({"prefetch_factor": settings.prefetch_factor}
-           if settings.num_workers else {})
+  order = _batch_order(len(shard), cfg, dataset_name=cfg.dataset,
+                       training=training, batch_size=batch_size, seed=seed,
+                       world_size=world_size, skip_batches=skip_batches)
   return torch_data.DataLoader(shard, batch_sampler=order, collate_fn=_pair,
-                               num_workers=settings.num_workers,
-                               pin_memory=pin, **extra)
+                               pin_memory=pin, **_worker_args(settings))
 
 
 class _UserStream(torch_data.IterableDataset):
