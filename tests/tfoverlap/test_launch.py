@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from overlap_core.runtime import run_record
 from tests import sockets
 from tests.helpers import (REPO_ROOT, run_module, subprocess_env,
                            wait_for_line)
-from tests.stuck_peer import STOPPED_LINE, stuck_peer_env
+from tests.stuck_peer import run_stuck_job
 
 TINY_RUN = ["--model=mlp", "--dataset=synthetic", "--image_size=8",
             "--batch_size=16", "--prefetch=2", "--log_every_steps=5",
@@ -63,6 +64,11 @@ def test_a_bad_collective_timeout_stops_before_any_worker_starts(tmp_path):
 # seeds are the same in every run. So a resumed job must end where this
 # uninterrupted one does, not only with both workers agreeing.
 REFERENCE_STEPS = 50
+# Synchronous checkpoints do not change what a run computes, so the
+# reference also leaves the chief's checkpoints for the resume test.
+SYNC_EVERY_STEPS = 25
+REFERENCE_ARGS = [*TINY_RUN, "--deterministic", "--checkpoint=sync",
+                  f"--checkpoint_every={SYNC_EVERY_STEPS}"]
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +76,7 @@ def reference_run(tmp_path_factory):
   """An uninterrupted deterministic two-worker job; tests only read it."""
   model_dir = tmp_path_factory.mktemp("uninterrupted_two_workers")
   result = run_module("tfoverlap.launch", "--num_workers=2", "--",
-                      *TINY_RUN, "--deterministic",
-                      f"--train_steps={REFERENCE_STEPS}",
+                      *REFERENCE_ARGS, f"--train_steps={REFERENCE_STEPS}",
                       f"--model_dir={model_dir}", timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   return model_dir
@@ -138,20 +143,24 @@ def test_killed_worker_ends_the_job_with_a_clear_message(tmp_path):
       sockets.Snapshot(listening, environments, stderr))
 
 
-def test_every_worker_resumes_from_the_chiefs_checkpoint(tmp_path):
-  args = [*TINY_RUN, "--deterministic", "--checkpoint=sync",
-          "--checkpoint_every=5", f"--model_dir={tmp_path}"]
-  first = run_module("tfoverlap.launch", "--num_workers=2", "--", *args,
-                     "--train_steps=10", timeout=300)
-  assert first.returncode == 0, first.stderr[-3000:]
-  assert (tmp_path / "checkpoints" / "ckpt-10.index").exists()
-  assert not (tmp_path / "checkpoints" / "scratch-worker-1").exists()
-  second = run_module("tfoverlap.launch", "--num_workers=2", "--", *args,
-                      "--train_steps=15", timeout=300)
-  assert second.returncode == 0, second.stderr[-3000:]
+def test_every_worker_resumes_from_the_chiefs_checkpoint(tmp_path,
+                                                        reference_run):
+  # Only the chief wrote; the other worker's scratch copy is gone.
+  assert (reference_run / "checkpoints" /
+          f"ckpt-{REFERENCE_STEPS}.index").exists()
+  assert not (reference_run / "checkpoints" / "scratch-worker-1").exists()
+  shutil.copytree(reference_run / "checkpoints", tmp_path / "checkpoints")
+  resumed = run_module("tfoverlap.launch", "--num_workers=2", "--",
+                       *REFERENCE_ARGS,
+                       f"--train_steps={REFERENCE_STEPS + SYNC_EVERY_STEPS}",
+                       f"--model_dir={tmp_path}", timeout=300)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
   chief = run_record.load_run_record(str(tmp_path))
   other = run_record.load_run_record(str(tmp_path / "worker-1"))
-  assert chief["steps"] == other["steps"] == 5  # both resumed at step 10
+  assert chief["checkpoint"]["restore"]["step"] == REFERENCE_STEPS
+  assert other["checkpoint"]["restore"]["step"] == REFERENCE_STEPS
+  # Both resumed at the reference's last step.
+  assert chief["steps"] == other["steps"] == SYNC_EVERY_STEPS
   assert chief["weights_digest"] == other["weights_digest"]
 
 
@@ -190,40 +199,8 @@ def test_async_checkpoints_have_one_writer_one_cadence_one_resume_step(
           == expected_digest)
 
 
-# Long enough that no healthy collective comes near it on a loaded 2-core
-# machine (the slowest is the first, while the other worker still traces its
-# step: seconds), short enough for a test.
-STUCK_TIMEOUT_S = 30
-# Start-up of two TensorFlow workers on a loaded host, plus the timeout,
-# plus the launcher's grace for stopping the other worker; without the
-# timeout the job never ends and this bound fails the test.
-STUCK_JOB_BOUND_S = 240 + STUCK_TIMEOUT_S + launch.STOP_GRACE_S
-
-
 def test_stuck_worker_ends_the_job_after_the_collective_timeout(tmp_path):
-  model_dir = tmp_path / "run"
-  result = subprocess.run(
-      [sys.executable, "-m", "tfoverlap.launch", "--num_workers=2", "--",
-       *TINY_RUN, "--train_steps=100000", f"--model_dir={model_dir}"],
-      capture_output=True, text=True, timeout=STUCK_JOB_BOUND_S,
-      cwd=REPO_ROOT, check=False,
-      env=stuck_peer_env(tmp_path, package="tfoverlap", after_steps=6,
-                         timeout_s=STUCK_TIMEOUT_S))
-  assert STOPPED_LINE in result.stdout, result.stderr[-3000:]
-  assert result.returncode == 1
-  said = f"timed out after {STUCK_TIMEOUT_S} s waiting for a peer"
-  assert (f"tfoverlap.train: error: CollectiveTimeoutError: {said}"
-          in result.stderr)
-  # The stuck worker logs its own lost connection after the summary line.
-  summary = [line for line in result.stderr.splitlines()
-             if line.startswith("tfoverlap.launch: worker ")]
-  assert summary == [f"tfoverlap.launch: worker 0 exited with status 1 "
-                     f"({said}); stopping the other 1 worker(s)"], summary
-  record = run_record.load_run_record(str(model_dir))
-  assert record["status"] == "failed"
-  assert record["worker"] == {"index": 0, "num_workers": 2}
-  assert record["timeout"]["kind"] == "collective_timeout"
-  assert record["timeout"]["timeout_s"] == STUCK_TIMEOUT_S
+  _, record = run_stuck_job("tfoverlap", TINY_RUN, tmp_path, unit="worker")
   assert record["error"]["type"] == "DeadlineExceededError"
 
 

@@ -20,7 +20,7 @@ from torch_parity import launch
 from tests import sockets
 from tests.helpers import (REPO_ROOT, run_module, subprocess_env,
                            wait_for_line)
-from tests.stuck_peer import STOPPED_LINE, stuck_peer_env
+from tests.stuck_peer import run_stuck_job
 
 # small_cnn has BatchNorm, whose statistics every rank must end up sharing.
 TINY_RUN = ["--model=small_cnn", "--dataset=synthetic", "--image_size=8",
@@ -213,16 +213,32 @@ def test_killed_ddp_rank_ends_the_job_with_a_clear_message(tmp_path):
   _assert_ddp_ranks_listen_on_loopback_only(snapshot)
 
 
-def test_two_horovod_ranks_train_like_ddp(ddp_run, tmp_path):
+def _unwritable_home(tmp_path):
+  """A HOME nobody can create, even root (tests run as root, where a
+  chmod-ed directory stays writable): beneath a regular file (ENOTDIR), as
+  a read-only HOME cannot be written (Bazel's sandbox, a shared cluster
+  home)."""
+  blocker = tmp_path / "file"
+  blocker.write_text("not a directory")
+  home = blocker / "home"
+  with pytest.raises(NotADirectoryError):
+    os.makedirs(home / ".horovod")
+  return home
+
+
+def test_two_horovod_ranks_train_like_ddp_and_need_no_writable_home(
+    ddp_run, tmp_path):
   _, ddp_dir = ddp_run
   ddp = run_record.load_run_record(str(ddp_dir))
+  model_dir = tmp_path / "run"
   result = run_module("torch_parity.launch", "--num_workers=2", "--",
                       "--strategy=horovod", *TINY_RUN, "--train_steps=20",
                       "--deterministic", "--all_reduce_pack_mb=1",
-                      f"--model_dir={tmp_path}", timeout=300)
+                      f"--model_dir={model_dir}", timeout=300,
+                      HOME=str(_unwritable_home(tmp_path)))
   assert result.returncode == 0, result.stderr[-3000:]
-  chief = run_record.load_run_record(str(tmp_path))
-  other = run_record.load_run_record(str(tmp_path / "worker-1"))
+  chief = run_record.load_run_record(str(model_dir))
+  other = run_record.load_run_record(str(model_dir / "worker-1"))
   assert chief["strategy"]["name"] == "horovod"
   assert chief["strategy"]["num_replicas"] == 2
   assert "fusion threshold 1 MB" in chief["notes"][0]
@@ -248,56 +264,8 @@ def test_killed_horovod_rank_ends_the_job_with_a_clear_message(tmp_path):
   _assert_only_horovodruns_announced_rendezvous_is_exposed(snapshot)
 
 
-def test_horovod_launch_needs_no_writable_home(tmp_path):
-  # Tests run as root, where a chmod-ed directory stays writable; a HOME
-  # beneath a regular file cannot be created by anyone (ENOTDIR), as a
-  # read-only HOME cannot be written (Bazel's sandbox, a shared cluster home).
-  blocker = tmp_path / "file"
-  blocker.write_text("not a directory")
-  home = blocker / "home"
-  with pytest.raises(NotADirectoryError):
-    os.makedirs(home / ".horovod")
-  result = run_module("torch_parity.launch", "--num_workers=2", "--",
-                      "--strategy=horovod", *TINY_RUN, "--train_steps=2",
-                      "--evaluate=false", f"--model_dir={tmp_path / 'run'}",
-                      timeout=300, HOME=str(home))
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert run_record.load_run_record(str(tmp_path / "run"))["steps"] == 2
-
-
-# Long enough that no healthy collective comes near it on a loaded 2-core
-# machine (the slowest is the first, while the other rank still starts:
-# seconds), short enough for a test.
-STUCK_TIMEOUT_S = 30
-# Start-up of two ranks on a loaded host, plus the timeout, plus the
-# launcher's grace for stopping the other rank; without the timeout the job
-# never ends and this bound fails the test.
-STUCK_JOB_BOUND_S = 240 + STUCK_TIMEOUT_S + processes.STOP_GRACE_S
-
-
 def test_stuck_rank_ends_the_job_after_the_collective_timeout(tmp_path):
-  model_dir = tmp_path / "run"
-  result = subprocess.run(
-      [sys.executable, "-m", "torch_parity.launch", "--num_workers=2", "--",
-       *TINY_RUN, "--train_steps=100000", f"--model_dir={model_dir}"],
-      capture_output=True, text=True, timeout=STUCK_JOB_BOUND_S,
-      cwd=REPO_ROOT, check=False,
-      env=stuck_peer_env(tmp_path, package="torch_parity", after_steps=6,
-                         timeout_s=STUCK_TIMEOUT_S))
-  assert STOPPED_LINE in result.stdout, result.stderr[-3000:]
-  assert result.returncode == 1
-  said = f"timed out after {STUCK_TIMEOUT_S} s waiting for a peer"
-  assert (f"torch_parity.train: error: CollectiveTimeoutError: {said}"
-          in result.stderr)
-  summary = [line for line in result.stderr.splitlines()
-             if line.startswith("torch_parity.launch: rank ")]
-  assert summary == [f"torch_parity.launch: rank 0 exited with status 1 "
-                     f"({said}); stopping the other 1 rank(s)"], summary
-  record = run_record.load_run_record(str(model_dir))
-  assert record["status"] == "failed"
-  assert record["worker"] == {"index": 0, "num_workers": 2}
-  assert record["timeout"]["kind"] == "collective_timeout"
-  assert record["timeout"]["timeout_s"] == STUCK_TIMEOUT_S
+  run_stuck_job("torch_parity", TINY_RUN, tmp_path, unit="rank")
 
 
 def _assert_ddp_ranks_listen_on_loopback_only(snapshot):
