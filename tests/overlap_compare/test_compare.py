@@ -1,7 +1,8 @@
 """python -m overlap_compare end to end: real trainer subprocesses, real run.json.
 
-Kept small for 2-core machines: an MLP on synthetic 8x8 images, a dozen
-steps, one repeat.
+Kept small for 2-core machines: an MLP on synthetic 8x8 images, a few
+steps, one repeat, and one comparison shared by the tests that only read
+what it left.
 """
 
 import csv
@@ -26,13 +27,32 @@ def read_csv(path):
     return list(csv.DictReader(f))
 
 
-def test_tiny_matrix_in_both_frameworks(tmp_path):
-  out = tmp_path / "report"
+# One comparison serves the matrix's and the pipelines' claims: a pipeline
+# axis crossed with a checkpoint axis PyTorch refuses half of, on the two
+# logical devices a pipeline needs. 6 trainer runs and 2 refusals, where
+# a matrix apiece took 10 runs and 2 refusals.
+MATRIX_JOB = ["--model=mlp", "--dataset=synthetic", "--image_size=8",
+              "--batch_size=32", "--train_steps=8", "--checkpoint_every=4",
+              "--strategy=mirrored", "--num_devices=2",
+              "--pipeline_microbatches=4", "--pipeline_split=even"]
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+  """The comparison's output directory, its stdout and stderr, and the
+  report it first wrote."""
+  out = tmp_path_factory.mktemp("matrix") / "report"
   result = run_module(
-      "overlap_compare", "--matrix=prefetch=0,2;checkpoint=sync,tf_async",
+      "overlap_compare",
+      "--matrix=pipeline_stages=1,2;checkpoint=none,tf_async",
       "--frameworks=tensorflow,pytorch", "--repeats=1",
-      f"--output_dir={out}", "--", *TINY, timeout=900)
+      f"--output_dir={out}", "--", *MATRIX_JOB, timeout=900)
   assert result.returncode == 0, result.stderr[-4000:]
+  return out, result, (out / "report.md").read_text()
+
+
+def test_tiny_matrix_in_both_frameworks(matrix):
+  out, result, report = matrix
   assert result.stdout.strip().endswith(str(out / "report.md"))
   for index in range(1, 9):
     assert f"] {index}/8 " in result.stderr  # a progress line per run
@@ -44,7 +64,7 @@ def test_tiny_matrix_in_both_frameworks(tmp_path):
   # PyTorch has no counterpart of TensorFlow's own async save.
   assert {(r["framework"], r["cell"]) for r in refused} == {
       ("pytorch", "checkpoint=tf_async"),
-      ("pytorch", "prefetch=2 + checkpoint=tf_async")}
+      ("pytorch", "pipeline_stages=2 + checkpoint=tf_async")}
   assert all("--checkpoint=tf_async" in r["error"] for r in refused)
   assert len(ok) == 6
 
@@ -55,12 +75,12 @@ def test_tiny_matrix_in_both_frameworks(tmp_path):
     # The run really ran this cell, under the common flags.
     assert record["framework"] == row["framework"]
     assert record["model"]["name"] == "mlp"
-    assert record["steps"] == 12
+    assert record["steps"] == 8
     assert record["flags"]["data"]["image_size"] == 8
-    assert record["flags"]["data"]["prefetch"] == (
-        2 if "prefetch=2" in row["cell"] else 0)
+    assert record["flags"]["pipeline"]["stages"] == (
+        2 if "pipeline_stages=2" in row["cell"] else 1)
     assert record["flags"]["checkpoint"]["mode"] == (
-        "tf_async" if "tf_async" in row["cell"] else "sync")
+        "tf_async" if "tf_async" in row["cell"] else "none")
     # runs.csv carries run.json's own numbers.
     assert float(row["samples_per_second"]) == pytest.approx(
         record["samples_per_second"], rel=1e-5)
@@ -69,7 +89,6 @@ def test_tiny_matrix_in_both_frameworks(tmp_path):
 
   cells = {(r["framework"], r["cell"]): r
            for r in read_csv(out / "results.csv")}
-  report = (out / "report.md").read_text()
   for (framework, cell), record in records.items():
     row = cells[(framework, cell)]
     assert row["status"] == "ok"
@@ -89,38 +108,28 @@ def test_tiny_matrix_in_both_frameworks(tmp_path):
     assert (out / name).stat().st_size > 1000
 
   # The report can be rewritten from what the runs left, unchanged.
-  before = report
   (out / "report.md").unlink()
   again = run_module("overlap_compare", "--report_only",
                      f"--output_dir={out}")
   assert again.returncode == 0, again.stderr[-2000:]
-  assert (out / "report.md").read_text() == before
+  assert (out / "report.md").read_text() == report
 
 
 def _stage_ms(values):
   return " / ".join(f"{v:.1f}" for v in values)
 
 
-def test_pipelines_of_both_frameworks_side_by_side(tmp_path):
-  out = tmp_path / "report"
-  result = run_module(
-      "overlap_compare", "--matrix=pipeline_stages=1,2",
-      "--frameworks=tensorflow,pytorch", "--repeats=1",
-      f"--output_dir={out}", "--", "--model=mlp", "--dataset=synthetic",
-      "--image_size=8", "--batch_size=32", "--train_steps=8",
-      "--strategy=mirrored", "--num_devices=2", "--pipeline_microbatches=4",
-      "--pipeline_split=even", "--checkpoint=none", "--evaluate=false",
-      timeout=900)
-  assert result.returncode == 0, result.stderr[-4000:]
+def test_pipelines_of_both_frameworks_side_by_side(matrix):
+  out, _, report = matrix
   runs = {(r["framework"], r["cell"]): r for r in read_csv(out / "runs.csv")}
   cells = {(r["framework"], r["cell"]): r
            for r in read_csv(out / "results.csv")}
-  report = (out / "report.md").read_text()
   assert "## Pipelines side by side" in report
   table = report.split("## Pipelines side by side")[1].split("\n## ")[0]
-  # The unpipelined baseline has no row; the pipelined cell has one, with
+  # The unpipelined cells have no row; the pipelined cell has one, with
   # each framework's columns read from its own run.json.
   assert "| baseline |" not in table
+  assert "| checkpoint=tf_async |" not in table
   row = "| pipeline_stages=2 |"
   for framework in ("tensorflow", "pytorch"):
     record = run_record.load_run_record(
