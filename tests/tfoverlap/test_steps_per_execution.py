@@ -15,6 +15,9 @@ import keras
 import pytest
 import tensorflow as tf
 from absl.testing import flagsaver
+# The public API can turn op determinism on only; the same module turns it
+# off.
+from tensorflow.python.framework import config as tf_config
 
 import flags as tfo_flags
 
@@ -26,9 +29,9 @@ from tfoverlap.loops import execution_sizes
 
 from tests.helpers import run_module
 
-EXACT = ["--model=mlp", "--dataset=digits", "--batch_size=32",
-         "--deterministic", "--log_every_steps=5", "--tensorboard=false",
-         "--trace=false", "--evaluate=false"]
+EXACT = {"model": "mlp", "dataset": "digits", "batch_size": "32",
+         "deterministic": "true", "log_every_steps": "5",
+         "tensorboard": "false", "trace": "false", "evaluate": "false"}
 
 
 tfo_flags.define_flags()
@@ -36,10 +39,28 @@ if not tfo_flags.FLAGS.is_parsed():
   tfo_flags.FLAGS.mark_as_parsed()
 
 
-def _train(model_dir, *args):
-  result = run_module("tfoverlap.train", f"--model_dir={model_dir}", *EXACT,
-                      *args, timeout=600)
-  assert result.returncode == 0, result.stderr[-4000:]
+def _train(model_dir, **flags):
+  """Trains with EXACT and `flags` (flag name: value) in this process;
+  returns the run record.
+
+  In this process, not the command: what these tests compare is what the
+  trainer computes and records, and each command would spend most of its
+  time starting Python and TensorFlow. The test of the command's refusal
+  below still runs it.
+  """
+  with flagsaver.as_parsed(model_dir=str(model_dir), **{**EXACT, **flags}):
+    config = tfo_flags.to_config()
+  # Keras numbers the objects it names itself per process, and a checkpoint
+  # keys the optimizer's slots by that name ("adam_2"): a fresh session
+  # names them as the command's own process does, so that a run here
+  # resumes from another run's checkpoint.
+  keras.backend.clear_session()
+  try:
+    trainer.train(config)
+  finally:
+    # --deterministic holds for the whole process; the next run here, or
+    # the next test, must not inherit it.
+    tf_config.disable_op_determinism()
   return run_record.load_run_record(str(model_dir))
 
 
@@ -82,9 +103,9 @@ def test_a_cadence_that_lands_between_calls_is_taken(every):
                                             ("fit", "default")])
 def test_k_steps_per_call_train_the_weights_of_one_step_per_call(
     tmp_path, loop, strategy):
-  args = [f"--loop={loop}", f"--strategy={strategy}", "--train_steps=12"]
-  one = _train(tmp_path / "k1", *args)
-  four = _train(tmp_path / "k4", *args, "--steps_per_execution=4")
+  args = {"loop": loop, "strategy": strategy, "train_steps": "12"}
+  one = _train(tmp_path / "k1", **args)
+  four = _train(tmp_path / "k4", **args, steps_per_execution="4")
   assert four["weights_digest"] == one["weights_digest"]
   # No step more or less: model.fit would run a whole last execution.
   assert four["steps"] == one["steps"] == 12
@@ -101,13 +122,8 @@ def test_k_steps_per_call_train_the_weights_of_one_step_per_call(
 
 
 def test_the_custom_loop_times_each_calls_data_wait_in_the_graph(tmp_path):
-  record = run_module(
-      "tfoverlap.train", f"--model_dir={tmp_path}", "--model=mlp",
-      "--dataset=digits", "--batch_size=32", "--train_steps=8",
-      "--steps_per_execution=4", "--tensorboard=false", "--trace=false",
-      "--evaluate=false", timeout=600)
-  assert record.returncode == 0, record.stderr[-4000:]
-  record = run_record.load_run_record(str(tmp_path))
+  record = _train(tmp_path, deterministic="false", train_steps="8",
+                  steps_per_execution="4")
   assert "data_wait" in record["phases_measured"]
   assert record["phases"]["data_wait"]["mean"] >= 0
   assert any("timed in the graph" in n for n in record["notes"])
@@ -118,13 +134,13 @@ def test_a_resume_between_calls_realigns_and_ends_like_an_uninterrupted_run(
   """Stopped after step 6 by a run of one step per call, resumed at K=4:
   the first call runs steps 7-8 only, so the cadence of 4 still lands on
   call ends (8 and 12), and the weights are the uninterrupted run's."""
-  whole = _train(tmp_path / "whole", "--strategy=default", "--train_steps=12")
+  whole = _train(tmp_path / "whole", strategy="default", train_steps="12")
   model_dir = tmp_path / "resumed"
-  _train(model_dir, "--strategy=default", "--train_steps=6",
-         "--checkpoint=sync", "--checkpoint_every=3", "--checkpoint_keep=5")
-  resumed = _train(model_dir, "--strategy=default", "--train_steps=12",
-                   "--checkpoint=sync", "--checkpoint_every=4",
-                   "--checkpoint_keep=5", "--steps_per_execution=4")
+  _train(model_dir, strategy="default", train_steps="6", checkpoint="sync",
+         checkpoint_every="3", checkpoint_keep="5")
+  resumed = _train(model_dir, strategy="default", train_steps="12",
+                   checkpoint="sync", checkpoint_every="4",
+                   checkpoint_keep="5", steps_per_execution="4")
   assert resumed["steps"] == 6
   assert resumed["weights_digest"] == whole["weights_digest"]
   steps = sorted({int(re.match(r"ckpt-(\d+)", os.path.basename(p)).group(1))
@@ -134,9 +150,10 @@ def test_a_resume_between_calls_realigns_and_ends_like_an_uninterrupted_run(
 
 
 def test_fit_refuses_a_resume_that_leaves_a_partial_execution(tmp_path):
-  _train(tmp_path, "--strategy=default", "--train_steps=6",
-         "--checkpoint=sync", "--checkpoint_every=3")
-  result = run_module("tfoverlap.train", f"--model_dir={tmp_path}", *EXACT,
+  _train(tmp_path, strategy="default", train_steps="6", checkpoint="sync",
+         checkpoint_every="3")
+  result = run_module("tfoverlap.train", f"--model_dir={tmp_path}",
+                      *(f"--{name}={value}" for name, value in EXACT.items()),
                       "--strategy=default", "--train_steps=12",
                       "--loop=fit", "--steps_per_execution=4",
                       "--checkpoint=sync", "--checkpoint_every=4",
