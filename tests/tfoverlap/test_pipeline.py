@@ -14,13 +14,19 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from absl.testing import flagsaver
 # Run metadata of eager functions (the partition graphs each device ran)
 # has no public API.
 from tensorflow.python.eager import context
+# The public API can turn op determinism on only; the same module turns it
+# off.
+from tensorflow.python.framework import config as tf_config
+
+import flags as tfo_flags
 
 from overlap_core.runtime import pipeline_stats, run_record
 from overlap_core.runtime.config import ConfigError, PipelineConfig
-from tfoverlap import pipeline, steps
+from tfoverlap import pipeline, steps, trainer
 from tfoverlap.models import build_model
 
 from tests.helpers import run_module
@@ -58,6 +64,10 @@ SCALE_ATOL = 1e-6
 # margin of 15 over what was seen; a lost micro-batch (a quarter of a
 # step's gradient) or an unchained stage changes the move by percent.
 MOVED_ATOL = 1e-4
+
+tfo_flags.define_flags()
+if not tfo_flags.FLAGS.is_parsed():
+  tfo_flags.FLAGS.mark_as_parsed()
 
 
 def _assert_close(got, want):
@@ -292,26 +302,49 @@ def _checkpoint_files(ckpt) -> dict:
   return files
 
 
+def _train_here(**flags) -> dict:
+  """Trains with `flags` (flag name: value) in this process; the record.
+
+  In this process, not the command: what is compared is what the trainer
+  computes and records, and each command would spend most of its time
+  starting Python and TensorFlow. The pipelined runs get the two logical
+  CPU devices conftest.py made.
+  """
+  with flagsaver.as_parsed(**flags):
+    config = tfo_flags.to_config()
+  # Keras numbers the objects it names itself per process, and a checkpoint
+  # keys the optimizer's slots by that name ("adam_2"): a fresh session
+  # names them as the command's own process does, so that a run here
+  # resumes from another run's checkpoint.
+  keras.backend.clear_session()
+  try:
+    trainer.train(config)
+  finally:
+    # --deterministic holds for the whole process; the next run here, or
+    # the next test, must not inherit it.
+    tf_config.disable_op_determinism()
+  return run_record.load_run_record(flags["model_dir"])
+
+
 def test_pipelined_checkpoints_are_unpipelined_ones(tmp_path):
   """Same engine, same files: a pipelined checkpoint has the files and
   tensors of an unpipelined one; a pipelined run resumes from it to
   exactly the weights of a run never stopped, and so does an unpipelined
   run."""
-  common = ["--model=small_cnn", "--image_size=8", "--batch_size=16",
-            "--checkpoint=async", "--checkpoint_every=2", "--deterministic",
-            "--evaluate=false", "--trace=false", "--tensorboard=false"]
-  piped_flags = ["--strategy=mirrored", "--num_devices=2",
-                 "--pipeline_stages=2", "--pipeline_microbatches=4",
-                 "--pipeline_split=even"]
+  common = {"model": "small_cnn", "image_size": "8", "batch_size": "16",
+            "checkpoint": "async", "checkpoint_every": "2",
+            "deterministic": "true", "evaluate": "false", "trace": "false",
+            "tensorboard": "false"}
+  piped_flags = {"strategy": "mirrored", "num_devices": "2",
+                 "pipeline_stages": "2", "pipeline_microbatches": "4",
+                 "pipeline_split": "even"}
 
-  def train(model_dir, steps, *flags):
-    result = run_module("tfoverlap.train", *common, f"--train_steps={steps}",
-                        f"--model_dir={model_dir}", *flags, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return run_record.load_run_record(str(model_dir))
+  def train(model_dir, steps, **flags):
+    return _train_here(**common, train_steps=str(steps),
+                       model_dir=str(model_dir), **flags)
 
   whole_dir = tmp_path / "piped"
-  whole = train(whole_dir, 4, *piped_flags)
+  whole = train(whole_dir, 4, **piped_flags)
   section = whole["pipeline"]
   assert section["stages"] == 2 and section["micro_batches"] == 4
   assert whole["phases"][pipeline_stats.STAGE_COMPUTE]["total"] > 0
@@ -321,7 +354,7 @@ def test_pipelined_checkpoints_are_unpipelined_ones(tmp_path):
     assert json.load(f)["step"] == 4
 
   plain_dir = tmp_path / "plain"
-  train(plain_dir, 4, "--strategy=default")
+  train(plain_dir, 4, strategy="default")
   piped_files = _checkpoint_files(ckpt)
   assert "model.safetensors" in piped_files
   assert piped_files == _checkpoint_files(
@@ -335,44 +368,43 @@ def test_pipelined_checkpoints_are_unpipelined_ones(tmp_path):
   shutil.copytree(whole_dir, stopped_dir)
   shutil.rmtree(stopped_dir / "checkpoints" / "ckpt-0000000004")
   assert (stopped_dir / "checkpoints" / "ckpt-0000000002").is_dir()
-  resumed = train(stopped_dir, 4, *piped_flags)
+  resumed = train(stopped_dir, 4, **piped_flags)
   assert resumed["checkpoint"]["restore"]["step"] == 2
   assert resumed["pipeline"]["stages"] == 2
   assert resumed["weights_digest"] == whole["weights_digest"]
 
-  unpiped = train(whole_dir, 4, "--strategy=default")
+  unpiped = train(whole_dir, 4, strategy="default")
   assert unpiped["pipeline"] is None
   assert unpiped["checkpoint"]["restore"]["step"] == 4
   assert unpiped["weights_digest"] == whole["weights_digest"]
 
 
 def test_auto_split_from_a_profile_puts_predictions_beside_measurements(
-    tmp_path):
+    tmp_path, capsys):
   """--plan_profile with --pipeline_split=auto: the trainer splits by the
   profile's cost model and run.json shows each stage's predicted time."""
-  job = ("--model=small_cnn", "--image_size=8", "--batch_size=16",
-         "--strategy=mirrored", "--num_devices=2", "--pipeline_stages=2",
-         "--pipeline_microbatches=4")
-  # The profile the planning command writes for this job. The trainer reads
-  # its layer graph at the micro-batch, 16 / 4 = 4; the profile brackets it
-  # so the cost model interpolates.
-  planned = run_module("tfoverlap.plan", *job, "--plan_batch_sizes=2,4,8",
+  job = {"model": "small_cnn", "image_size": "8", "batch_size": "16",
+         "strategy": "mirrored", "num_devices": "2", "pipeline_stages": "2",
+         "pipeline_microbatches": "4"}
+  # The profile the planning command writes for this job (the command: it
+  # sets the threads it times layers on, which only a fresh process can).
+  # The trainer reads its layer graph at the micro-batch, 16 / 4 = 4; the
+  # profile brackets it so the cost model interpolates.
+  planned = run_module("tfoverlap.plan",
+                       *(f"--{name}={value}" for name, value in job.items()),
+                       "--plan_batch_sizes=2,4,8",
                        "--plan_warmup=1", "--plan_repeats=1",
                        f"--plan_output_dir={tmp_path / 'plan'}", timeout=600)
   assert planned.returncode == 0, planned.stderr[-4000:]
   profile_path = tmp_path / "plan" / "profile.json"
 
-  def train(path, model_dir):
-    result = run_module(
-        "tfoverlap.train", *job, "--train_steps=2", "--evaluate=false",
-        "--trace=false", "--tensorboard=false", "--pipeline_split=auto",
-        f"--plan_profile={path}", f"--model_dir={model_dir}", timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return [l for l in result.stderr.splitlines()
-            if l.startswith("pipeline: warning:")]
-
-  assert not train(profile_path, tmp_path / "run")
-  section = run_record.load_run_record(str(tmp_path / "run"))["pipeline"]
+  capsys.readouterr()
+  section = _train_here(**job, train_steps="2", evaluate="false",
+                        trace="false", tensorboard="false",
+                        pipeline_split="auto", plan_profile=str(profile_path),
+                        model_dir=str(tmp_path / "run"))["pipeline"]
+  assert not [l for l in capsys.readouterr().err.splitlines()
+              if l.startswith("pipeline: warning:")]
   assert section["split"] == "auto" and len(section["cut_layers"]) == 1
   for row in section["per_stage"]:
     assert row["predicted_ms"] > 0 and row["predicted_memory_mb"] > 0, row
