@@ -8,15 +8,25 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from absl.testing import flagsaver
+# The public API can turn op determinism on only; the same module turns it
+# off.
+from tensorflow.python.framework import config as tf_config
 
+import flags as tfo_flags
+
+from overlap_core.runtime import run_record
 from overlap_core.runtime.config import OffloadConfig
-from tfoverlap import distribute, offload
+from tfoverlap import distribute, offload, trainer
 
 from tests.helpers import run_module
-from tests.record_checks import (copied_ms, offload_copy_spans_us,
-                                 run_small_cnn)
+from tests.record_checks import copied_ms, offload_copy_spans_us
 
 BATCH = 2
+
+tfo_flags.define_flags()
+if not tfo_flags.FLAGS.is_parsed():
+  tfo_flags.FLAGS.mark_as_parsed()
 
 
 def _tiny_model():
@@ -151,13 +161,37 @@ def test_nothing_offloaded_installs_nothing():
   assert offload.apply_offload(_tiny_model(), OffloadConfig()) is None
 
 
-def _run(tmp_path, name, *args):
-  return run_small_cnn("tfoverlap.train", tmp_path / name, "--progress=false", *args)
+def _run(capsys, model_dir, **flags):
+  """Trains small_cnn 4 deterministic steps in this process, as
+  tests.record_checks.run_small_cnn runs the command; (what it wrote to
+  stderr, run.json).
+
+  In this process, not the command: what is compared is what the trainer
+  computes and records, and each command would spend most of its time
+  starting Python and TensorFlow.
+  """
+  with flagsaver.as_parsed(**{
+      "model_dir": str(model_dir), "model": "small_cnn",
+      "strategy": "default", "batch_size": "16", "train_steps": "4",
+      "seed": "3", "deterministic": "true", "progress": "false", **flags}):
+    config = tfo_flags.to_config()
+  # Keras numbers the objects it names itself per process: a fresh
+  # session names the layers as the command's own process does.
+  keras.backend.clear_session()
+  capsys.readouterr()
+  try:
+    trainer.train(config)
+  finally:
+    # --deterministic holds for the whole process; the next run here, or
+    # the next test, must not inherit it.
+    tf_config.disable_op_determinism()
+  return capsys.readouterr().err, run_record.load_run_record(str(model_dir))
 
 
-def test_trainer_records_offload_and_matches_the_plain_run(tmp_path):
-  _, plain = _run(tmp_path, "plain")
-  result, offloaded = _run(tmp_path, "offloaded", "--offload=activations")
+def test_trainer_records_offload_and_matches_the_plain_run(tmp_path, capsys):
+  _, plain = _run(capsys, tmp_path / "plain")
+  stderr, offloaded = _run(capsys, tmp_path / "offloaded",
+                           offload="activations")
   assert plain["offload"] is None
   section = offloaded["offload"]
   assert section["offloaded_layers"] == ["conv1_1", "conv1_2", "conv2_1",
@@ -167,7 +201,7 @@ def test_trainer_records_offload_and_matches_the_plain_run(tmp_path):
   assert section["to_host"]["bytes"] == section["to_device"]["bytes"] > 0
   assert offloaded["weights_digest"] == plain["weights_digest"]
   assert offloaded["final"] == plain["final"]
-  assert result.stderr.count(offload.NO_GPU_NOTICE) == 1
+  assert stderr.count(offload.NO_GPU_NOTICE) == 1
   # Op determinism refuses tf.timestamp: counted, not timed, in compute.
   assert section["to_host"]["copy_ms"] is None
   assert "offload_copy" not in offloaded["phases"]
@@ -176,11 +210,11 @@ def test_trainer_records_offload_and_matches_the_plain_run(tmp_path):
 
 @pytest.mark.parametrize("steps_per_execution", [1, 2])
 def test_trainer_times_copies_into_the_offload_copy_phase(
-    tmp_path, steps_per_execution):
+    tmp_path, capsys, steps_per_execution):
   # At 2 steps per call, each call's copy time is divided among its steps.
-  _, record = _run(tmp_path, "timed", "--offload=activations",
-                   "--deterministic=false",
-                   f"--steps_per_execution={steps_per_execution}")
+  _, record = _run(capsys, tmp_path, offload="activations",
+                   deterministic="false",
+                   steps_per_execution=str(steps_per_execution))
   section = record["offload"]
   assert section["copies_timed_with"] == "tf.timestamp"
   for direction in ("to_host", "to_device"):
