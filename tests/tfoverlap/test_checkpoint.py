@@ -8,10 +8,7 @@ in test_checkpoint_kills.py.
 """
 
 import os
-import random
 import socket
-import subprocess
-import sys
 import textwrap
 
 import keras
@@ -21,159 +18,69 @@ import pytest
 from tfoverlap.checkpoint import (AsyncCheckpoint, CheckpointsExistError,
                                   DirectoryInUseError)
 from overlap_core.checkpoint import files as checkpoint_files
-from overlap_core.runtime import run_record
 
-from tests import checkpoint_support
+from tests import checkpoint_support, trainer_checkpoints
 from tests.tfoverlap import keras_fit_job as fit_job
-from tests.helpers import REPO_ROOT, subprocess_env
 
-# Digits through the whole pipeline (shuffle, parallel map, prefetch), with
-# deterministic ops: runs are bit-identical, so resumes can be compared. The
-# MLP on 8x8 images keeps each process quick.
-EXACT = ["--model=mlp", "--image_size=8", "--strategy=default",
-         "--deterministic", "--log_every_steps=5", "--tensorboard=false",
-         "--trace=false", "--evaluate=false", "--batch_size=32"]
-TOTAL_STEPS = 30
+# The trainer-run claims both sides share: each runs here on `trainer`.
+from tests.trainer_checkpoints import (  # pylint: disable=unused-import
+    stopped_at_20, test_async_stopped_and_resumed_run_ends_bit_identical,
+    test_corrupt_newest_checkpoint_falls_back_to_the_previous,
+    test_full_disk_applies_the_policy_and_keeps_the_good_checkpoint,
+    test_sigkills_at_random_moments_lose_nothing, uninterrupted_digest)
 
-
-def _train(model_dir, *args, timeout=300, expect_ok=True, **popen):
-  result = subprocess.run(
-      [sys.executable, "-m", "tfoverlap.train", f"--model_dir={model_dir}",
-       *EXACT, *args], cwd=REPO_ROOT, env=subprocess_env(),
-      capture_output=True, text=True, timeout=timeout, check=False, **popen)
-  if expect_ok:
-    assert result.returncode == 0, result.stderr[-4000:]
-  return result
-
-
-def _digest(model_dir) -> str:
-  return run_record.load_run_record(str(model_dir))["weights_digest"]
+TRAINER = trainer_checkpoints.Trainer("tfoverlap.train")
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_digest(tmp_path_factory):
-  """The final weights of TOTAL_STEPS uninterrupted steps, no checkpoints."""
-  model_dir = tmp_path_factory.mktemp("uninterrupted")
-  _train(model_dir, f"--train_steps={TOTAL_STEPS}")
-  return _digest(model_dir)
-
-
-ASYNC_EVERY_10 = ["--checkpoint=async", "--checkpoint_every=10"]
-
-
-@pytest.fixture(scope="module")
-def stopped_at_20(tmp_path_factory):
-  """A run stopped after step 20 with async checkpoints of steps 10 and 20;
-  each test resumes a copy of its checkpoints, so one run serves them all."""
-  model_dir = tmp_path_factory.mktemp("stopped_at_20")
-  _train(model_dir, *ASYNC_EVERY_10, "--train_steps=20")
-  assert checkpoint_files.list_checkpoints(
-      str(model_dir / "checkpoints")) == [10, 20]
-  return model_dir
-
-
-def test_async_stopped_and_resumed_run_ends_bit_identical(
-    tmp_path, stopped_at_20, uninterrupted_digest):
-  checkpoint_support.resume_from(stopped_at_20, tmp_path)
-  resumed = _train(tmp_path, *ASYNC_EVERY_10, f"--train_steps={TOTAL_STEPS}")
-  record = run_record.load_run_record(str(tmp_path))
-  assert record["steps"] == TOTAL_STEPS - 20  # after the batch of step 20
-  assert record["checkpoint"]["restore"]["step"] == 20
-  assert "step 20" in " ".join(record["notes"])
-  assert record["weights_digest"] == uninterrupted_digest, resumed.stderr
+def trainer():
+  return TRAINER
 
 
 @pytest.mark.parametrize("mode", ["sync", "tf_async"])
 def test_stopped_and_resumed_run_ends_bit_identical(tmp_path, mode,
                                                     uninterrupted_digest):
   args = [f"--checkpoint={mode}", "--checkpoint_every=5"]
-  _train(tmp_path, *args, "--train_steps=15")
-  resumed = _train(tmp_path, *args, f"--train_steps={TOTAL_STEPS}")
-  record = run_record.load_run_record(str(tmp_path))
-  assert record["steps"] == TOTAL_STEPS - 15  # after the batch of step 15
-  assert record["checkpoint"]["restore"]["step"] == 15
-  assert "step 15" in " ".join(record["notes"])
-  assert record["weights_digest"] == uninterrupted_digest, resumed.stderr
-
-
-def test_sigkills_at_random_moments_lose_nothing(tmp_path,
-                                                 uninterrupted_digest):
-  # Checkpoints every 3 steps keep a persist in flight much of the time, so
-  # kills after random step lines land in steps, snapshots, persists,
-  # renames and prunes alike; the last lands after the final step. After
-  # every kill the newest checkpoint must verify; the run that finally
-  # completes must end with the uninterrupted run's weights.
-  args = [f"--model_dir={tmp_path}", *EXACT, "--log_every_steps=1",
-          "--checkpoint=async", "--checkpoint_every=3",
-          "--checkpoint_keep=2", f"--train_steps={TOTAL_STEPS}"]
-  landed = checkpoint_support.kill_trainer_at_random_steps(
-      [sys.executable, "-m", "tfoverlap.train", *args],
-      str(tmp_path / "checkpoints"), total_steps=TOTAL_STEPS,
-      num_kills=checkpoint_support.NUM_RANDOM_KILLS, rng=random.Random(7))
-  assert landed >= checkpoint_support.NUM_RANDOM_KILLS
-  _train(tmp_path, *args[1:])
-  assert _digest(tmp_path) == uninterrupted_digest
-
-
-def test_corrupt_newest_checkpoint_falls_back_to_the_previous(
-    tmp_path, stopped_at_20):
-  directory = checkpoint_support.resume_from(stopped_at_20, tmp_path)
-  checkpoint_support.damage(
-      os.path.join(directory, "ckpt-0000000020", "model.safetensors"))
-  result = _train(tmp_path, *ASYNC_EVERY_10, "--train_steps=25")
-  checkpoint_support.check_fell_back(result, str(tmp_path), restored_step=10,
-                                     num_steps=15)
+  TRAINER.run(tmp_path, *args, "--train_steps=15")
+  trainer_checkpoints.check_resume_ends_bit_identical(
+      TRAINER, tmp_path, args, uninterrupted_digest, stopped_at=15)
 
 
 def test_restoring_into_another_model_names_the_first_difference(
     tmp_path, stopped_at_20):
-  directory = checkpoint_support.resume_from(stopped_at_20, tmp_path)
-  result = _train(tmp_path, *ASYNC_EVERY_10, "--train_steps=25",
-                  "--image_size=16", expect_ok=False)
-  assert result.returncode == 1, result.stderr[-2000:]
-  lines = result.stderr.strip().splitlines()
-  assert "CheckpointMismatchError" in lines[-1]
-  assert "does not fit" in lines[-1] and "kernel" in lines[-1]
-  # The good checkpoint is untouched by the failed attempt.
-  assert checkpoint_files.load_latest(directory).step == 20
-
-
-@pytest.mark.parametrize("policy", ["raise", "warn"])
-def test_full_disk_applies_the_policy_and_keeps_the_good_checkpoint(
-    tmp_path, stopped_at_20, policy):
-  # A file-size limit below the model file makes its write fail mid-file,
-  # as a full disk does.
-  directory = checkpoint_support.resume_from(stopped_at_20, tmp_path, drop=[20])
-  model_bytes = os.path.getsize(
-      os.path.join(directory, "ckpt-0000000010", "model.safetensors"))
-  result = _train(tmp_path, *ASYNC_EVERY_10,
-                  f"--checkpoint_on_error={policy}",
-                  f"--train_steps={TOTAL_STEPS}", expect_ok=False,
-                  preexec_fn=checkpoint_support.limit_file_size(
-                      model_bytes // 2))
-  checkpoint_support.check_full_disk_outcome(result, policy, str(tmp_path))
+  last = trainer_checkpoints.check_another_model_is_refused(
+      TRAINER, stopped_at_20, tmp_path)
+  assert "kernel" in last  # Keras names a Dense layer's weights so
 
 
 def test_unwritable_checkpoint_directory_is_one_line(tmp_path):
   (tmp_path / "checkpoints").write_text("a file where the directory goes")
-  result = _train(tmp_path, "--checkpoint=async", "--train_steps=5",
-                  expect_ok=False)
+  result = TRAINER.run(tmp_path, "--checkpoint=async", "--train_steps=5",
+                       expect_ok=False)
   assert result.returncode == 1
   last = result.stderr.strip().splitlines()[-1]
   assert "cannot write checkpoints to" in last
 
 
+# Enough steps that the probe checkpoint's persist (of step 10) is measured
+# before the run ends on a host whose fsyncs are slow: the cadence plans
+# once it is, at one of the attempts every 10 steps. Steps of this MLP take
+# milliseconds; 80 of them gave some loaded runs no decision at all.
+AUTO_STEPS = 300
+
+
 def test_auto_cadence_records_its_decisions_and_stays_in_bound(tmp_path):
-  _train(tmp_path, "--checkpoint=async", "--checkpoint_every=auto",
-         "--train_steps=80")
-  stats = run_record.load_run_record(str(tmp_path))["checkpoint"]
+  TRAINER.run(tmp_path, "--checkpoint=async", "--checkpoint_every=auto",
+              f"--train_steps={AUTO_STEPS}")
+  stats = trainer_checkpoints.record(tmp_path)["checkpoint"]
   assert stats["every_steps"] == "auto"
   assert stats["decisions"], stats
   decision = stats["decisions"][0]
   assert decision["every_steps"] >= 1
   assert decision["predicted_overhead_frac"] <= 0.03
   assert "overhead" in decision["reason"]
-  assert stats["last_persisted_step"] == 80  # the final state is saved
+  # The final state is saved.
+  assert stats["last_persisted_step"] == AUTO_STEPS
 
 
 # --- AsyncCheckpoint in a plain Keras model.fit -----------------------------

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests import checkpoint_support
+from tests import checkpoint_support, trainer_checkpoints
 from tests.tfoverlap import keras_fit_job as fit_job
 
 _identity = checkpoint_support.checkpoint_identity
@@ -105,9 +105,5 @@ def test_callback_sigkilled_anywhere_loses_nothing_and_stays_finished(
 
 
 def test_a_second_trainer_on_a_live_model_dir_is_refused(tmp_path):
-  checkpoint_support.check_one_writer_per_model_dir(
-      "tfoverlap.train", str(tmp_path),
-      ["--model=mlp", "--image_size=8", "--strategy=default",
-       "--batch_size=32", "--tensorboard=false", "--trace=false",
-       "--evaluate=false", "--checkpoint=async", "--checkpoint_every=5",
-       "--checkpoint_keep=2"])
+  trainer_checkpoints.check_one_writer_per_model_dir(
+      trainer_checkpoints.Trainer("tfoverlap.train"), tmp_path)

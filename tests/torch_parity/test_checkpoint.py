@@ -9,7 +9,6 @@ writer.
 """
 
 import os
-import random
 import subprocess
 import sys
 import textwrap
@@ -23,15 +22,21 @@ import torch.distributed as dist
 from torch import nn
 
 from overlap_core.checkpoint import files as checkpoint_files
-from overlap_core.runtime import run_record
 from overlap_core.runtime.config import CheckpointConfig
 from torch_parity import rendezvous
 from torch_parity.checkpoint import (CheckpointError, CheckpointMismatchError,
                                      Checkpointer, snapshot)
 
-from tests import checkpoint_support
+from tests import checkpoint_support, trainer_checkpoints
 from tests.helpers import REPO_ROOT, subprocess_env
 from tests.needs_cuda import needs_cuda
+
+# The trainer-run claims both sides share: each runs here on `trainer`.
+from tests.trainer_checkpoints import (  # pylint: disable=unused-import
+    stopped_at_20, test_async_stopped_and_resumed_run_ends_bit_identical,
+    test_corrupt_newest_checkpoint_falls_back_to_the_previous,
+    test_full_disk_applies_the_policy_and_keeps_the_good_checkpoint,
+    test_sigkills_at_random_moments_lose_nothing, uninterrupted_digest)
 
 
 def _net(seed: int, hidden: int = 16) -> nn.Module:
@@ -370,175 +375,80 @@ def test_checkpoint_weights_load_into_plain_torch_without_tfoverlap(
 
 # --- Through the trainer: real `python -m torch_parity.train` processes ----
 
-# Digits through the whole loader (shuffle, worker processes, prefetch) with
-# deterministic algorithms: runs are bit-identical, so resumes can be
-# compared. The MLP on 8x8 images keeps each process quick. One intra-op
-# thread: in one full-suite run on a loaded host, the uninterrupted run's
-# digest differed from every resumed run's with the default thread count,
-# while the same tests agreed when run alone.
-EXACT = ["--model=mlp", "--strategy=default", "--deterministic",
-         "--image_size=8", "--batch_size=32", "--log_every_steps=5",
-         "--tensorboard=false", "--trace=false", "--evaluate=false",
-         "--intra_op_threads=1", "--inter_op_threads=1"]
-TOTAL_STEPS = 30
-
-
-def _run(model_dir, *args, timeout=300, expect_ok=True, **popen):
-  result = subprocess.run(
-      [sys.executable, "-m", "torch_parity.train", f"--model_dir={model_dir}",
-       *EXACT, *args], cwd=REPO_ROOT, env=subprocess_env(),
-      capture_output=True, text=True, timeout=timeout, check=False, **popen)
-  if expect_ok:
-    assert result.returncode == 0, result.stderr[-4000:]
-  return result
-
-
-def _record(model_dir) -> dict:
-  return run_record.load_run_record(str(model_dir))
+# One intra-op thread: in one full-suite run on a loaded host, the
+# uninterrupted run's digest differed from every resumed run's with the
+# default thread count, while the same tests agreed when run alone.
+TRAINER = trainer_checkpoints.Trainer(
+    "torch_parity.train", ["--intra_op_threads=1", "--inter_op_threads=1"])
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_digest(tmp_path_factory):
-  """The final weights of TOTAL_STEPS uninterrupted steps, no checkpoints."""
-  model_dir = tmp_path_factory.mktemp("uninterrupted")
-  _run(model_dir, f"--train_steps={TOTAL_STEPS}")
-  return _record(model_dir)["weights_digest"]
-
-
-ASYNC_EVERY_10 = ["--checkpoint=async", "--checkpoint_every=10"]
-
-
-@pytest.fixture(scope="module")
-def stopped_at_20(tmp_path_factory):
-  """A run stopped after step 20 with async checkpoints of steps 10 and 20;
-  each test resumes a copy of its checkpoints, so one run serves them all."""
-  model_dir = tmp_path_factory.mktemp("stopped_at_20")
-  _run(model_dir, *ASYNC_EVERY_10, "--train_steps=20")
-  assert checkpoint_files.list_checkpoints(
-      str(model_dir / "checkpoints")) == [10, 20]
-  return model_dir
-
-
-def test_async_stopped_and_resumed_run_ends_bit_identical(
-    tmp_path, stopped_at_20, uninterrupted_digest):
-  checkpoint_support.resume_from(stopped_at_20, tmp_path)
-  resumed = _run(tmp_path, *ASYNC_EVERY_10, f"--train_steps={TOTAL_STEPS}")
-  record = _record(tmp_path)
-  assert record["steps"] == TOTAL_STEPS - 20  # after the batch of step 20
-  assert record["checkpoint"]["restore"]["step"] == 20
-  assert "step 20" in " ".join(record["notes"])
-  assert record["weights_digest"] == uninterrupted_digest, resumed.stderr
+def trainer():
+  return TRAINER
 
 
 def test_sync_stopped_and_resumed_run_ends_bit_identical(
     tmp_path, uninterrupted_digest):
   args = ["--checkpoint=sync", "--checkpoint_every=5"]
-  _run(tmp_path, *args, "--train_steps=15")
-  first = _record(tmp_path)["checkpoint"]
+  TRAINER.run(tmp_path, *args, "--train_steps=15")
+  first = trainer_checkpoints.record(tmp_path)["checkpoint"]
   # Written on the training thread: nothing is left to a persist thread.
   assert first["mode"] == "sync" and first["num_saved"] == 3
   assert first["persist_s"]["count"] == 0
-  resumed = _run(tmp_path, *args, f"--train_steps={TOTAL_STEPS}")
-  record = _record(tmp_path)
-  assert record["steps"] == TOTAL_STEPS - 15
-  assert record["checkpoint"]["restore"]["step"] == 15
-  assert record["weights_digest"] == uninterrupted_digest, resumed.stderr
-
-
-def test_sigkills_at_random_moments_lose_nothing(tmp_path,
-                                                 uninterrupted_digest):
-  # Checkpoints every 3 steps keep a persist in flight much of the time, so
-  # kills after random step lines land in steps, snapshots, persists,
-  # renames and prunes alike; the last lands after the final step. After
-  # every kill the newest checkpoint must verify; the run that finally
-  # completes must end with the uninterrupted run's weights.
-  args = [f"--model_dir={tmp_path}", *EXACT, "--log_every_steps=1",
-          "--checkpoint=async", "--checkpoint_every=3",
-          "--checkpoint_keep=2", f"--train_steps={TOTAL_STEPS}"]
-  landed = checkpoint_support.kill_trainer_at_random_steps(
-      [sys.executable, "-m", "torch_parity.train", *args],
-      str(tmp_path / "checkpoints"), total_steps=TOTAL_STEPS,
-      num_kills=checkpoint_support.NUM_RANDOM_KILLS, rng=random.Random(7))
-  assert landed >= checkpoint_support.NUM_RANDOM_KILLS
-  _run(tmp_path, *args[1:])
-  assert _record(tmp_path)["weights_digest"] == uninterrupted_digest
+  trainer_checkpoints.check_resume_ends_bit_identical(
+      TRAINER, tmp_path, args, uninterrupted_digest, stopped_at=15)
 
 
 def test_a_finished_run_started_again_trains_and_writes_nothing(
     tmp_path, stopped_at_20):
   directory = checkpoint_support.resume_from(stopped_at_20, tmp_path)
-  before = os.stat(os.path.join(directory, "ckpt-0000000020"))
-  _run(tmp_path, *ASYNC_EVERY_10, "--train_steps=20")
-  record = _record(tmp_path)
+  before = checkpoint_support.checkpoint_identity(directory, 20)
+  TRAINER.run(tmp_path, *trainer_checkpoints.ASYNC_EVERY_10,
+              "--train_steps=20")
+  record = trainer_checkpoints.record(tmp_path)
   assert record["steps"] == 0
   assert record["checkpoint"]["restore"]["step"] == 20
   assert record["checkpoint"]["num_saved"] == 0
   assert checkpoint_files.list_checkpoints(directory) == [10, 20]
-  after = os.stat(os.path.join(directory, "ckpt-0000000020"))
-  assert (after.st_ino, after.st_mtime_ns) == (before.st_ino,
-                                               before.st_mtime_ns)
-
-
-def test_corrupt_newest_checkpoint_falls_back_to_the_previous(
-    tmp_path, stopped_at_20):
-  directory = checkpoint_support.resume_from(stopped_at_20, tmp_path)
-  checkpoint_support.damage(
-      os.path.join(directory, "ckpt-0000000020", "model.safetensors"))
-  result = _run(tmp_path, *ASYNC_EVERY_10, "--train_steps=25")
-  checkpoint_support.check_fell_back(result, str(tmp_path), restored_step=10,
-                                     num_steps=15)
+  assert checkpoint_support.checkpoint_identity(directory, 20) == before
 
 
 def test_restoring_into_another_model_names_the_first_difference(
     tmp_path, stopped_at_20):
-  directory = checkpoint_support.resume_from(stopped_at_20, tmp_path)
-  result = _run(tmp_path, *ASYNC_EVERY_10, "--train_steps=25",
-                "--image_size=16", expect_ok=False)
-  assert result.returncode == 1, result.stderr[-2000:]
-  last = result.stderr.strip().splitlines()[-1]
-  assert "CheckpointMismatchError" in last and "does not fit" in last
+  last = trainer_checkpoints.check_another_model_is_refused(
+      TRAINER, stopped_at_20, tmp_path)
   assert "'fc1.weight' (512, 768) float32" in last  # the model: 3 * 16 * 16
   assert "'fc1.weight' (512, 192) float32" in last  # the checkpoint: 3 * 8 * 8
-  # The good checkpoint is untouched by the failed attempt.
-  assert checkpoint_files.load_latest(directory).step == 20
-
-
-@pytest.mark.parametrize("policy", ["raise", "warn"])
-def test_full_disk_applies_the_policy_and_keeps_the_good_checkpoint(
-    tmp_path, stopped_at_20, policy):
-  # A file-size limit below the model file makes its write fail mid-file,
-  # as a full disk does.
-  directory = checkpoint_support.resume_from(stopped_at_20, tmp_path, drop=[20])
-  model_bytes = os.path.getsize(
-      os.path.join(directory, "ckpt-0000000010", "model.safetensors"))
-  result = _run(tmp_path, *ASYNC_EVERY_10, f"--checkpoint_on_error={policy}",
-                "--train_steps=30", expect_ok=False,
-                preexec_fn=checkpoint_support.limit_file_size(model_bytes // 2))
-  checkpoint_support.check_full_disk_outcome(result, policy, str(tmp_path))
 
 
 def _launch(model_dir, *args):
   result = subprocess.run(
       [sys.executable, "-m", "torch_parity.launch", "--num_workers=2", "--",
-       f"--model_dir={model_dir}", *EXACT, *args], cwd=REPO_ROOT,
-      env=subprocess_env(), capture_output=True, text=True, timeout=400,
-      check=False)
+       f"--model_dir={model_dir}", *trainer_checkpoints.EXACT, *TRAINER.flags,
+       *args], cwd=REPO_ROOT, env=subprocess_env(), capture_output=True,
+      text=True, timeout=400, check=False)
   assert result.returncode == 0, result.stderr[-4000:]
-  return (_record(model_dir), _record(os.path.join(model_dir, "worker-1")))
+  return (trainer_checkpoints.record(model_dir),
+          trainer_checkpoints.record(os.path.join(model_dir, "worker-1")))
 
 
-def test_two_gloo_ranks_agree_write_once_and_resume_together(
-    tmp_path, tmp_path_factory):
+# Enough steps that the probe checkpoint's persist (of step 10) is measured,
+# and the cadence planned, before the job ends on a host whose fsyncs are
+# slow: it tries every 10 steps. Steps take milliseconds; 30 of them gave a
+# loaded run no decision at all.
+GLOO_STEPS = 100
+
+
+def test_two_gloo_ranks_agree_write_once_and_resume_together(tmp_path):
   # Two ranks are as deterministic as one here: gloo sums two gradients in
   # one order, every rank seeds alike, and the MLP draws no random numbers
-  # while training. So the resumed job must end where an uninterrupted one
-  # does, not only with both ranks agreeing.
-  uninterrupted = tmp_path_factory.mktemp("uninterrupted_two_ranks")
-  expected, _ = _launch(uninterrupted, "--train_steps=36")
-
+  # while training. So a job resumed from one of its checkpoints must end
+  # where the uninterrupted job did, not only with both ranks agreeing.
+  uninterrupted = tmp_path / "uninterrupted"
   args = ["--checkpoint=async", "--checkpoint_every=auto",
-          "--checkpoint_max_overhead=0.5"]
-  chief, other = _launch(tmp_path, *args, "--train_steps=30")
+          "--checkpoint_max_overhead=0.5", "--checkpoint_keep=3",
+          f"--train_steps={GLOO_STEPS}"]
+  chief, other = _launch(uninterrupted, *args)
   assert chief["checkpoint"]["writer"] and not other["checkpoint"]["writer"]
   assert chief["checkpoint"]["num_persisted"] >= 2
   assert other["checkpoint"]["num_persisted"] == 0
@@ -547,20 +457,25 @@ def test_two_gloo_ranks_agree_write_once_and_resume_together(
   # reasons (which quote the measured costs) are identical too.
   assert chief["checkpoint"]["decisions"], chief["checkpoint"]
   assert chief["checkpoint"]["decisions"] == other["checkpoint"]["decisions"]
-  assert not os.path.exists(tmp_path / "worker-1" / "checkpoints")
-  assert checkpoint_files.list_checkpoints(
-      str(tmp_path / "checkpoints"))[-1] == 30
+  assert chief["weights_digest"] == other["weights_digest"]
+  assert not os.path.exists(uninterrupted / "worker-1" / "checkpoints")
+  steps = checkpoint_files.list_checkpoints(
+      str(uninterrupted / "checkpoints"))
+  assert steps[-1] == GLOO_STEPS  # the final state, and at least one before
 
-  chief, other = _launch(tmp_path, *args, "--train_steps=36")
-  assert chief["checkpoint"]["restore"]["step"] == 30
-  assert other["checkpoint"]["restore"]["step"] == 30
-  assert chief["steps"] == other["steps"] == 6
-  assert (chief["weights_digest"] == other["weights_digest"]
-          == expected["weights_digest"])
+  # A copy of its checkpoints but the final one, as if stopped after the
+  # one before.
+  resumed = tmp_path / "resumed"
+  checkpoint_support.resume_from(uninterrupted, resumed, drop=[GLOO_STEPS])
+  restored = steps[-2]
+  resumed_chief, resumed_other = _launch(resumed, *args)
+  assert resumed_chief["checkpoint"]["restore"]["step"] == restored
+  assert resumed_other["checkpoint"]["restore"]["step"] == restored
+  assert resumed_chief["steps"] == resumed_other["steps"] == (
+      GLOO_STEPS - restored)
+  assert (resumed_chief["weights_digest"] == resumed_other["weights_digest"]
+          == chief["weights_digest"])
 
 
 def test_a_second_trainer_on_a_live_model_dir_is_refused(tmp_path):
-  checkpoint_support.check_one_writer_per_model_dir(
-      "torch_parity.train", str(tmp_path),
-      [*EXACT, "--checkpoint=async", "--checkpoint_every=5",
-       "--checkpoint_keep=2"])
+  trainer_checkpoints.check_one_writer_per_model_dir(TRAINER, tmp_path)
