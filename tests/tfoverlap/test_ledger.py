@@ -9,11 +9,10 @@ import pytest
 import tensorflow as tf
 
 from overlap_core.runtime import ledger as ledger_lib
-from overlap_core.runtime import run_record
 from overlap_core.runtime.config import ConfigError
 from overlap_core.runtime.dir_lock import DirectoryInUseError
 from tests.helpers import one_line_error
-from tests.user_loop_compare import compare_report
+from tests import user_loop_compare
 from tfoverlap import trainer
 from tfoverlap.checkpoint import AsyncCheckpoint
 from tfoverlap.ledger import LedgerCallback
@@ -69,29 +68,17 @@ def fits(tmp_path_factory):
 
 
 def test_a_plain_fit_leaves_the_trainers_run_json(fits):
-  root, runs = fits
-  ledger, output, model = runs["plain"]
-  record = run_record.load_run_record(os.path.join(root, "plain"))
-  assert record == ledger.record
-  assert record["framework"] == "tensorflow"
-  assert record["steps"] == STEPS
+  record, output, model = user_loop_compare.check_plain_run(
+      *fits, framework="tensorflow", num_steps=STEPS,
+      weights_digest=trainer.weights_digest)
   assert record["model"]["name"] == "user_mlp"
   assert record["model"]["source"] == {
       "source": "user_loop",
       "value": f"{type(model).__module__}:{type(model).__qualname__}"}
-  assert record["weights_digest"] == trainer.weights_digest(model)
-  assert record["final"]["train_loss"] == pytest.approx(ledger.last_loss)
   assert record["checkpoint"] is None
-  phases = record["phases"]
-  assert phases[ledger_lib.COMPUTE]["total"] > 0
-  assert phases[ledger_lib.CHECKPOINT_STALL]["total"] == 0
   assert record["phases_measured"] == [ledger_lib.COMPUTE,
                                        ledger_lib.CHECKPOINT_STALL]
-  # Progress lines at the cadence, with the run's length, then the table.
-  assert "step 4/8  loss" in output and "step 8/8  loss" in output
-  assert "Per-step breakdown (7 steps after 1 warm-up" in output
   assert " data_wait                n/a" in output
-  assert record["outputs"]["run_record"] in output
 
 
 @pytest.mark.parametrize("name", ["checkpoint_first", "checkpoint_last"])
@@ -145,14 +132,8 @@ def test_bad_arguments_are_refused_at_once(tmp_path, kwargs, says):
 
 
 def test_overlap_compare_reads_the_runs(fits, tmp_path):
-  root, _ = fits
-  rows = compare_report(str(tmp_path / "compare"), "tensorflow",
-                        [os.path.join(root, "plain"),
-                         os.path.join(root, "checkpoint_last")])
-  plain, checkpointed = rows["baseline"], rows["checkpoint=async"]
-  assert plain["status"] == checkpointed["status"] == "ok"
-  assert float(plain["samples_per_second"]) > 0
-  assert float(plain["checkpoint_stall_ms"]) == 0
-  assert float(checkpointed["checkpoint_stall_ms"]) > 0
-  assert float(checkpointed["checkpoint_interval_s"]) > 0
+  rows = user_loop_compare.check_compared(
+      str(tmp_path / "compare"), "tensorflow", fits[0], "checkpoint_last")
   assert "checkpoint=async" in rows["report"]
+  assert float(rows["baseline"]["samples_per_second"]) > 0
+  assert float(rows["checkpoint=async"]["checkpoint_interval_s"]) > 0
