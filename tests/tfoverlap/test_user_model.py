@@ -5,43 +5,37 @@ One real training run of a user's regression model on the user's data
 the rest in-process.
 """
 
+import functools
 import hashlib
-import json
 import os
 
 import keras
 import pytest
 import tensorflow as tf
-from absl.testing import flagsaver
 
-import flags as tfo_flags
 from overlap_core.runtime.config import ConfigError
 from tfoverlap import data, user_model
-from tests import user_models
-from tests.helpers import run_module
-from tests.refusals import usage_error_line
+from tests import user_models, user_runs
 
-tfo_flags.define_flags()
-SMALL = ["--train_steps=3", "--batch_size=8", "--log_every_steps=10"]
-
-
-def config_of(*args):
-  with flagsaver.flagsaver():
-    tfo_flags.FLAGS.unparse_flags()
-    tfo_flags.FLAGS(["tfoverlap.train", *args])
-    return tfo_flags.to_config()
+config_of = functools.partial(user_runs.config_of, "tfoverlap.train")
+# (args, the flag refused, what its one line says)
+BAD_USER_INPUT = [
+    (["--model=tests.no_such_module:build"], "--model",
+     "does not import: ModuleNotFoundError"),
+    (["--model=tests.user_models:raising_builder"], "--model",
+     "raised RuntimeError: no weights here"),
+    (["--model=tests.user_models:keras_classifier",
+      "--dataset=tests.user_models:tf_regression"], "--model",
+     "does not take the data's first batch (inputs [2, 6])"),
+]
 
 
 @pytest.fixture(scope="module")
 def regression_run(tmp_path_factory):
-  model_dir = tmp_path_factory.mktemp("user_regression")
-  result = run_module(
-      "tfoverlap.train", "--model=tests.user_models:keras_regression",
-      "--dataset=tests.user_models:tf_regression", "--checkpoint=sync",
-      f"--model_dir={model_dir}", *SMALL)
-  assert result.returncode == 0, result.stderr
-  with open(os.path.join(model_dir, "run.json"), encoding="utf-8") as f:
-    return json.load(f)
+  return user_runs.train_record(
+      "tfoverlap.train", tmp_path_factory.mktemp("user_regression"),
+      "--model=tests.user_models:keras_regression",
+      "--dataset=tests.user_models:tf_regression", "--checkpoint=sync")
 
 
 def test_user_model_trains_on_user_data_under_mirrored(regression_run):
@@ -59,21 +53,11 @@ def test_user_model_trains_on_user_data_under_mirrored(regression_run):
   assert record["checkpoint"]["last_persisted_step"] == 3
 
 
-@pytest.mark.parametrize("args, flag, says", [
-    (["--model=tests.no_such_module:build"], "--model",
-     "does not import: ModuleNotFoundError"),
-    (["--model=tests.user_models:raising_builder"], "--model",
-     "raised RuntimeError: no weights here"),
-    (["--model=tests.user_models:keras_classifier",
-      "--dataset=tests.user_models:tf_regression"], "--model",
-     "does not take the data's first batch (inputs [2, 6])"),
-])
+@pytest.mark.parametrize("args, flag, says", BAD_USER_INPUT)
 def test_bad_user_input_is_one_line_and_writes_nothing(tmp_path, args, flag,
                                                        says):
-  model_dir = tmp_path / "run"
-  line = usage_error_line(run_module(
-      "tfoverlap.train", *args, f"--model_dir={model_dir}", *SMALL))
-  assert f"error: {flag}=" in line and says in line, line
+  model_dir = user_runs.check_refused("tfoverlap.train", tmp_path, args, flag,
+                                      says)
   # The directory lock at most: no checkpoint, trace or run.json.
   assert set(os.listdir(model_dir) if model_dir.exists() else []) <= {"LOCK"}
 

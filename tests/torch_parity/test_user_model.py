@@ -5,39 +5,32 @@ One real DDP run of a user's classifier on the user's map-style dataset
 the rest in-process.
 """
 
-import json
-import os
+import functools
 
 import pytest
 import torch
-from absl.testing import flagsaver
 
-import flags as tfo_flags
 from overlap_core.runtime.config import ConfigError
 from torch_parity import data, user_model
-from tests import user_models
-from tests.helpers import run_module
-from tests.refusals import usage_error_line
+from tests import user_models, user_runs
 
-tfo_flags.define_flags()
-SMALL = ["--train_steps=3", "--batch_size=8", "--log_every_steps=10"]
-
-
-def config_of(*args):
-  with flagsaver.flagsaver():
-    tfo_flags.FLAGS.unparse_flags()
-    tfo_flags.FLAGS(["torch_parity.train", *args])
-    return tfo_flags.to_config()
+config_of = functools.partial(user_runs.config_of, "torch_parity.train")
+# (args, the flag refused, what its one line says)
+BAD_USER_INPUT = [
+    (["--model=tests.user_models:keras_classifier"], "--model",
+     "returned a keras.src.models.functional.Functional; allowed: a "
+     "torch.nn.Module"),
+    (["--model=tests.user_models:torch_classifier",
+      "--dataset=tests.user_models:torch_images_only"], "--dataset",
+     "split 'train' yields a 1-tuple"),
+]
 
 
 def test_user_module_trains_on_user_dataset_under_ddp(tmp_path):
-  result = run_module(
-      "torch_parity.train", "--model=tests.user_models:torch_classifier",
-      "--dataset=tests.user_models:torch_images", "--image_size=8",
-      f"--model_dir={tmp_path}", *SMALL)
-  assert result.returncode == 0, result.stderr
-  with open(os.path.join(tmp_path, "run.json"), encoding="utf-8") as f:
-    record = json.load(f)
+  record = user_runs.train_record(
+      "torch_parity.train", tmp_path,
+      "--model=tests.user_models:torch_classifier",
+      "--dataset=tests.user_models:torch_images", "--image_size=8")
   assert record["model"]["source"] == {
       "source": "import", "value": "tests.user_models:torch_classifier"}
   assert record["data"]["source"] == {
@@ -47,20 +40,11 @@ def test_user_module_trains_on_user_dataset_under_ddp(tmp_path):
   assert "eval_accuracy" in record["final"]
 
 
-@pytest.mark.parametrize("args, flag, says", [
-    (["--model=tests.user_models:keras_classifier"], "--model",
-     "returned a keras.src.models.functional.Functional; allowed: a "
-     "torch.nn.Module"),
-    (["--model=tests.user_models:torch_classifier",
-      "--dataset=tests.user_models:torch_images_only"], "--dataset",
-     "split 'train' yields a 1-tuple"),
-])
+@pytest.mark.parametrize("args, flag, says", BAD_USER_INPUT)
 def test_bad_user_input_is_one_line_and_writes_nothing(tmp_path, args, flag,
                                                        says):
-  model_dir = tmp_path / "run"
-  line = usage_error_line(run_module(
-      "torch_parity.train", *args, f"--model_dir={model_dir}", *SMALL))
-  assert f"error: {flag}=" in line and says in line, line
+  model_dir = user_runs.check_refused("torch_parity.train", tmp_path, args, flag,
+                                      says)
   # Refused by the supervisor, before any replica held the directory.
   assert not model_dir.exists()
 

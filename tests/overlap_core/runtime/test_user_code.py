@@ -1,26 +1,19 @@
 """The user's model and data by import path: parsing, importing, calling,
 and the flags' refusals, framework-free and in-process."""
 
+import functools
 import hashlib
 import os
 
 import pytest
-from absl.testing import flagsaver
 
-import flags as tfo_flags
 from overlap_core.runtime import run_record, user_code, zoo
 from overlap_core.runtime.config import ConfigError
 
+from tests import user_runs
 from tests.helpers import one_line_error
 
-tfo_flags.define_flags()
-
-
-def config_of(*args):
-  with flagsaver.flagsaver():
-    tfo_flags.FLAGS.unparse_flags()
-    tfo_flags.FLAGS(["tfoverlap.train", *args])
-    return tfo_flags.to_config()
+config_of = functools.partial(user_runs.config_of, "tfoverlap.train")
 
 
 def test_model_flag_forms(tmp_path):
