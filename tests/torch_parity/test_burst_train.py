@@ -1,8 +1,11 @@
 """The PyTorch trainer runs a burst plan: 2 launched gloo ranks against one
 process on the same data."""
 
+import shutil
+
 import pytest
 
+from overlap_core.checkpoint import files as checkpoint_files
 from overlap_core.planning.burst import BurstPlan
 from overlap_core.runtime import run_record
 from torch_parity.planning.graph import build_zoo_graph
@@ -37,22 +40,36 @@ def _write_plan(path) -> BurstPlan:
                     num_devices=2, iteration_s=PREDICTED_ITERATION_S)
 
 
-def test_two_rank_burst_plan_trains_like_one_process(tmp_path):
-  plan_path = tmp_path / "plan.json"
+# Synchronous checkpoints do not change what a run computes, so the burst
+# run that must train like one process also leaves rank 0's checkpoint of
+# step 3 for the resume test, and is that test's uninterrupted run.
+CHECKPOINTS = ("--checkpoint=sync", "--checkpoint_every=3")
+
+
+@pytest.fixture(scope="module")
+def burst_run(tmp_path_factory):
+  """Two ranks on the chosen plan, six steps: (plan, its path, model_dir)."""
+  root = tmp_path_factory.mktemp("burst")
+  plan_path = root / "plan.json"
   plan = _write_plan(plan_path)
+  result = run_module("torch_parity.launch", "--num_workers=2", "--", *RUN,
+                      *CHECKPOINTS, f"--burst_parallel={plan_path}",
+                      f"--model_dir={root / 'run'}", timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return plan, plan_path, root / "run"
+
+
+def test_two_rank_burst_plan_trains_like_one_process(tmp_path, burst_run):
+  plan, _, burst_dir = burst_run
   assert sorted(set(plan.widths_by_layer().values())) == [1, 2]
   one = run_module("torch_parity.train", *RUN, "--strategy=default",
                    "--intra_op_threads=1", f"--model_dir={tmp_path / 'one'}",
                    timeout=300)
   assert one.returncode == 0, one.stderr[-3000:]
-  burst = run_module("torch_parity.launch", "--num_workers=2", "--", *RUN,
-                     f"--burst_parallel={plan_path}",
-                     f"--model_dir={tmp_path / 'burst'}", timeout=300)
-  assert burst.returncode == 0, burst.stderr[-3000:]
 
   reference = run_record.load_run_record(str(tmp_path / "one"))
-  chief = run_record.load_run_record(str(tmp_path / "burst"))
-  other = run_record.load_run_record(str(tmp_path / "burst" / "worker-1"))
+  chief = run_record.load_run_record(str(burst_dir))
+  other = run_record.load_run_record(str(burst_dir / "worker-1"))
   for record in (chief, other):
     for key in ("train_loss", "eval_loss"):
       assert record["final"][key] == pytest.approx(
@@ -67,22 +84,29 @@ def test_two_rank_burst_plan_trains_like_one_process(tmp_path):
   assert chief["strategy"]["class"] == "torch_parity.burst.BurstModel"
 
 
-def test_a_resumed_burst_run_ends_like_an_uninterrupted_one(tmp_path):
-  plan_path = tmp_path / "plan.json"
-  _write_plan(plan_path)
-  runs = {}
-  for name, steps in (("whole", 6), ("resumed", 3), ("resumed", 6)):
-    result = run_module(
-        "torch_parity.launch", "--num_workers=2", "--", *RUN,
-        f"--train_steps={steps}", "--evaluate=false", "--checkpoint=sync",
-        "--checkpoint_every=3", f"--burst_parallel={plan_path}",
-        f"--model_dir={tmp_path / name}", timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    runs[name] = run_record.load_run_record(str(tmp_path / name))
+def test_a_resumed_burst_run_ends_like_an_uninterrupted_one(tmp_path,
+                                                           burst_run):
+  _, plan_path, whole_dir = burst_run
+  # The run as a stop after step 3 leaves it: rank 0's checkpoint of step 3
+  # and nothing later.
+  step_3 = checkpoint_files.checkpoint_dir_name(3)
+  assert checkpoint_files.list_checkpoints(
+      str(whole_dir / "checkpoints")) == [3, 6]
+  shutil.copytree(whole_dir / "checkpoints" / step_3,
+                  tmp_path / "checkpoints" / step_3)
+  result = run_module(
+      "torch_parity.launch", "--num_workers=2", "--", *RUN,
+      "--evaluate=false", *CHECKPOINTS,
+      f"--burst_parallel={plan_path}",
+      f"--model_dir={tmp_path}", timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  resumed = run_record.load_run_record(str(tmp_path))
+  whole = run_record.load_run_record(str(whole_dir))
   # Rank 0's checkpoint holds every layer; a deterministic run resumed
   # from it on both ranks takes bit-identical steps.
-  assert "resumed from the checkpoint of step 3" in runs["resumed"]["notes"]
-  assert runs["resumed"]["weights_digest"] == runs["whole"]["weights_digest"]
+  assert "resumed from the checkpoint of step 3" in resumed["notes"]
+  assert resumed["steps"] == 3
+  assert resumed["weights_digest"] == whole["weights_digest"]
 
 
 @pytest.mark.parametrize("extra, message", [
