@@ -1,8 +1,11 @@
 """The TensorFlow trainer runs a burst plan over 2 logical CPU devices and
 trains like the unsplit model."""
 
+import shutil
+
 import pytest
 
+from overlap_core.checkpoint import files as checkpoint_files
 from overlap_core.runtime import run_record
 
 from tests.burst_plans import assert_split_placements, write_plan
@@ -40,18 +43,32 @@ def _write_plan(tmp_path):
   return plan_path
 
 
-def test_burst_plan_trains_like_the_unsplit_model(tmp_path):
-  plan_path = _write_plan(tmp_path)
+# Checkpoints do not change what a run computes, so the burst run that must
+# train like the unsplit model also leaves its checkpoint of step 3 for the
+# resume test, and is that test's uninterrupted run.
+CHECKPOINTS = ("--checkpoint=async", "--checkpoint_every=3")
+BURST = ("--strategy=mirrored", "--num_devices=2", *CHECKPOINTS)
+
+
+@pytest.fixture(scope="module")
+def burst_run(tmp_path_factory):
+  """Six steps on the WIDTHS plan: (the plan's path, the model_dir)."""
+  root = tmp_path_factory.mktemp("burst")
+  plan_path = _write_plan(root)
+  result = run_module("tfoverlap.train", *RUN, *BURST,
+                      f"--burst_parallel={plan_path}",
+                      f"--model_dir={root / 'run'}", timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return plan_path, root / "run"
+
+
+def test_burst_plan_trains_like_the_unsplit_model(tmp_path, burst_run):
   one = run_module("tfoverlap.train", *RUN, "--strategy=default",
                    f"--model_dir={tmp_path / 'one'}", timeout=300)
   assert one.returncode == 0, one.stderr[-3000:]
-  split = run_module("tfoverlap.train", *RUN, "--strategy=mirrored",
-                     "--num_devices=2", f"--burst_parallel={plan_path}",
-                     f"--model_dir={tmp_path / 'burst'}", timeout=300)
-  assert split.returncode == 0, split.stderr[-3000:]
 
   reference = run_record.load_run_record(str(tmp_path / "one"))
-  record = run_record.load_run_record(str(tmp_path / "burst"))
+  record = run_record.load_run_record(str(burst_run[1]))
   for key in ("train_loss", "eval_loss"):
     assert record["final"][key] == pytest.approx(
         reference["final"][key], rel=LOSS_RTOL), key
@@ -67,22 +84,28 @@ def test_burst_plan_trains_like_the_unsplit_model(tmp_path):
   assert record["strategy"]["devices"] == ["/cpu:0", "/cpu:1"]
 
 
-def test_a_resumed_burst_run_ends_like_an_uninterrupted_one(tmp_path):
-  plan_path = _write_plan(tmp_path)
-  runs = {}
-  for name, steps in (("whole", 6), ("resumed", 3), ("resumed", 6)):
-    result = run_module(
-        "tfoverlap.train", *RUN, f"--train_steps={steps}",
-        "--evaluate=false", "--strategy=mirrored", "--num_devices=2",
-        "--checkpoint=async", "--checkpoint_every=3",
-        f"--burst_parallel={plan_path}", f"--model_dir={tmp_path / name}",
-        timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    runs[name] = run_record.load_run_record(str(tmp_path / name))
+def test_a_resumed_burst_run_ends_like_an_uninterrupted_one(tmp_path,
+                                                           burst_run):
+  plan_path, whole_dir = burst_run
+  # The run as a stop after step 3 leaves it: its checkpoint of step 3 and
+  # nothing later.
+  step_3 = checkpoint_files.checkpoint_dir_name(3)
+  assert checkpoint_files.list_checkpoints(
+      str(whole_dir / "checkpoints")) == [3, 6]
+  shutil.copytree(whole_dir / "checkpoints" / step_3,
+                  tmp_path / "checkpoints" / step_3)
+  result = run_module(
+      "tfoverlap.train", *RUN, "--evaluate=false", *BURST,
+      f"--burst_parallel={plan_path}", f"--model_dir={tmp_path}",
+      timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  resumed = run_record.load_run_record(str(tmp_path))
+  whole = run_record.load_run_record(str(whole_dir))
   # One replica holds every variable: its checkpoint is the whole state,
   # and a deterministic resumed run takes bit-identical steps.
-  assert "resumed from the checkpoint of step 3" in runs["resumed"]["notes"]
-  assert runs["resumed"]["weights_digest"] == runs["whole"]["weights_digest"]
+  assert "resumed from the checkpoint of step 3" in resumed["notes"]
+  assert resumed["steps"] == 3
+  assert resumed["weights_digest"] == whole["weights_digest"]
 
 
 def test_what_does_not_combine_is_refused_in_one_line(tmp_path):
