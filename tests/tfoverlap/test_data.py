@@ -17,6 +17,7 @@ from tensorflow.core.framework import graph_pb2
 
 from tfoverlap import data, distribute
 from overlap_core.runtime.config import AUTOTUNE, ConfigError, DataConfig
+from tests import fixtures
 from tests.fixtures import TFDS_NAME, data_config, image_counter
 from tests.helpers import PROGRESS_WAIT_S, wait_until
 from tfoverlap.data import device, pipeline, preprocess_cost, sources
@@ -30,6 +31,16 @@ WAIT_S = PROGRESS_WAIT_S
 COUNTED_COST_MS = 0.01
 # Dataset ops that run work on threads of their own, ahead of the consumer.
 ASYNC_OP_PREFIXES = ("Prefetch", "Parallel", "MapAndBatch")
+
+# The settings test_knobs_keep_batches_correct runs: each knob off, set and
+# autotuned, shuffling a part of the data and all of it.
+KNOBS = fixtures.knob_settings(
+    (0, 1, False, 0),
+    (3, 4, True, 0),
+    (AUTOTUNE, AUTOTUNE, False, 256),
+    (0, AUTOTUNE, True, DIGITS_TRAIN),
+    (3, 1, False, 64),
+    (AUTOTUNE, 4, True, 256))
 
 
 def make_cfg(**overrides) -> DataConfig:
@@ -200,26 +211,15 @@ def test_digits_order_follows_the_seed():
 
 
 def test_synthetic_pool_is_fixed_and_the_seed_only_orders_it():
-  cfg = make_cfg(dataset="synthetic", num_classes=5, image_size=6,
-                 batch_size=1024)
-  info = data.describe(cfg)
-  assert (info.num_classes, info.num_train_examples,
-          info.num_eval_examples) == (5, 1024, 256)
+  cfg = fixtures.synthetic_pool_config(make_cfg, data.describe)
   epochs = {}
   for seed in (1, 2):
     ds = data.make_input_fn(cfg, split="train", task="classification",
                             seed=seed)(None)
     epochs[seed] = first_batches(ds, 1)[0]
-  images, labels = epochs[1]
-  assert images.shape == (1024, 6, 6, 3)
-  assert 0.0 <= images.min() and images.max() <= 1.0
-  assert set(labels) == set(range(5))
-  assert image_counter(epochs[1][0]) == image_counter(epochs[2][0])
-  assert not np.array_equal(epochs[1][1], epochs[2][1])
   eval_images, _ = one_pass(data.make_input_fn(
       cfg, split="eval", task="classification", seed=1)(None))
-  assert eval_images.shape == (256, 6, 6, 3)
-  assert not image_counter(eval_images) & image_counter(images)
+  fixtures.check_synthetic_pool(epochs, eval_images, (6, 6, 3))
 
 
 def test_tfds_reads_a_locally_prepared_dataset(tfds_dir):
@@ -329,47 +329,26 @@ def test_super_resolution_pairs_are_area_downscales():
 
 # --- knobs -------------------------------------------------------------------
 
-
-@pytest.mark.parametrize("prefetch,map_parallelism,cache,shuffle_buffer", [
-    (0, 1, False, 0),
-    (3, 4, True, 0),
-    (AUTOTUNE, AUTOTUNE, False, 256),
-    (0, AUTOTUNE, True, DIGITS_TRAIN),
-    (3, 1, False, 64),
-    (AUTOTUNE, 4, True, 256),
-])
-def test_knobs_keep_batches_correct(prefetch, map_parallelism, cache,
-                                    shuffle_buffer):
-  cfg = make_cfg(prefetch=prefetch, map_parallelism=map_parallelism,
-                 cache=cache, shuffle_buffer=shuffle_buffer,
-                 batch_size=DIGITS_TRAIN)
+@pytest.mark.parametrize("knobs", KNOBS)
+def test_knobs_keep_batches_correct(knobs):
+  cfg = make_cfg(**knobs, batch_size=DIGITS_TRAIN)
   train = data.make_input_fn(cfg, split="train", task="classification",
                              seed=3)(None)
-  reference_images, reference_labels = digits_reference("train")
-  epochs = first_batches(train, 2)  # the second epoch comes from the cache
-  for images, labels in epochs:
-    assert image_counter(images, 16) == image_counter(reference_images, 16)
-    if shuffle_buffer:
-      assert not np.array_equal(labels, reference_labels)
-    else:
-      np.testing.assert_array_equal(labels, reference_labels)
-      np.testing.assert_allclose(images, reference_images, atol=1e-6)
-  if shuffle_buffer:  # each epoch is reshuffled
-    assert not np.array_equal(epochs[0][1], epochs[1][1])
-  evaluation = data.make_input_fn(dataclasses.replace(cfg, batch_size=100),
-                                  split="eval", task="classification",
-                                  seed=3)(None)
-  batch_sizes = [len(labels) for _, labels in evaluation]
-  assert batch_sizes == [100, 100, 100, 60]  # the partial batch is kept
-  np.testing.assert_array_equal(one_pass(evaluation)[1],
-                                digits_reference("eval")[1])
+  # The second epoch comes from the cache.
+  fixtures.check_knobs_kept_batches(
+      first_batches(train, 2),
+      data.make_input_fn(dataclasses.replace(cfg, batch_size=100),
+                         split="eval", task="classification", seed=3)(None),
+      digits_reference, shuffled=bool(knobs["shuffle_buffer"]))
   # "Off" also keeps tf.data's default rewrites from adding the overlap
   # back: no injected prefetch, no map+batch fusion (which computes batches
   # ahead) and no parallelized plain map.
   optimization = train.options().experimental_optimization
-  assert (optimization.inject_prefetch is False) == (prefetch == 0)
-  assert (optimization.map_and_batch_fusion is False) == (prefetch == 0)
-  assert (optimization.map_parallelization is False) == (map_parallelism == 1)
+  assert (optimization.inject_prefetch is False) == (knobs["prefetch"] == 0)
+  assert (optimization.map_and_batch_fusion is False) == (
+      knobs["prefetch"] == 0)
+  assert (optimization.map_parallelization is False) == (
+      knobs["map_parallelism"] == 1)
 
 
 # --- knobs, by their effect ----------------------------------------------
@@ -387,10 +366,8 @@ def test_prefetch_0_prepares_nothing_ahead_of_the_step(monkeypatch):
   # default rewrites would add a prefetch or a fused map-and-batch), so the
   # counts below cannot grow behind the test's back.
   assert not async_ops(iterated_dataset_ops(ds))
-  batches = iter(ds)
-  for taken in range(1, 5):
-    next(batches)
-    assert prepared.count == taken * cfg.batch_size
+  fixtures.check_nothing_prepared_ahead(ds, lambda: prepared.count,
+                                        cfg.batch_size)
 
 
 def test_prefetch_n_prepares_n_batches_ahead_of_the_step(monkeypatch):
@@ -440,16 +417,7 @@ def test_cache_decodes_each_sample_once_across_epochs(monkeypatch, cache,
 
 
 def test_preprocess_cost_iterations_scale_with_cost():
-  per_ms = preprocess_cost.iterations_per_ms()
-  assert per_ms > 0
-  assert preprocess_cost.iterations_per_ms() == per_ms  # calibrated once
-  assert preprocess_cost.iterations_for_cost(0.0) == 0
-  two_ms = preprocess_cost.iterations_for_cost(2.0)
-  eight_ms = preprocess_cost.iterations_for_cost(8.0)
-  assert two_ms >= 1
-  assert abs(eight_ms - 4 * two_ms) <= 4  # rounding only
-  with pytest.raises(ValueError):
-    preprocess_cost.iterations_for_cost(-1.0)
+  fixtures.check_cost_iterations_scale(preprocess_cost)
 
 
 def test_preprocess_cost_runs_inside_tf_data():
@@ -594,29 +562,13 @@ def test_resident_batches_are_identical_on_every_replica(two_cpu_devices):
 
 
 def test_missing_tfds_dataset_names_the_flag(tfds_dir, tmp_path):
-  root, _ = tfds_dir
-  for name, data_dir in (("no_such_dataset", root), ("mnist", str(tmp_path))):
-    cfg = make_cfg(dataset="tfds", data_dir=data_dir, tfds_name=name)
-    with pytest.raises(ConfigError, match="never downloads") as error:
-      data.describe(cfg)
-    assert error.value.flag == "tfds_name"
-    assert str(error.value).startswith(f"--tfds_name={name}:")
+  fixtures.check_missing_tfds_names_the_flag(
+      make_cfg, data.describe, tfds_dir[0], str(tmp_path))
 
 
 def test_tfds_without_eval_split_refuses_evaluation(tmp_path):
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  tfds.dataset_builders.store_as_tfds_dataset(
-      name="train_only", version="1.0.0",
-      features=tfds.features.FeaturesDict({
-          "image": tfds.features.Image(shape=(4, 4, 3)),
-          "label": tfds.features.ClassLabel(num_classes=2)}),
-      split_datasets={"train": tf.data.Dataset.from_tensor_slices({
-          "image": np.zeros((3, 4, 4, 3), np.uint8),
-          "label": np.array([0, 1, 0])})},
-      data_dir=str(tmp_path))
-  cfg = make_cfg(dataset="tfds", data_dir=str(tmp_path),
-                 tfds_name="train_only")
-  assert data.describe(cfg).num_eval_examples == 0
+  cfg = fixtures.train_only_tfds_config(
+      make_cfg, data.describe, "train_only", str(tmp_path))
   with pytest.raises(ConfigError, match="--evaluate"):
     data.make_input_fn(cfg, split="eval", task="classification", seed=0)
 

@@ -27,6 +27,7 @@ from tfoverlap import data as tf_data
 from overlap_core.runtime import datasets
 from overlap_core.runtime import zoo
 from overlap_core.runtime.config import AUTOTUNE, ConfigError
+from tests import fixtures
 from tests.fixtures import TFDS_NAME, data_config, image_counter
 from tests.helpers import PROGRESS_WAIT_S, wait_until
 from torch_parity import data, distribute, trainer
@@ -36,6 +37,14 @@ DIGITS_TRAIN, DIGITS_EVAL = 1437, 360
 
 
 make_cfg = data_config
+
+# The settings test_knobs_keep_batches_correct runs: inline and in worker
+# processes, cached or not, shuffling or not.
+KNOBS = fixtures.knob_settings(
+    (0, 1, False, 0),
+    (0, 2, True, 256),
+    (3, 2, True, 0),
+    (AUTOTUNE, 1, False, 256))
 
 
 def loader(cfg, split="train", task="classification", seed=0, **kwargs):
@@ -132,21 +141,11 @@ def test_digits_order_follows_the_seed_and_every_epoch_is_reshuffled():
 
 
 def test_synthetic_pool_is_fixed_and_the_seed_only_orders_it():
-  cfg = make_cfg(dataset="synthetic", num_classes=5, image_size=6,
-                 batch_size=1024)
-  info = data.describe(cfg)
-  assert (info.num_classes, info.num_train_examples,
-          info.num_eval_examples) == (5, 1024, 256)
+  cfg = fixtures.synthetic_pool_config(make_cfg, data.describe)
   epochs = {seed: take(loader(cfg, seed=seed), 1)[0] for seed in (1, 2)}
-  images, labels = epochs[1]
-  assert images.shape == (1024, 3, 6, 6) and labels.dtype == np.int64
-  assert 0.0 <= images.min() and images.max() <= 1.0
-  assert set(labels) == set(range(5))
-  assert image_counter(epochs[1][0]) == image_counter(epochs[2][0])
-  assert not np.array_equal(epochs[1][1], epochs[2][1])
-  eval_images, _ = one_pass(loader(cfg, split="eval"))
-  assert eval_images.shape == (256, 3, 6, 6)
-  assert not image_counter(eval_images) & image_counter(images)
+  assert epochs[1][1].dtype == np.int64
+  fixtures.check_synthetic_pool(
+      epochs, one_pass(loader(cfg, split="eval"))[0], (3, 6, 6))
 
 
 def test_tfds_reads_a_locally_prepared_dataset_as_tensorflow_does(tfds_dir):
@@ -307,38 +306,19 @@ def test_knob_mapping():
     assert error.value.flag == flag
 
 
-@pytest.mark.parametrize("prefetch,map_parallelism,cache,shuffle_buffer", [
-    (0, 1, False, 0),
-    (0, 2, True, 256),
-    (3, 2, True, 0),
-    (AUTOTUNE, 1, False, 256),
-])
-def test_knobs_keep_batches_correct(prefetch, map_parallelism, cache,
-                                    shuffle_buffer):
-  cfg = make_cfg(prefetch=prefetch, map_parallelism=map_parallelism,
-                 cache=cache, shuffle_buffer=shuffle_buffer,
-                 batch_size=DIGITS_TRAIN)
+@pytest.mark.parametrize("knobs", KNOBS)
+def test_knobs_keep_batches_correct(knobs):
+  cfg = make_cfg(**knobs, batch_size=DIGITS_TRAIN)
   train = loader(cfg, seed=3)
   settings = pipeline.loader_settings(cfg)
   assert train.num_workers == settings.num_workers
   if settings.num_workers:
     assert train.prefetch_factor == settings.prefetch_factor
-  reference_images, reference_labels = digits_reference("train")
-  epochs = take(train, 2)  # with cache, the second epoch comes from memory
-  for images, labels in epochs:
-    assert image_counter(images, 16) == image_counter(reference_images, 16)
-    if shuffle_buffer:
-      assert not np.array_equal(labels, reference_labels)
-    else:
-      np.testing.assert_array_equal(labels, reference_labels)
-      np.testing.assert_allclose(images, reference_images, atol=1e-6)
-  if shuffle_buffer:
-    assert not np.array_equal(epochs[0][1], epochs[1][1])
-  evaluation = loader(dataclasses.replace(cfg, batch_size=100), split="eval")
-  batch_sizes = [len(labels) for _, labels in evaluation]
-  assert batch_sizes == [100, 100, 100, 60]  # the partial batch is kept
-  np.testing.assert_array_equal(one_pass(evaluation)[1],
-                                digits_reference("eval")[1])
+  # With cache, the second epoch comes from memory.
+  fixtures.check_knobs_kept_batches(
+      take(train, 2),
+      loader(dataclasses.replace(cfg, batch_size=100), split="eval"),
+      digits_reference, shuffled=bool(knobs["shuffle_buffer"]))
 
 
 def test_skip_batches_yields_the_tail_of_an_uninterrupted_stream():
@@ -400,16 +380,7 @@ def test_inline_map_parallelism_prepares_samples_on_threads(monkeypatch):
 
 
 def test_preprocess_cost_iterations_scale_with_cost():
-  per_ms = preprocess_cost.iterations_per_ms()
-  assert per_ms > 0
-  assert preprocess_cost.iterations_per_ms() == per_ms  # calibrated once
-  assert preprocess_cost.iterations_for_cost(0.0) == 0
-  two_ms = preprocess_cost.iterations_for_cost(2.0)
-  eight_ms = preprocess_cost.iterations_for_cost(8.0)
-  assert two_ms >= 1
-  assert abs(eight_ms - 4 * two_ms) <= 4  # rounding only
-  with pytest.raises(ValueError):
-    preprocess_cost.iterations_for_cost(-1.0)
+  fixtures.check_cost_iterations_scale(preprocess_cost)
   rounds, checksum = preprocess_cost.burn(0.3, 7)
   assert rounds == 7 and np.isfinite(checksum)
 
@@ -563,32 +534,17 @@ def test_resident_batches_are_the_same_tensors_every_step():
 
 
 def test_missing_tfds_dataset_names_the_flag(tfds_dir, tmp_path):
-  root, _ = tfds_dir
-  for name, data_dir in (("no_such_dataset", root), ("mnist", str(tmp_path))):
-    cfg = make_cfg(dataset="tfds", data_dir=data_dir, tfds_name=name)
-    with pytest.raises(ConfigError, match="never downloads") as error:
-      data.describe(cfg)
-    assert error.value.flag == "tfds_name"
-    assert str(error.value).startswith(f"--tfds_name={name}:")
+  fixtures.check_missing_tfds_names_the_flag(
+      make_cfg, data.describe, tfds_dir[0], str(tmp_path))
   with pytest.raises(ConfigError) as error:
     loader(make_cfg(dataset="tfds", data_dir=None))
   assert error.value.flag == "data_dir"
 
 
 def test_tfds_without_eval_split_refuses_evaluation(tmp_path):
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  tfds.dataset_builders.store_as_tfds_dataset(
-      name="train_only_torch", version="1.0.0",
-      features=tfds.features.FeaturesDict({
-          "image": tfds.features.Image(shape=(4, 4, 3)),
-          "label": tfds.features.ClassLabel(num_classes=2)}),
-      split_datasets={"train": tf.data.Dataset.from_tensor_slices({
-          "image": np.zeros((3, 4, 4, 3), np.uint8),
-          "label": np.array([0, 1, 0])})},
-      data_dir=str(tmp_path))
-  cfg = make_cfg(dataset="tfds", data_dir=str(tmp_path),
-                 tfds_name="train_only_torch", batch_size=2)
-  assert data.describe(cfg).num_eval_examples == 0
+  cfg = fixtures.train_only_tfds_config(
+      make_cfg, data.describe, "train_only_torch", str(tmp_path),
+      batch_size=2)
   with pytest.raises(ConfigError, match="--evaluate"):
     loader(cfg, split="eval")
   images, labels = take(loader(cfg), 2)[1]  # training still works
@@ -669,10 +625,8 @@ def test_prefetch_0_prepares_nothing_ahead_of_the_step(monkeypatch):
   # Inline loading runs on this thread only: nothing else can have prepared
   # a sample, and nothing can behind the test's back.
   assert inline.num_workers == 0
-  batches = iter(inline)
-  for taken in range(1, 5):
-    next(batches)
-    assert prepared.value == taken * cfg.batch_size
+  fixtures.check_nothing_prepared_ahead(inline, lambda: prepared.value,
+                                        cfg.batch_size)
 
 
 def test_prefetch_n_prepares_n_batches_ahead_of_the_step(monkeypatch):
