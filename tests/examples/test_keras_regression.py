@@ -3,7 +3,6 @@ Task, compared over two overlaps by overlap_compare (whose report names
 the model), stopped and resumed to the bits of an uninterrupted run,
 planned by tfoverlap.plan and run on that plan."""
 
-import shutil
 
 import pytest
 
@@ -70,41 +69,30 @@ def test_stopped_and_resumed_run_ends_bit_identical(tmp_path, compared):
   async_dir = cells["async"][0] / "checkpoints"
   assert checkpoint_files.list_checkpoints(str(async_dir)) == [
       TOTAL_STEPS // 2, TOTAL_STEPS]
-  first = checkpoint_files.checkpoint_dir_name(TOTAL_STEPS // 2)
-  shutil.copytree(async_dir / first, tmp_path / "checkpoints" / first)
+  example_runs.stop_after(async_dir, TOTAL_STEPS // 2, tmp_path)
   result = run_module(
       "tfoverlap.train", *example_runs.example_flags(NAME), *JOB,
       "--checkpoint=async", f"--train_steps={TOTAL_STEPS}",
       f"--model_dir={tmp_path}", timeout=TIMEOUT_S)
   assert result.returncode == 0, result.stderr[-4000:]
-  resumed = example_runs.record_of(tmp_path)
-  assert resumed["checkpoint"]["restore"]["step"] == TOTAL_STEPS // 2
-  assert resumed["steps"] == TOTAL_STEPS // 2
-  assert {resumed["weights_digest"]} == digests
+  example_runs.assert_resumed(example_runs.record_of(tmp_path),
+                              TOTAL_STEPS // 2, TOTAL_STEPS, digests.pop())
 
 
 def test_plan_drives_the_pipeline_run(tmp_path):
   plan_dir = tmp_path / "plan"
-  planned = run_module(
-      "tfoverlap.plan", *example_runs.example_flags(NAME), *PIPELINE_JOB,
-      *PROFILE_ONCE, f"--plan_output_dir={plan_dir}",
-      timeout=TIMEOUT_S)
-  assert planned.returncode == 0, planned.stderr[-4000:]
+  plan_profile = example_runs.plan("tfoverlap", NAME, plan_dir,
+                                   *PIPELINE_JOB, *PROFILE_ONCE,
+                                   timeout_s=TIMEOUT_S)
   result = run_module(
       "tfoverlap.train", *example_runs.example_flags(NAME), *PIPELINE_JOB,
-      "--pipeline_split=auto", f"--plan_profile={plan_dir / 'profile.json'}",
-      "--train_steps=2", *example_runs.QUIET,
-      f"--model_dir={tmp_path / 'run'}", timeout=TIMEOUT_S)
+      "--pipeline_split=auto", plan_profile, "--train_steps=2",
+      *example_runs.QUIET, f"--model_dir={tmp_path / 'run'}",
+      timeout=TIMEOUT_S)
   assert result.returncode == 0, result.stderr[-4000:]
   record = example_runs.record_of(tmp_path / "run")
-  example_runs.assert_sources(record, NAME)
-  section = record["pipeline"]
-  assert section["split"] == "auto"
-  [cut] = section["cut_layers"]
+  cut = example_runs.assert_split_as_planned(record, NAME, plan_dir)
   assert cut in ("hidden_1", "hidden_2", "hidden_3")
-  assert f"cuts after: {cut}" in (plan_dir / "plan.txt").read_text(
-      encoding="utf-8")
-  assert all(row["predicted_ms"] > 0 for row in section["per_stage"])
   # The Task is regression: evaluated by mean absolute error, not accuracy.
   assert record["final"]["eval_mean_abs_error"] > 0
   assert "eval_accuracy" not in record["final"]

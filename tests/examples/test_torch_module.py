@@ -4,7 +4,6 @@ bits of an uninterrupted run, and planned by torch_parity.plan and run on
 that plan."""
 
 import math
-import shutil
 
 import pytest
 
@@ -65,33 +64,21 @@ def test_stopped_and_resumed_run_ends_bit_identical(tmp_path, uninterrupted):
   middle = TOTAL_STEPS // 2
   steps = checkpoint_files.list_checkpoints(str(model_dir / "checkpoints"))
   assert middle in steps and steps[-1] == TOTAL_STEPS, steps
-  name = checkpoint_files.checkpoint_dir_name(middle)
-  shutil.copytree(model_dir / "checkpoints" / name,
-                  tmp_path / "checkpoints" / name)
+  example_runs.stop_after(model_dir / "checkpoints", middle, tmp_path)
   resumed = _train(tmp_path, *EXACT, *CHECKPOINTS,
                    f"--train_steps={TOTAL_STEPS}")
-  assert resumed["checkpoint"]["restore"]["step"] == middle
-  assert resumed["steps"] == middle  # after the restored batch
-  assert resumed["weights_digest"] == whole["weights_digest"]
+  example_runs.assert_resumed(resumed, middle, TOTAL_STEPS,
+                              whole["weights_digest"])
 
 
 def test_plan_drives_the_pipeline_run(tmp_path):
   plan_dir = tmp_path / "plan"
-  planned = run_module(
-      "torch_parity.plan", *example_runs.example_flags(NAME), *PIPELINE_JOB,
-      *PROFILE_ONCE, f"--plan_output_dir={plan_dir}",
-      timeout=TIMEOUT_S)
-  assert planned.returncode == 0, planned.stderr[-4000:]
+  plan_profile = example_runs.plan("torch_parity", NAME, plan_dir,
+                                   *PIPELINE_JOB, *PROFILE_ONCE,
+                                   timeout_s=TIMEOUT_S)
   record = _train(tmp_path / "run", *PIPELINE_JOB, "--pipeline_split=auto",
-                  f"--plan_profile={plan_dir / 'profile.json'}",
-                  "--train_steps=2", "--evaluate=false")
-  example_runs.assert_sources(record, NAME)
-  section = record["pipeline"]
-  assert section["split"] == "auto"
-  [cut] = section["cut_layers"]
-  assert f"cuts after: {cut}" in (plan_dir / "plan.txt").read_text(
-      encoding="utf-8")
-  assert all(row["predicted_ms"] > 0 for row in section["per_stage"])
+                  plan_profile, "--train_steps=2", "--evaluate=false")
+  example_runs.assert_split_as_planned(record, NAME, plan_dir)
 
 
 def test_readme_runs_this_example():
