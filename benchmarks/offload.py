@@ -6,7 +6,7 @@
 
 For each model, the rows of the OSU large-image study plus its future work,
 in the study's order, all offloading saved activations (`--targets` to
-change):
+change; `--modes` runs fewer rows, the baseline always among them):
 
   baseline       everything on the device
   naive          offload, pageable host memory, blocking copies
@@ -84,6 +84,10 @@ def parse_args(argv=None):
                       help="Comma-separated zoo models (GPU default "
                       f"{','.join(offload_study.GPU_MODELS)}; CPU default "
                       f"{','.join(offload_study.CPU_MODELS)}).")
+  parser.add_argument("--modes", default=",".join(VARIANTS),
+                      help="Comma-separated rows to run, baseline among "
+                      "them (every ratio is to it); allowed: "
+                      f"{', '.join(VARIANTS)} (default all).")
   parser.add_argument("--targets", default="activations",
                       help="What the offload rows offload: activations, "
                       "parameters, or both comma-separated (default "
@@ -107,6 +111,18 @@ def parse_args(argv=None):
     if unknown:
       parser.error(f"--models={args.models}: unknown {unknown}; allowed: "
                    f"{', '.join(zoo.MODEL_NAMES)}")
+  modes = args.modes.split(",")
+  if not set(modes) <= set(VARIANTS) or WITHOUT_OFFLOAD not in modes:
+    parser.error(f"--modes={args.modes}: allowed: {', '.join(VARIANTS)}, "
+                 f"comma-separated, {WITHOUT_OFFLOAD} among them")
+  if args.device == "auto":
+    args.device = "cuda" if torch.cuda.is_available() else "cpu"
+  if (args.device == "cuda" and args.max_batch != 0
+      and WITH_OFFLOAD not in modes):
+    # Its host-memory cap comes from the bytes that row offloaded.
+    parser.error(f"--modes={args.modes}: the largest-batch search needs "
+                 f"{WITH_OFFLOAD}; add it, or pass --max_batch=0")
+  args.modes = [v for v in VARIANTS if v in modes]  # the study's order
   targets = args.targets.split(",")
   if not targets or not set(targets) <= set(TARGETS):
     parser.error(f"--targets={args.targets}: allowed: "
@@ -328,11 +344,23 @@ def _table(results: dict) -> str:
   return common.format_table(headers, rows)
 
 
+def skipped(device_name: str, variants: list, needs_pinning: list,
+            max_batch: int) -> list:
+  """What a run leaves out of the table, and why."""
+  if device_name == "cuda":
+    return [] if max_batch else ["largest batch: --max_batch=0"]
+  lines = []
+  if needs_pinning:
+    unpinned = (" (prefetch runs unpinned)" if "prefetch" in variants
+                else "")
+    lines.append(f"{' and '.join(needs_pinning)}: pinning needs "
+                 f"CUDA{unpinned}")
+  return lines + ["largest batch: no device memory to run out of"]
+
+
 def main():
   args = parse_args()
-  device_name = args.device
-  if device_name == "auto":
-    device_name = "cuda" if torch.cuda.is_available() else "cpu"
+  device_name = args.device  # auto resolved by parse_args
   device = torch.device(device_name)
   settings = _settings(args, device_name)
   names = (args.models.split(",") if args.models else list(
@@ -341,8 +369,9 @@ def main():
   targets = tuple(t for t in TARGETS if t in args.targets.split(","))
   # Without CUDA there is no pinning: those rows would repeat naive and
   # non_blocking; prefetch runs unpinned.
-  variants = [v for v in VARIANTS
+  variants = [v for v in args.modes
               if device_name == "cuda" or v not in ("pinned", "both")]
+  needs_pinning = [v for v in args.modes if v not in variants]
   machine = common.describe_machine()
   if device_name == "cuda":
     machine["gpu"] = torch.cuda.get_device_name(device)
@@ -376,12 +405,8 @@ def main():
       "machine": machine, "device": device_name, "targets": list(targets),
       "settings": settings, "models": names, "variants": variants,
       "batch_search_variants": [WITHOUT_OFFLOAD, WITH_OFFLOAD],
-      "skipped": ([] if device_name == "cuda" else
-                  ["pinned and both: pinning needs CUDA (prefetch runs "
-                   "unpinned)",
-                   "largest batch: no device memory to run out of"])
-                 + ([] if device_name != "cuda" or settings["max_batch"]
-                    else ["largest batch: --max_batch=0"]),
+      "skipped": skipped(device_name, variants, needs_pinning,
+                         settings["max_batch"]),
       "results": results, "largest_batch": batches, "runs": runs,
       "load_average_at_end": list(os.getloadavg()),
   }

@@ -1,5 +1,8 @@
-"""The offload benchmark's rows, models, flags and batch search, without a
-benchmark run: what the study's table is made of."""
+"""The offload benchmark's rows, models, flags and batch search, and one
+tiny run on the CPU: what the study's table is made of."""
+
+import json
+import sys
 
 import pytest
 import torch
@@ -188,7 +191,7 @@ def test_help_describes_every_flag(capsys):
   assert done.value.code == 0
   text = capsys.readouterr().out
   entries = _help_entries(text)
-  for flag in ("--device", "--models", "--targets", "--image_size",
+  for flag in ("--device", "--models", "--modes", "--targets", "--image_size",
                "--batch_size", "--steps", "--max_batch", "--quick",
                "--repeats", "--output"):
     assert len(entries[flag].split()) >= 3, (flag, entries[flag])
@@ -201,6 +204,12 @@ def test_help_describes_every_flag(capsys):
     (["--targets=weights"], "--targets=weights"),
     (["--steps=0"], "--steps=0"),
     (["--max_batch=-1"], "--max_batch=-1"),
+    (["--modes=baseline,pinnned"], "--modes=baseline,pinnned"),
+    # Every ratio is to the baseline.
+    (["--modes=naive,prefetch"], "--modes=naive,prefetch"),
+    # The batch search's host-memory cap comes from the `both` row.
+    (["--device=cuda", "--modes=baseline,prefetch"],
+     "--modes=baseline,prefetch"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(capsys, argv, message):
   with pytest.raises(SystemExit) as done:
@@ -208,3 +217,26 @@ def test_bad_flags_are_one_line_and_exit_2(capsys, argv, message):
   assert done.value.code == 2
   error = capsys.readouterr().err.strip().splitlines()[-1]
   assert message in error
+
+
+def test_modes_runs_only_those_rows_in_the_studys_order(tmp_path,
+                                                        monkeypatch):
+  path = tmp_path / "offload.json"
+  monkeypatch.setattr(sys, "argv", [
+      "offload", "--device=cpu", "--models=mlp", "--modes=prefetch,baseline",
+      "--image_size=8", "--batch_size=2", "--steps=1", "--repeats=1",
+      "--redo_busy=0", f"--output={path}"])
+  offload.main()
+  payload = json.loads(path.read_text(encoding="utf-8"))
+  assert payload["variants"] == ["baseline", "prefetch"]
+  assert list(payload["results"]["mlp"]) == ["baseline", "prefetch"]
+  assert payload["results"]["mlp"]["prefetch"]["to_host"]["mb_per_step"] > 0
+  # No pinned row was asked for, so none is reported as skipped.
+  assert not any("pinning" in s for s in payload["skipped"])
+
+
+def test_without_a_search_modes_need_not_include_both():
+  args = offload.parse_args(["--device=cuda", "--modes=baseline,prefetch",
+                             "--max_batch=0"])
+  assert args.modes == ["baseline", "prefetch"]
+  assert offload.parse_args(["--device=cpu"]).modes == list(STUDY_ROWS)
