@@ -10,9 +10,9 @@ Each part writes benchmarks/results/gpu/<part>.json with the GPU, driver,
 torch and CUDA versions and the library's commit beside its results
 (without .git, set TFOVERLAP_COMMIT to record it). On a host without CUDA
 it exits 2 unless --dry_run: then every part's commands are built, the
-first command of each runs with tiny sizes on the CPU with TensorFlow made
-unimportable (the GPU machine has none), and the files go to a temporary
-directory unless --results_dir says where.
+first command of each runs with tiny sizes on the CPU, one thread a
+process, with TensorFlow made unimportable (the GPU machine has none), and
+the files go to a temporary directory unless --results_dir says where.
 """
 
 import argparse
@@ -99,6 +99,11 @@ def main(argv=None) -> int:
       env["PYTHONPATH"] = os.pathsep.join(
           [block_tensorflow(os.path.join(scratch, "no_tf")), common.REPO_ROOT,
            env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+      # One thread a process: a dry run proves that the commands run, and
+      # on a busy CPU host a second thread spin-waits for the first (a
+      # ResNet-50 step at 32x32 took seconds with two threads on two busy
+      # cores, a quarter of one with one thread).
+      env["OMP_NUM_THREADS"] = "1"
     described = environment.describe_in_child()
     if not described["cuda_available"] and not args.dry_run:
       print(f"{PROGRAM}: this host has no CUDA device (torch "
