@@ -7,6 +7,8 @@ import sys
 import threading
 import time
 
+from overlap_core.runtime import processes
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -26,6 +28,18 @@ def run_module(module: str, *args, timeout: float = 600, cwd=None,
                         capture_output=True, text=True, timeout=timeout,
                         cwd=cwd or REPO_ROOT, env=subprocess_env(**env),
                         check=False)
+
+
+def run_ranks_script(script: str, out_dir, timeout_s: float) -> None:
+  """Runs `python script PORT OUT_DIR` on a free PORT, which must succeed.
+
+  For a test file whose `__main__` spawns its own gloo ranks: they meet on
+  PORT and leave what they saw under OUT_DIR for the tests to read.
+  """
+  (port,) = processes.free_ports(1)
+  subprocess.run([sys.executable, script, str(port), str(out_dir)],
+                 check=True, cwd=REPO_ROOT, env=subprocess_env(),
+                 timeout=timeout_s)
 
 
 def run_error_line(result: subprocess.CompletedProcess, program: str) -> str:

@@ -11,17 +11,16 @@ under GPipe and then 1F1B at M = 8, and write each schedule's run.json
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
 from torch.nn import functional as F
 
-from overlap_core.runtime import bubble_parts, processes
+from overlap_core.runtime import bubble_parts
 from overlap_core.runtime.config import PipelineConfig
 
-from tests.helpers import REPO_ROOT, subprocess_env
+from tests.helpers import run_ranks_script
 
 IMAGE_SIZE = 32
 BATCH = 32
@@ -107,10 +106,7 @@ def _worker(rank: int, port: int, out_dir: str):
 @pytest.fixture(scope="module")
 def sections(tmp_path_factory):
   out = tmp_path_factory.mktemp("bubble")
-  (port,) = processes.free_ports(1)
-  subprocess.run([sys.executable, __file__, str(port), str(out)],
-                 check=True, cwd=REPO_ROOT, env=subprocess_env(),
-                 timeout=RUN_TIMEOUT_S)
+  run_ranks_script(__file__, out, RUN_TIMEOUT_S)
   result = {}
   for schedule in SCHEDULES:
     with open(out / f"{schedule}.json", encoding="utf-8") as f:

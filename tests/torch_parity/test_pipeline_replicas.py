@@ -12,7 +12,6 @@ batch.
 """
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -20,13 +19,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from overlap_core.runtime import processes
 from overlap_core.runtime.config import PipelineConfig
 from torch_parity import pipeline, rendezvous
 from torch_parity.models import build_model
 
 from tests.fixtures import float64_image_batches
-from tests.helpers import REPO_ROOT, subprocess_env
+from tests.helpers import run_ranks_script
 
 IMAGE_SIZE = 8
 BATCH = 8
@@ -113,10 +111,7 @@ def _reference():
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
   out = tmp_path_factory.mktemp("replicas")
-  (port,) = processes.free_ports(1)
-  subprocess.run([sys.executable, __file__, str(port), str(out)],
-                 check=True, cwd=REPO_ROOT, env=subprocess_env(),
-                 timeout=RUN_TIMEOUT_S)
+  run_ranks_script(__file__, out, RUN_TIMEOUT_S)
   return [torch.load(out / f"rank{r}.pt") for r in range(STAGES * REPLICAS)]
 
 
