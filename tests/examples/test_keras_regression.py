@@ -3,7 +3,6 @@ Task, compared over two overlaps by overlap_compare (whose report names
 the model), stopped and resumed to the bits of an uninterrupted run,
 planned by tfoverlap.plan and run on that plan."""
 
-
 import pytest
 
 from overlap_core.checkpoint import files as checkpoint_files
