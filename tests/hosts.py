@@ -14,11 +14,12 @@ the test goes; waits end on progress (a line appears), never on a timer.
 
 import dataclasses
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import time
-from typing import List
+from typing import Callable, List
 
 from tests import sockets
 from overlap_core.runtime import run_record
@@ -141,3 +142,97 @@ def error_lines(text: str, program: str) -> List[str]:
   """The one-line errors a trainer printed ("<program>: error: ...")."""
   return [line for line in text.splitlines()
           if line.startswith(f"{program}: error: ")]
+
+
+# --- What both sides' multi-host tests check --------------------------------
+# Each side passes `start(model_dirs, log_dir, *args, **env) -> [host0,
+# host1]`, which starts its own kind of host (a TF_CONFIG worker, a
+# torchrun node) on the model_dir of that index.
+
+
+def finished_shared_dir_job(start, tmp_path_factory, name: str, args,
+                            timeout_s: float):
+  """A finished job of two hosts that share one model_dir, which both
+  must end well: that model_dir (a pathlib.Path)."""
+  model_dir = tmp_path_factory.mktemp(name)
+  logs = tmp_path_factory.mktemp(f"{name}_logs")
+  hosts = start([model_dir, model_dir], logs, *args)
+  codes = run_all(hosts, timeout_s)
+  assert codes == [0, 0], hosts[0].stderr()[-3000:] + hosts[1].stderr()[-3000:]
+  return model_dir
+
+
+def check_single_host_weights(model_dir, single_host_digest: str,
+                              num_steps: int) -> dict:
+  """Both workers of a finished two-host job ran `num_steps` steps and end
+  with the weights of the same job launched on one host.
+
+  Returns:
+    The chief's run record.
+  """
+  chief = run_record.load_run_record(str(model_dir))
+  other = run_record.load_run_record(str(model_dir / "worker-1"))
+  assert chief["worker"] == {"index": 0, "num_workers": 2}
+  assert chief["steps"] == other["steps"] == num_steps
+  # --deterministic, the same global batches and one all-reduce order: the
+  # same sums in the same order as on one host, so the digests match
+  # exactly, not within a tolerance.
+  assert chief["weights_digest"] == other["weights_digest"]
+  assert chief["weights_digest"] == single_host_digest
+  return chief
+
+
+def run_with_unshared_checkpoint(start, finished_dir, tmp_path, args,
+                                 timeout_s: float):
+  """Resumes a copy of a finished shared-dir job, but host 1 is given a
+  directory of its own (tmp_path/host1_local), where it sees no checkpoint.
+
+  Returns:
+    (the hosts, their exit statuses, the copy, host 1's directory).
+  """
+  shared = tmp_path / "shared"
+  shutil.copytree(finished_dir, shared)
+  local = tmp_path / "host1_local"
+  hosts = start([shared, local], tmp_path, *args)
+  return hosts, run_all(hosts, timeout_s), shared, local
+
+
+def check_unshared_checkpoint_refused(host: Host, program: str, finished_dir,
+                                      shared, local) -> str:
+  """Host 1 of `run_with_unshared_checkpoint` ended on one line naming
+  what it cannot see, and nobody trained.
+
+  Returns:
+    That line.
+  """
+  errors = error_lines(host.stderr(), program)
+  assert len(errors) == 1, host.stderr()[-3000:]
+  assert errors[0].startswith(
+      f"{program}: error: CheckpointNotSharedError: "
+      f"{local / 'checkpoints'}: this worker sees no checkpoint, another "
+      "resumes from the checkpoint of step 10;"), errors
+  # Nobody trained: no new checkpoint anywhere, the chief's still there.
+  before = sorted(p.name for p in (finished_dir / "checkpoints").iterdir())
+  assert sorted(p.name for p in (shared / "checkpoints").iterdir()) == before
+  assert not list(local.glob("**/ckpt-*"))
+  return errors[0]
+
+
+def check_lost_peer_ends_the_other(hosts: List[Host],
+                                   wait_for_progress: Callable[[], None],
+                                   program: str, bound_s: float) -> None:
+  """Once `wait_for_progress()` has seen the collectives live, host 1 is
+  killed: host 0 must fail by `bound_s` (the collective timeout that bounds
+  a wait on a lost peer, plus shutdown), with one error line."""
+  try:
+    wait_for_progress()
+    kill_host(hosts[1])
+    started = time.monotonic()
+    code = wait_all(hosts[:1], bound_s)[0]
+    ended_s = time.monotonic() - started
+  finally:
+    stop_all(hosts)
+  assert code != 0
+  assert ended_s < bound_s
+  errors = error_lines(hosts[0].stderr(), program)
+  assert len(errors) == 1, hosts[0].stderr()[-3000:]

@@ -7,9 +7,7 @@ so two "hosts" of one machine must still use two different ports.
 
 import json
 import os
-import shutil
 import sys
-import time
 
 import pytest
 
@@ -52,6 +50,14 @@ def _start_tf_config_hosts(model_dirs, log_dir, *extra, **env):
 
 
 @pytest.fixture(scope="module")
+def two_hosts_dir(tmp_path_factory):
+  """A finished two-host job whose hosts share one model_dir."""
+  return hosts_lib.finished_shared_dir_job(
+      _start_tf_config_hosts, tmp_path_factory, "two_hosts",
+      [*CHECKPOINTED, "--train_steps=10"], JOB_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
 def single_host_digest(tmp_path_factory):
   """The weights of the same job launched on one host."""
   return hosts_lib.launched_digest(
@@ -59,54 +65,30 @@ def single_host_digest(tmp_path_factory):
       tmp_path_factory.mktemp("single_host"), JOB_TIMEOUT_S)
 
 
-@pytest.fixture(scope="module")
-def two_hosts_dir(tmp_path_factory):
-  """A finished two-host job whose hosts share one model_dir."""
-  model_dir = tmp_path_factory.mktemp("two_hosts")
-  logs = tmp_path_factory.mktemp("two_hosts_logs")
-  hosts = _start_tf_config_hosts([model_dir, model_dir], logs,
-                                 *CHECKPOINTED, "--train_steps=10")
-  codes = hosts_lib.run_all(hosts, JOB_TIMEOUT_S)
-  assert codes == [0, 0], hosts[0].stderr()[-3000:] + hosts[1].stderr()[-3000:]
-  return model_dir
-
-
 def test_two_tf_config_hosts_train_to_the_single_host_weights(
     two_hosts_dir, single_host_digest):
-  chief = run_record.load_run_record(str(two_hosts_dir))
-  other = run_record.load_run_record(str(two_hosts_dir / "worker-1"))
-  assert chief["worker"] == {"index": 0, "num_workers": 2}
+  chief = hosts_lib.check_single_host_weights(two_hosts_dir,
+                                              single_host_digest, 10)
   assert chief["strategy"]["num_replicas"] == 2
-  assert chief["steps"] == other["steps"] == 10
-  # --deterministic and the same global batches: the same all-reduce sums
-  # in the same order as on one host, so the digests match exactly.
-  assert chief["weights_digest"] == other["weights_digest"]
-  assert chief["weights_digest"] == single_host_digest
   assert (two_hosts_dir / "checkpoints" / "ckpt-10.index").exists()
 
 
 def test_a_worker_that_cannot_see_the_checkpoint_does_not_start_over(
     two_hosts_dir, tmp_path):
-  shared = tmp_path / "shared"
-  shutil.copytree(two_hosts_dir, shared)
-  local = tmp_path / "host1_local"  # host 1 was given a directory of its own
-  hosts = _start_tf_config_hosts([shared, local], tmp_path,
-                                 *CHECKPOINTED, "--train_steps=15")
-  codes = hosts_lib.run_all(hosts, JOB_TIMEOUT_S)
+  hosts, codes, shared, local = hosts_lib.run_with_unshared_checkpoint(
+      _start_tf_config_hosts, two_hosts_dir, tmp_path,
+      [*CHECKPOINTED, "--train_steps=15"], JOB_TIMEOUT_S)
   assert codes == [1, 1]
-  errors = hosts_lib.error_lines(hosts[1].stderr(), "tfoverlap.train")
-  assert errors == [
+  error = hosts_lib.check_unshared_checkpoint_refused(
+      hosts[1], "tfoverlap.train", two_hosts_dir, shared, local)
+  assert error == (
       "tfoverlap.train: error: CheckpointNotSharedError: "
       f"{local / 'checkpoints'}: this worker sees no checkpoint, another "
       "resumes from the checkpoint of step 10; the chief's checkpoint "
       "directory must be one every host reads (a shared filesystem), so no "
-      "worker starts from scratch"], hosts[1].stderr()[-3000:]
+      "worker starts from scratch")
   assert len(hosts_lib.error_lines(hosts[0].stderr(), "tfoverlap.train")) == 1
-  # Nobody trained: no new checkpoint anywhere, the chief's still there.
-  before = sorted(p.name for p in (two_hosts_dir / "checkpoints").iterdir())
-  assert sorted(p.name for p in (shared / "checkpoints").iterdir()) == before
-  assert "ckpt-10.index" in before
-  assert not list(local.glob("**/ckpt-*"))
+  assert "ckpt-10.index" in os.listdir(two_hosts_dir / "checkpoints")
   assert run_record.load_run_record(str(local / "worker-1"))["status"] == (
       "failed")
 
@@ -146,18 +128,10 @@ def test_a_killed_host_ends_the_other_with_one_line(tmp_path):
   hosts = _start_tf_config_hosts(
       [tmp_path / "run", tmp_path / "run"], tmp_path, "--train_steps=100000",
       TFOVERLAP_COLLECTIVE_TIMEOUT_S=str(LOST_PEER_TIMEOUT_S))
-  try:
-    # Training progress on the chief: the collectives are live.
-    hosts_lib.wait_for_output(hosts[0], "[worker 0] step ", JOB_TIMEOUT_S)
-    hosts_lib.kill_host(hosts[1])
-    started = time.monotonic()
-    code = hosts_lib.wait_all(hosts[:1], LOST_PEER_BOUND_S)[0]
-    ended_s = time.monotonic() - started
-  finally:
-    hosts_lib.stop_all(hosts)
-  assert code != 0
-  assert ended_s < LOST_PEER_BOUND_S
-  errors = hosts_lib.error_lines(hosts[0].stderr(), "tfoverlap.train")
-  assert len(errors) == 1, hosts[0].stderr()[-3000:]
+  # Training progress on the chief: the collectives are live.
+  hosts_lib.check_lost_peer_ends_the_other(
+      hosts, lambda: hosts_lib.wait_for_output(
+          hosts[0], "[worker 0] step ", JOB_TIMEOUT_S),
+      "tfoverlap.train", LOST_PEER_BOUND_S)
   assert "Traceback" not in hosts[0].stderr()
   assert os.path.exists(tmp_path / "run" / run_record.RUN_RECORD_NAME)

@@ -6,13 +6,11 @@ The rendezvous store is hosted by the first node's torchrun
 (GLOO_SOCKET_IFNAME=lo), so nothing here leaves the machine.
 """
 
-import shutil
 import sys
-import time
 
 import pytest
 
-from overlap_core.runtime import processes, run_record
+from overlap_core.runtime import processes
 from tests import hosts as hosts_lib
 from tests.helpers import subprocess_env, wait_until
 
@@ -61,68 +59,42 @@ def single_host_digest(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def two_nodes_dir(tmp_path_factory):
-  model_dir = tmp_path_factory.mktemp("two_nodes")
-  logs = tmp_path_factory.mktemp("two_nodes_logs")
-  nodes = _start_two_nodes([model_dir, model_dir], logs, *CHECKPOINTED,
-                           "--train_steps=10")
-  codes = hosts_lib.run_all(nodes, JOB_TIMEOUT_S)
-  assert codes == [0, 0], nodes[0].stderr()[-3000:] + nodes[1].stderr()[-3000:]
-  return model_dir
+  return hosts_lib.finished_shared_dir_job(
+      _start_two_nodes, tmp_path_factory, "two_nodes",
+      [*CHECKPOINTED, "--train_steps=10"], JOB_TIMEOUT_S)
 
 
 def test_two_torchrun_nodes_train_to_the_single_host_weights(
     two_nodes_dir, single_host_digest):
-  chief = run_record.load_run_record(str(two_nodes_dir))
-  other = run_record.load_run_record(str(two_nodes_dir / "worker-1"))
-  assert chief["worker"] == {"index": 0, "num_workers": 2}
+  chief = hosts_lib.check_single_host_weights(two_nodes_dir,
+                                              single_host_digest, 10)
   assert chief["strategy"]["class"] == "DistributedDataParallel"
-  assert chief["steps"] == other["steps"] == 10
-  # --deterministic, the same shards and one gloo all-reduce order: the
-  # digests match exactly, not within a tolerance.
-  assert chief["weights_digest"] == other["weights_digest"]
-  assert chief["weights_digest"] == single_host_digest
 
 
 def test_a_rank_that_cannot_see_the_checkpoint_does_not_start_over(
     two_nodes_dir, tmp_path):
-  shared = tmp_path / "shared"
-  shutil.copytree(two_nodes_dir, shared)
-  local = tmp_path / "node1_local"
-  nodes = _start_two_nodes([shared, local], tmp_path, *CHECKPOINTED,
-                           "--train_steps=15")
-  codes = hosts_lib.run_all(nodes, JOB_TIMEOUT_S)
+  nodes, codes, shared, local = hosts_lib.run_with_unshared_checkpoint(
+      _start_two_nodes, two_nodes_dir, tmp_path,
+      [*CHECKPOINTED, "--train_steps=15"], JOB_TIMEOUT_S)
   assert codes[0] != 0 and codes[1] != 0
-  errors = hosts_lib.error_lines(nodes[1].stderr(), "torch_parity.train")
-  assert len(errors) == 1, nodes[1].stderr()[-3000:]
-  assert errors[0].startswith(
-      "torch_parity.train: error: CheckpointNotSharedError: "
-      f"{local / 'checkpoints'}: this worker sees no checkpoint, another "
-      "resumes from the checkpoint of step 10;"), errors
-  before = sorted(p.name for p in (two_nodes_dir / "checkpoints").iterdir())
-  assert sorted(p.name for p in (shared / "checkpoints").iterdir()) == before
-  assert not (local / "checkpoints").exists() or not any(
-      p.name.startswith("ckpt-") for p in (local / "checkpoints").iterdir())
+  hosts_lib.check_unshared_checkpoint_refused(
+      nodes[1], "torch_parity.train", two_nodes_dir, shared, local)
+
+
+def _wait_for_rank_0_progress(nodes) -> None:
+  """Progress from rank 0, wherever the rendezvous put it."""
+  wait_until(lambda: any("[worker 0] step " in n.stdout() for n in nodes)
+             or any(n.process.poll() is not None for n in nodes),
+             "training progress", JOB_TIMEOUT_S)
+  assert any("[worker 0] step " in n.stdout() for n in nodes), (
+      nodes[0].stderr()[-3000:])
 
 
 def test_a_killed_node_ends_the_other_with_one_line(tmp_path):
   nodes = _start_two_nodes([tmp_path / "run", tmp_path / "run"], tmp_path,
                            "--train_steps=100000",
       TFOVERLAP_COLLECTIVE_TIMEOUT_S=str(LOST_PEER_TIMEOUT_S))
-  try:
-    # Progress from rank 0, wherever the rendezvous put it.
-    wait_until(lambda: any("[worker 0] step " in n.stdout() for n in nodes)
-               or any(n.process.poll() is not None for n in nodes),
-               "training progress", JOB_TIMEOUT_S)
-    assert any("[worker 0] step " in n.stdout() for n in nodes), (
-        nodes[0].stderr()[-3000:])
-    # Node 1 dies; node 0 hosts the rendezvous store and survives.
-    hosts_lib.kill_host(nodes[1])
-    started = time.monotonic()
-    code = hosts_lib.wait_all(nodes[:1], LOST_PEER_BOUND_S)[0]
-    ended_s = time.monotonic() - started
-  finally:
-    hosts_lib.stop_all(nodes)
-  assert code != 0
-  assert ended_s < LOST_PEER_BOUND_S
-  errors = hosts_lib.error_lines(nodes[0].stderr(), "torch_parity.train")
-  assert len(errors) == 1, nodes[0].stderr()[-3000:]
+  # Node 1 dies; node 0 hosts the rendezvous store and survives.
+  hosts_lib.check_lost_peer_ends_the_other(
+      nodes, lambda: _wait_for_rank_0_progress(nodes), "torch_parity.train",
+      LOST_PEER_BOUND_S)
