@@ -32,7 +32,6 @@ import torch
 import torch.distributed as dist
 from torch import fx
 from torch import nn
-from torch.distributed import pipelining
 from torch.fx.passes.split_module import split_module
 
 from overlap_core.planning import command as command_lib
@@ -49,12 +48,13 @@ from torch_parity.pipeline_memory import SavedTensorMeter
 from torch_parity.pipeline_timing import P2PTimer
 from torch_parity.planning.graph import build_layer_graph, layer_names
 
-# Schedules that run on gloo here; zero_bubble is refused by the
-# compatibility table (overlap_core.runtime.compat_table).
+# Schedules that run on gloo here, by their class in
+# torch.distributed.pipelining; zero_bubble is refused by the compatibility
+# table (overlap_core.runtime.compat_table).
 _SCHEDULES = {
-  "gpipe": pipelining.ScheduleGPipe,
-  "1f1b": pipelining.Schedule1F1B,
-  "interleaved_1f1b": pipelining.ScheduleInterleaved1F1B,
+  "gpipe": "ScheduleGPipe",
+  "1f1b": "Schedule1F1B",
+  "interleaved_1f1b": "ScheduleInterleaved1F1B",
 }
 # DDP's default bucket: gradients are all-reduced in flat buckets this big.
 DEFAULT_BUCKET_MB = 25.0
@@ -426,10 +426,14 @@ def build_runtime(stage_modules: Sequence[nn.Module], cfg: PipelineConfig,
   indices = _stage_indices(cfg, mesh.stage)
   total = cfg.stages * cfg.virtual_stages
   mine = [stage_modules[i].to(device) for i in indices]
+  # Imported here, not with this module: it costs about a second of every
+  # trainer's start-up (torch.distributed.tensor, dynamo), and only a
+  # pipelined run needs it.
+  from torch.distributed import pipelining  # pylint: disable=g-import-not-at-top
   stages = [pipelining.PipelineStage(module, i, total, device,
                                      group=mesh.pipeline_group)
             for module, i in zip(mine, indices)]
-  schedule_class = _SCHEDULES[cfg.schedule]
+  schedule_class = getattr(pipelining, _SCHEDULES[cfg.schedule])
   # Each micro-batch's loss is divided by M, so its gradients land in .grad
   # already scaled and the M of them sum to the batch's, as the TensorFlow
   # runtime does; the schedule's own scale_grads would instead divide every

@@ -33,7 +33,6 @@ import time
 from typing import Callable, Dict
 
 import torch.distributed as dist
-from torch.distributed.pipelining import schedules as _schedules
 
 from overlap_core.planning import split as split_lib
 from overlap_core.runtime.pipeline_stats import (BUBBLE, EXPOSED_COMM, LOSS,
@@ -75,10 +74,18 @@ _WAIT = "_wait_batch_p2p"
 _INSTALL_LOCK = threading.Lock()
 
 
+def _schedules():
+  """torch's schedules module, imported on first use: a trainer that runs
+  no pipeline never pays for torch.distributed.pipelining's import."""
+  from torch.distributed.pipelining import schedules  # pylint: disable=g-import-not-at-top
+  return schedules
+
+
 def hooks_available() -> bool:
   """Whether this torch release has the two functions the timer wraps."""
-  return callable(getattr(_schedules, _BATCH, None)) and callable(
-      getattr(_schedules, _WAIT, None))
+  schedules = _schedules()
+  return callable(getattr(schedules, _BATCH, None)) and callable(
+      getattr(schedules, _WAIT, None))
 
 
 class P2PTimer:
@@ -105,15 +112,16 @@ class P2PTimer:
     if not hooks_available():
       yield
       return
+    schedules = _schedules()
     with _INSTALL_LOCK:
-      batch, wait = getattr(_schedules, _BATCH), getattr(_schedules, _WAIT)
-      setattr(_schedules, _BATCH, self._timed_batch(batch))
-      setattr(_schedules, _WAIT, self._timed_wait(wait))
+      batch, wait = getattr(schedules, _BATCH), getattr(schedules, _WAIT)
+      setattr(schedules, _BATCH, self._timed_batch(batch))
+      setattr(schedules, _WAIT, self._timed_wait(wait))
       try:
         yield
       finally:
-        setattr(_schedules, _BATCH, batch)
-        setattr(_schedules, _WAIT, wait)
+        setattr(schedules, _BATCH, batch)
+        setattr(schedules, _WAIT, wait)
         self._kind_of.clear()
 
   def record(self, phase: str, start_s: float, end_s: float) -> None:
