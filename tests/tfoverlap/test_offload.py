@@ -8,25 +8,16 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from absl.testing import flagsaver
-# The public API can turn op determinism on only; the same module turns it
-# off.
-from tensorflow.python.framework import config as tf_config
 
-import flags as tfo_flags
 
-from overlap_core.runtime import run_record
 from overlap_core.runtime.config import OffloadConfig
-from tfoverlap import distribute, offload, trainer
+from tfoverlap import distribute, offload
 
 from tests.helpers import run_module
 from tests.record_checks import copied_ms, offload_copy_spans_us
+from tests.tfoverlap.train_here import train_here
 
 BATCH = 2
-
-tfo_flags.define_flags()
-if not tfo_flags.FLAGS.is_parsed():
-  tfo_flags.FLAGS.mark_as_parsed()
 
 
 def _tiny_model():
@@ -170,22 +161,12 @@ def _run(capsys, model_dir, **flags):
   computes and records, and each command would spend most of its time
   starting Python and TensorFlow.
   """
-  with flagsaver.as_parsed(**{
+  capsys.readouterr()
+  record = train_here(**{
       "model_dir": str(model_dir), "model": "small_cnn",
       "strategy": "default", "batch_size": "16", "train_steps": "4",
-      "seed": "3", "deterministic": "true", "progress": "false", **flags}):
-    config = tfo_flags.to_config()
-  # Keras numbers the objects it names itself per process: a fresh
-  # session names the layers as the command's own process does.
-  keras.backend.clear_session()
-  capsys.readouterr()
-  try:
-    trainer.train(config)
-  finally:
-    # --deterministic holds for the whole process; the next run here, or
-    # the next test, must not inherit it.
-    tf_config.disable_op_determinism()
-  return capsys.readouterr().err, run_record.load_run_record(str(model_dir))
+      "seed": "3", "deterministic": "true", "progress": "false", **flags})
+  return capsys.readouterr().err, record
 
 
 def test_trainer_records_offload_and_matches_the_plain_run(tmp_path, capsys):

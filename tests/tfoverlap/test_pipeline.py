@@ -14,22 +14,18 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from absl.testing import flagsaver
 # Run metadata of eager functions (the partition graphs each device ran)
 # has no public API.
 from tensorflow.python.eager import context
-# The public API can turn op determinism on only; the same module turns it
-# off.
-from tensorflow.python.framework import config as tf_config
 
-import flags as tfo_flags
 
-from overlap_core.runtime import pipeline_stats, run_record
+from overlap_core.runtime import pipeline_stats
 from overlap_core.runtime.config import ConfigError, PipelineConfig
-from tfoverlap import pipeline, steps, trainer
+from tfoverlap import pipeline, steps
 from tfoverlap.models import build_model
 
 from tests.helpers import run_module
+from tests.tfoverlap.train_here import train_here
 
 IMAGE_SIZE = 32
 BATCH = 8
@@ -64,10 +60,6 @@ SCALE_ATOL = 1e-6
 # margin of 15 over what was seen; a lost micro-batch (a quarter of a
 # step's gradient) or an unchained stage changes the move by percent.
 MOVED_ATOL = 1e-4
-
-tfo_flags.define_flags()
-if not tfo_flags.FLAGS.is_parsed():
-  tfo_flags.FLAGS.mark_as_parsed()
 
 
 def _assert_close(got, want):
@@ -302,30 +294,6 @@ def _checkpoint_files(ckpt) -> dict:
   return files
 
 
-def _train_here(**flags) -> dict:
-  """Trains with `flags` (flag name: value) in this process; the record.
-
-  In this process, not the command: what is compared is what the trainer
-  computes and records, and each command would spend most of its time
-  starting Python and TensorFlow. The pipelined runs get the two logical
-  CPU devices conftest.py made.
-  """
-  with flagsaver.as_parsed(**flags):
-    config = tfo_flags.to_config()
-  # Keras numbers the objects it names itself per process, and a checkpoint
-  # keys the optimizer's slots by that name ("adam_2"): a fresh session
-  # names them as the command's own process does, so that a run here
-  # resumes from another run's checkpoint.
-  keras.backend.clear_session()
-  try:
-    trainer.train(config)
-  finally:
-    # --deterministic holds for the whole process; the next run here, or
-    # the next test, must not inherit it.
-    tf_config.disable_op_determinism()
-  return run_record.load_run_record(flags["model_dir"])
-
-
 def test_pipelined_checkpoints_are_unpipelined_ones(tmp_path):
   """Same engine, same files: a pipelined checkpoint has the files and
   tensors of an unpipelined one; a pipelined run resumes from it to
@@ -340,7 +308,7 @@ def test_pipelined_checkpoints_are_unpipelined_ones(tmp_path):
                  "pipeline_split": "even"}
 
   def train(model_dir, steps, **flags):
-    return _train_here(**common, train_steps=str(steps),
+    return train_here(**common, train_steps=str(steps),
                        model_dir=str(model_dir), **flags)
 
   whole_dir = tmp_path / "piped"
@@ -399,7 +367,7 @@ def test_auto_split_from_a_profile_puts_predictions_beside_measurements(
   profile_path = tmp_path / "plan" / "profile.json"
 
   capsys.readouterr()
-  section = _train_here(**job, train_steps="2", evaluate="false",
+  section = train_here(**job, train_steps="2", evaluate="false",
                         trace="false", tensorboard="false",
                         pipeline_split="auto", plan_profile=str(profile_path),
                         model_dir=str(tmp_path / "run"))["pipeline"]

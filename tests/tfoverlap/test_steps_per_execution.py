@@ -15,19 +15,16 @@ import keras
 import pytest
 import tensorflow as tf
 from absl.testing import flagsaver
-# The public API can turn op determinism on only; the same module turns it
-# off.
-from tensorflow.python.framework import config as tf_config
 
 import flags as tfo_flags
 
-from overlap_core.runtime import run_record
 from overlap_core.runtime.config import ConfigError
 from overlap_core.runtime.zoo import CLASSIFICATION
 from tfoverlap import steps, trainer
 from tfoverlap.loops import execution_sizes
 
 from tests.helpers import run_module
+from tests.tfoverlap.train_here import train_here
 
 EXACT = {"model": "mlp", "dataset": "digits", "batch_size": "32",
          "deterministic": "true", "log_every_steps": "5",
@@ -40,28 +37,9 @@ if not tfo_flags.FLAGS.is_parsed():
 
 
 def _train(model_dir, **flags):
-  """Trains with EXACT and `flags` (flag name: value) in this process;
-  returns the run record.
-
-  In this process, not the command: what these tests compare is what the
-  trainer computes and records, and each command would spend most of its
-  time starting Python and TensorFlow. The test of the command's refusal
-  below still runs it.
-  """
-  with flagsaver.as_parsed(model_dir=str(model_dir), **{**EXACT, **flags}):
-    config = tfo_flags.to_config()
-  # Keras numbers the objects it names itself per process, and a checkpoint
-  # keys the optimizer's slots by that name ("adam_2"): a fresh session
-  # names them as the command's own process does, so that a run here
-  # resumes from another run's checkpoint.
-  keras.backend.clear_session()
-  try:
-    trainer.train(config)
-  finally:
-    # --deterministic holds for the whole process; the next run here, or
-    # the next test, must not inherit it.
-    tf_config.disable_op_determinism()
-  return run_record.load_run_record(str(model_dir))
+  """Trains with EXACT and `flags` in this process (the test of the
+  command's refusal below still runs it); returns the run record."""
+  return train_here(model_dir=str(model_dir), **{**EXACT, **flags})
 
 
 def test_calls_end_at_multiples_of_k_also_after_any_resume():
