@@ -7,6 +7,7 @@ killed at any moment, and a second trainer on a live model directory, are
 in test_checkpoint_kills.py.
 """
 
+import glob
 import os
 import socket
 import textwrap
@@ -40,8 +41,16 @@ def trainer():
 @pytest.mark.parametrize("mode", ["sync", "tf_async"])
 def test_stopped_and_resumed_run_ends_bit_identical(tmp_path, mode,
                                                     uninterrupted_digest):
-  args = [f"--checkpoint={mode}", "--checkpoint_every=5"]
+  """TensorFlow's own checkpoints are written at the cadence, kept as
+  asked, stall the steps that save, and resume exactly."""
+  args = [f"--checkpoint={mode}", "--checkpoint_every=5",
+          "--checkpoint_keep=2"]
   TRAINER.run(tmp_path, *args, "--train_steps=15")
+  kept = sorted(os.path.basename(p) for p in glob.glob(
+      str(tmp_path / "checkpoints" / "ckpt-*.index")))
+  assert kept == ["ckpt-10.index", "ckpt-15.index"]
+  assert trainer_checkpoints.record(
+      tmp_path)["phases"]["checkpoint_stall"]["total"] > 0
   trainer_checkpoints.check_resume_ends_bit_identical(
       TRAINER, tmp_path, args, uninterrupted_digest, stopped_at=15)
 

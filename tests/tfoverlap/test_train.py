@@ -189,20 +189,6 @@ def test_fit_loop_feeds_the_same_ledger(tmp_path):
   assert any("model.fit" in note for note in record["notes"])
 
 
-@pytest.mark.parametrize("mode", ["sync", "tf_async"])
-def test_checkpoints_are_written_kept_and_resumed(tmp_path, mode):
-  args = ["--model=mlp", "--strategy=default", f"--checkpoint={mode}",
-          "--checkpoint_every=5", "--checkpoint_keep=2"]
-  _, first, model_dir = train(tmp_path, *args, "--train_steps=20")
-  kept = sorted(os.path.basename(p) for p in glob.glob(
-      str(model_dir / "checkpoints" / "ckpt-*.index")))
-  assert kept == ["ckpt-15.index", "ckpt-20.index"]
-  assert first["phases"]["checkpoint_stall"]["total"] > 0
-  _, second, _ = train(tmp_path, *args, "--train_steps=30")
-  assert second["steps"] == 10  # steps 21..30 after restoring step 20
-  assert any("step 20" in note for note in second["notes"])
-
-
 # EDSR x2 on the digits at their own 8x8 (low resolution 4x4): the fair
 # small setting where a few dozen steps must beat bicubic upsampling. On
 # --dataset=synthetic (i.i.d. noise) the best any model can do is
