@@ -164,6 +164,18 @@ def resume_from(stopped, model_dir, *, drop=()) -> str:
   return directory
 
 
+def check_resumed_like(model_dir, whole_dir, *, step: int,
+                       num_steps: int) -> None:
+  """A deterministic run resumed in `model_dir` from the checkpoint of
+  `step` of the uninterrupted run in `whole_dir` took `num_steps` more
+  steps, bit-identical to that run's."""
+  resumed = run_record.load_run_record(str(model_dir))
+  whole = run_record.load_run_record(str(whole_dir))
+  assert f"resumed from the checkpoint of step {step}" in resumed["notes"]
+  assert resumed["steps"] == num_steps
+  assert resumed["weights_digest"] == whole["weights_digest"]
+
+
 def newest_checkpoint(directory: str) -> Optional[
     checkpoint_files.LoadedCheckpoint]:
   """The newest checkpoint, which must verify: a kill may cost steps, never

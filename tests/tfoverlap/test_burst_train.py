@@ -8,6 +8,7 @@ import pytest
 from overlap_core.checkpoint import files as checkpoint_files
 from overlap_core.runtime import run_record
 
+from tests import checkpoint_support
 from tests.burst_plans import assert_split_placements, write_plan
 from tests.helpers import run_module
 
@@ -99,13 +100,10 @@ def test_a_resumed_burst_run_ends_like_an_uninterrupted_one(tmp_path,
       f"--burst_parallel={plan_path}", f"--model_dir={tmp_path}",
       timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
-  resumed = run_record.load_run_record(str(tmp_path))
-  whole = run_record.load_run_record(str(whole_dir))
   # One replica holds every variable: its checkpoint is the whole state,
   # and a deterministic resumed run takes bit-identical steps.
-  assert "resumed from the checkpoint of step 3" in resumed["notes"]
-  assert resumed["steps"] == 3
-  assert resumed["weights_digest"] == whole["weights_digest"]
+  checkpoint_support.check_resumed_like(tmp_path, whole_dir, step=3,
+                                        num_steps=3)
 
 
 def test_what_does_not_combine_is_refused_in_one_line(tmp_path):

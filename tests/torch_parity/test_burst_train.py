@@ -10,6 +10,7 @@ from overlap_core.planning.burst import BurstPlan
 from overlap_core.runtime import run_record
 from torch_parity.planning.graph import build_zoo_graph
 
+from tests import checkpoint_support
 from tests.burst_plans import plan_with_command, write_plan
 from tests.helpers import run_module
 
@@ -100,13 +101,10 @@ def test_a_resumed_burst_run_ends_like_an_uninterrupted_one(tmp_path,
       f"--burst_parallel={plan_path}",
       f"--model_dir={tmp_path}", timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
-  resumed = run_record.load_run_record(str(tmp_path))
-  whole = run_record.load_run_record(str(whole_dir))
   # Rank 0's checkpoint holds every layer; a deterministic run resumed
   # from it on both ranks takes bit-identical steps.
-  assert "resumed from the checkpoint of step 3" in resumed["notes"]
-  assert resumed["steps"] == 3
-  assert resumed["weights_digest"] == whole["weights_digest"]
+  checkpoint_support.check_resumed_like(tmp_path, whole_dir, step=3,
+                                        num_steps=3)
 
 
 @pytest.mark.parametrize("extra, message", [
