@@ -1,7 +1,6 @@
 """The PyTorch trainer runs a burst plan: 2 launched gloo ranks against one
 process on the same data."""
 
-import shutil
 
 import pytest
 
@@ -90,11 +89,9 @@ def test_a_resumed_burst_run_ends_like_an_uninterrupted_one(tmp_path,
   _, plan_path, whole_dir = burst_run
   # The run as a stop after step 3 leaves it: rank 0's checkpoint of step 3
   # and nothing later.
-  step_3 = checkpoint_files.checkpoint_dir_name(3)
   assert checkpoint_files.list_checkpoints(
       str(whole_dir / "checkpoints")) == [3, 6]
-  shutil.copytree(whole_dir / "checkpoints" / step_3,
-                  tmp_path / "checkpoints" / step_3)
+  checkpoint_support.resume_from(whole_dir, tmp_path, drop=(6,))
   result = run_module(
       "torch_parity.launch", "--num_workers=2", "--", *RUN,
       "--evaluate=false", *CHECKPOINTS,
