@@ -1,7 +1,6 @@
 """The TensorFlow trainer runs a burst plan over 2 logical CPU devices and
 trains like the unsplit model."""
 
-
 import pytest
 
 from overlap_core.checkpoint import files as checkpoint_files

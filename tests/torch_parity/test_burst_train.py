@@ -1,7 +1,6 @@
 """The PyTorch trainer runs a burst plan: 2 launched gloo ranks against one
 process on the same data."""
 
-
 import pytest
 
 from overlap_core.checkpoint import files as checkpoint_files
