@@ -239,7 +239,8 @@ def _read_digits() -> tuple:
   where this release of scikit-learn is known to keep it, `load_digits`
   reads it."""
   spec = importlib.util.find_spec("sklearn")  # finds; imports nothing
-  for root in (spec.submodule_search_locations or []) if spec else []:
+  roots = spec.submodule_search_locations if spec else None
+  for root in roots or ():
     path = os.path.join(root, *_DIGITS_FILE)
     if os.path.isfile(path):
       table = np.loadtxt(path, delimiter=",")
