@@ -2,6 +2,8 @@
 
 from absl import flags
 
+from overlap_core.runtime import contention
+
 
 def define_flags():
   flags.DEFINE_string(
@@ -49,3 +51,13 @@ def define_flags():
       "temporaries do not come back as fresh, page-faulting memory every "
       "step (the process keeps its high-water mark). system: the C "
       "library's defaults. Both frameworks; a no-op off glibc.")
+  flags.DEFINE_integer(
+      "reference_steps", contention.DEFAULT_REFERENCE_STEPS,
+      "Steps timed before training on the run's first batch held resident, "
+      "with nothing read beside them: the step alone. The ledger's "
+      "contention phase is each step's compute beyond it, the cost of the "
+      "work running beside the step (input pipeline, checkpoint persist). "
+      "Weights, optimizer state and random streams are put back after. "
+      "0: no calibration and no contention phase. Derived for the custom "
+      "loop at one step per call without pipeline, burst or offload.",
+      lower_bound=0)

@@ -30,10 +30,8 @@ import statistics
 import time
 from typing import Tuple
 
-import tensorflow as tf
-
 from overlap_core.runtime import ledger as ledger_lib
-from tfoverlap import steps
+from tfoverlap import reference_step, steps
 
 # Pairs of (step, local step), after one warm-up call of each (its trace):
 # enough for a median on a busy host, and a bounded cost (about a dozen
@@ -101,8 +99,7 @@ def derive_exposed_comm(model, optimizer, strategy, *, task: str,
     num_pairs: pairs timed after one warm-up call of each.
   """
   start = time.perf_counter()
-  variables = list(model.variables) + list(optimizer.variables)
-  saved = [tf.identity(v.value) for v in variables]
+  restore = reference_step.snapshot(model, optimizer)
   batch = _resident_batch(model, strategy, task=task,
                           global_batch_size=global_batch_size)
   full = steps.make_train_step(model, optimizer, strategy, task=task,
@@ -121,10 +118,8 @@ def derive_exposed_comm(model, optimizer, strategy, *, task: str,
     else:
       step_s.append(_timed(full, batch))
       local_step_s.append(_timed(local, batch))
-  # In cross-replica context an assign sets every replica's copy: the
-  # replicas the local steps parted are one again.
-  for variable, value in zip(variables, saved):
-    variable.value.assign(value)
+  # The replicas the local steps parted are one again.
+  restore()
   return CommDerivation(step_s=tuple(step_s),
                         local_step_s=tuple(local_step_s),
                         cost_s=time.perf_counter() - start)

@@ -20,8 +20,8 @@ from overlap_core.runtime import run_record, skeleton
 from overlap_core.runtime.config import ConfigError, TrainConfig
 from overlap_core.runtime.loop_context import LoopContext
 from tfoverlap import (burst, checkpoint, data, distribute, exposed_comm,
-                       loops, models, parallelize, pipeline, steps,
-                       user_model)
+                       loops, models, parallelize, pipeline, reference_step,
+                       steps, user_model)
 
 FRAMEWORK = "tensorflow"
 
@@ -142,11 +142,13 @@ def _derives_exposed_comm(strategy, config: TrainConfig,
 
 def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
               built: parallelize.Parallelized,
-              comm: Optional[exposed_comm.CommDerivation] = None) -> float:
+              comm: Optional[exposed_comm.CommDerivation] = None,
+              keep_reference=None) -> float:
   """Runs the configured loop over the remaining steps; the last loss.
 
   `comm` is the derived exposed all-reduce to carve out of each step's
-  compute, or None."""
+  compute, or None. `keep_reference` is given the step timed alone
+  before training, where the run times one (`reference_step`)."""
   model, optimizer = built.model, built.optimizer
   # One global batch per step: the steps done are the batches consumed.
   train_input = _build_train_input(strategy, config, spec,
@@ -197,9 +199,28 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
     split_compute = timed_offload.split_compute
   elif comm:
     split_compute = comm.split_compute
+  iterator = iter(train_input)
+  if _times_reference(config, built) and keep_reference is not None:
+    reference, iterator = reference_step.calibrate(
+        train_step, iterator, model=model, optimizer=optimizer,
+        num_steps=config.run.reference_steps)
+    keep_reference(reference)
+    split_compute = reference.split_compute(inner=split_compute)
   return loops.run_custom_loop(
-      ctx, train_step=train_step, iterator=iter(train_input),
+      ctx, train_step=train_step, iterator=iterator,
       split_compute=split_compute)
+
+
+def _times_reference(config: TrainConfig,
+                     built: parallelize.Parallelized) -> bool:
+  """Whether the run times its step alone first, for the contention
+  phase: the custom loop's one step per call, whose span is the step's
+  own. Not a pipeline, burst plan or offload, whose compute spans are
+  split their own way; not K steps per call, which read their input
+  inside the call."""
+  return (config.run.reference_steps > 0 and config.run.loop == "ctl"
+          and config.run.steps_per_execution == 1 and not built.pipeline
+          and not built.burst and built.offload is None)
 
 
 def _run_pipelined_loop(ctx: LoopContext, config: TrainConfig, spec, runtime,
@@ -254,6 +275,7 @@ class _TensorFlowSide:
     self._strategy = None
     self._service = None
     self._comm = None  # the derived exposed all-reduce, once derived
+    self._reference = None  # the step timed alone, once timed
     self._user_model = None  # --model's, once load_user_model built it
 
   def check_supported(self, config: TrainConfig) -> None:
@@ -322,7 +344,11 @@ class _TensorFlowSide:
       self._comm = exposed_comm.derive_exposed_comm(
           built.model, built.optimizer, self._strategy, task=spec.task,
           global_batch_size=config.data.batch_size)
-    return _run_loop(ctx, self._strategy, config, spec, built, self._comm)
+    return _run_loop(ctx, self._strategy, config, spec, built, self._comm,
+                     keep_reference=self._keep_reference)
+
+  def _keep_reference(self, reference) -> None:
+    self._reference = reference
 
   def after_training(self, config: TrainConfig, built, ledger):
     if not built.pipeline:
@@ -346,7 +372,8 @@ class _TensorFlowSide:
     return _phases_measured(config, built)
 
   def phases_derived(self, config: TrainConfig, built) -> list:
-    return [ledger_lib.EXPOSED_COMM] if self._comm else []
+    return (([ledger_lib.EXPOSED_COMM] if self._comm else []) +
+            ([ledger_lib.CONTENTION] if self._reference else []))
 
   def describe_environment(self) -> dict:
     return describe_environment(self._strategy)
@@ -357,6 +384,8 @@ class _TensorFlowSide:
                                    ledger)
     if self._comm:
       described[ledger_lib.EXPOSED_COMM] = self._comm.to_dict()
+    if self._reference:
+      described["reference_step"] = self._reference.to_dict()
     return described
 
   def num_params(self, model) -> int:

@@ -241,6 +241,13 @@ class Strategy:
     return ledger_lib.carve_compute(start_s, end_s, ledger_lib.EXPOSED_COMM,
                                     self.comm_timer.take_s())
 
+  def discard_step_timings(self) -> None:
+    """Drops the all-reduce waits of steps the ledger does not record
+    (the calibration of `reference_step`), so the next recorded step
+    carries only its own."""
+    if self.comm_timer is not None:
+      self.split_compute(0.0, 0.0)
+
   def max_over_processes(self, values):
     """The element-wise maximum of a list of floats over every process; a
     collective that every process must call at the same point."""

@@ -144,6 +144,9 @@ def make_train_step(model: nn.Module, optimizer, strategy, *, task: str,
       scaler.update()
     return strategy.mean_over_replicas(loss.detach())
 
+  # What the step changes besides the model and optimizer, for those that
+  # must put it back (`reference_step.snapshot`).
+  train_step.grad_scaler = scaler
   return train_step
 
 

@@ -21,7 +21,8 @@ from overlap_core.runtime import datasets, run_record, skeleton, user_code
 from overlap_core.runtime.config import TrainConfig
 from torch_parity import (background_cuda, checkpoint, data, distribute,
                           loops, models, parallelize, pipeline,
-                          pipeline_timing, steps, user_model)
+                          pipeline_timing, reference_step, steps,
+                          user_model)
 
 FRAMEWORK = "pytorch"
 
@@ -245,6 +246,7 @@ class _TorchSide:
     # Every replica's weights digest, in rank order, under --all_reduce=off.
     self._replica_digests = None
     self._example_shape = None  # one example's inputs, of the user's data
+    self._reference = None  # the step timed alone, once timed
 
   def check_supported(self, config: TrainConfig) -> None:
     check_supported(config)
@@ -322,7 +324,11 @@ class _TorchSide:
                             first_step=first_step, last_step=last_step)
 
   def run_loop(self, ctx, config: TrainConfig, spec, built) -> float:
-    return _run_loop(ctx, config, spec, self._strategy, built)
+    return _run_loop(ctx, config, spec, self._strategy, built,
+                     keep_reference=self._keep_reference)
+
+  def _keep_reference(self, reference) -> None:
+    self._reference = reference
 
   def after_training(self, config: TrainConfig, built, ledger):
     if built.pipeline:
@@ -360,15 +366,19 @@ class _TorchSide:
     return _phases_measured(built, self._strategy)
 
   def phases_derived(self, config: TrainConfig, built) -> list:
-    return []  # DDP's and Horovod's all-reduce waits are timed each step
+    # DDP's and Horovod's all-reduce waits are timed each step.
+    return [ledger_lib.CONTENTION] if self._reference else []
 
   def describe_environment(self) -> dict:
     return describe_environment(self._strategy)
 
   def describe_strategy(self, config: TrainConfig, built, plan,
                         ledger) -> dict:
-    return _describe_strategy(self._strategy, built, config, plan, ledger,
-                              self._replica_digests)
+    described = _describe_strategy(self._strategy, built, config, plan,
+                                   ledger, self._replica_digests)
+    if self._reference:
+      described["reference_step"] = self._reference.to_dict()
+    return described
 
   def num_params(self, model) -> int:
     return models.num_params(model)
@@ -377,24 +387,46 @@ class _TorchSide:
     return weights_digest(model)
 
 
-def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel) -> float:
-  """Runs the custom loop over the remaining steps; the last loss."""
+def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
+              keep_reference=None) -> float:
+  """Runs the custom loop over the remaining steps; the last loss.
+
+  `keep_reference` is given the step timed alone before training, where
+  the run times one (`reference_step`)."""
   if ctx.first_step > ctx.last_step:
     return float("nan")
   # The loader draws its workers' seed from torch's generator; forked,
   # the training stream (dropout) is the one a checkpoint restores.
   with torch.random.fork_rng(devices=[]):
     batches = _build_train_batches(config, spec, strategy, ctx.first_step)
+  train_step = _make_train_step(config, spec, strategy, parallel)
+  split_compute = _split_compute(parallel, strategy)
+  stream = _foreground_stream(ctx.background)
+  iterator = batches
+  if (_times_reference(config, parallel) and stream is None
+      and keep_reference is not None):
+    reference, iterator = reference_step.calibrate(
+        train_step, iterator, model=parallel.model,
+        optimizer=parallel.optimizer, strategy=strategy,
+        num_steps=config.run.reference_steps)
+    keep_reference(reference)
+    split_compute = reference.split_compute(inner=split_compute)
   try:
     return loops.run_custom_loop(
-        ctx, train_step=_make_train_step(config, spec, strategy, parallel),
-        iterator=batches, device=strategy.device,
-        split_compute=_split_compute(parallel, strategy),
-        stream=_foreground_stream(ctx.background))
+        ctx, train_step=train_step, iterator=iterator,
+        device=strategy.device, split_compute=split_compute, stream=stream)
   finally:
     # The device prefetcher stages batches on a thread of its own.
     if hasattr(batches, "close"):
       batches.close()
+
+
+def _times_reference(config: TrainConfig, parallel) -> bool:
+  """Whether the run times its step alone first, for the contention
+  phase: not a pipeline, burst plan or offload, whose compute spans are
+  split their own way (as `tfoverlap.trainer._times_reference`)."""
+  return (config.run.reference_steps > 0 and not parallel.pipeline
+          and not parallel.burst and not parallel.offload)
 
 
 def check_user_model(config: TrainConfig) -> None:

@@ -9,6 +9,8 @@ import dataclasses
 import re
 from typing import Mapping, Optional, Tuple
 
+from overlap_core.runtime import contention
+
 AUTOTUNE = -1  # the sentinel stored for "autotune" in prefetch / parallelism
 CHECKPOINT_AUTO = 0  # the `every_steps` of --checkpoint_every=auto
 # Every entry point exits with this status after printing a ConfigError's
@@ -52,6 +54,9 @@ class RunConfig:
   steps_per_execution: int = 1
   # overlap_core.runtime.host_allocator.POLICIES
   host_allocator: str = "retain"
+  # Steps timed alone before training, the reference that contention is
+  # measured against (overlap_core.runtime.contention); 0 = none.
+  reference_steps: int = contention.DEFAULT_REFERENCE_STEPS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,9 +22,12 @@ add up to the step. With a data-parallel all-reduce the ledger can see
 step's compute span is recorded as
 `offload_copy` (the offload copies the training stream ran in series with
 compute, `overlap_core.runtime.offload_stats`) and `compute`, the rest
-(`carve_compute`). `COMPUTE_PARTS` names every phase that stands for part
-of a compute span; where one number is wanted for compute (progress
-shares, comparisons), they are added back to it.
+(`carve_compute`). Where the step was timed alone before training, the
+span beyond that reference is `contention`, compute slowed by the work
+running beside it (`overlap_core.runtime.contention`). `COMPUTE_PARTS`
+names every phase that stands for part of a compute span; where one
+number is wanted for compute (progress shares, comparisons), they are
+added back to it.
 
 Beside each wall time the ledger keeps CPU time (`overlap_core.runtime.
 cpu_clock`): per step, the CPU of the whole process tree (every thread,
@@ -41,7 +44,8 @@ import time
 from typing import Callable, Dict, List, Optional
 
 from overlap_core.runtime import cpu_clock as cpu_clock_lib
-from overlap_core.runtime import comm_stats, offload_stats, pipeline_stats
+from overlap_core.runtime import (comm_stats, contention, offload_stats,
+                                  pipeline_stats)
 
 DATA_WAIT = "data_wait"  # blocked waiting for the next batch
 COMPUTE = "compute"  # forward, backward, gradient all-reduce and update
@@ -51,13 +55,16 @@ STEP = "step"  # the whole step: from the previous step's end to its own
 OTHER = "other"  # step time outside any phase: logging, bookkeeping
 OFFLOAD_COPY = offload_stats.OFFLOAD_COPY  # offload copies in series
 EXPOSED_COMM = comm_stats.EXPOSED_COMM  # all-reduce backward did not hide
+CONTENTION = contention.CONTENTION  # compute slowed by work beside the step
 # Phases recorded in place of part or all of a step's compute span.
-COMPUTE_PARTS = pipeline_stats.PHASES + (OFFLOAD_COPY, EXPOSED_COMM)
+COMPUTE_PARTS = pipeline_stats.PHASES + (OFFLOAD_COPY, EXPOSED_COMM,
+                                         CONTENTION)
 # Compute parts that progress lines, scalars and verdicts report on their
 # own rather than add back to compute: what a knob other than the model
-# acts on (the all-reduce pack, the strategy). Comparisons still add them
-# back, so the ideal's compute is what it was before they were measured.
-APART_FROM_COMPUTE = (EXPOSED_COMM,)
+# acts on (the all-reduce pack, the strategy; the input pipeline, the
+# persist). Comparisons still add them back, so the ideal's compute is
+# what it was before they were measured.
+APART_FROM_COMPUTE = (EXPOSED_COMM, CONTENTION)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,12 +195,22 @@ class StepLedger:
   def phase(self, name: str):
     """Times the enclosed block as phase `name` of the current step."""
     start = self._clock()
-    process_start, thread_start = self._cpu.process(), self._cpu.thread()
     self._open_step(start)
+    with self.cpu_of(name):
+      try:
+        yield
+      finally:
+        self.add(name, start, self._clock())
+
+  @contextlib.contextmanager
+  def cpu_of(self, name: str):
+    """Counts the enclosed block's CPU time as phase `name`'s, its wall
+    time being added apart (a compute span split into parts: the CPU is
+    the whole span's, counted as compute's)."""
+    process_start, thread_start = self._cpu.process(), self._cpu.thread()
     try:
       yield
     finally:
-      self.add(name, start, self._clock())
       process, thread = self._current_phases_cpu.get(name, (0.0, 0.0))
       self._current_phases_cpu[name] = (
           process + self._cpu.process() - process_start,

@@ -40,19 +40,22 @@ class LoopContext:
 
 @contextlib.contextmanager
 def compute_phase(ledger: ledger_lib.StepLedger, split_compute=None):
-  """Times the enclosed step as its compute phase, or, for a pipelined
-  step, as the phases `split_compute(start_s, end_s)` returns, which tile
-  its span ([(phase, start_s, end_s)]; those have no CPU time)."""
+  """Times the enclosed step as its compute phase, or as the phases
+  `split_compute(start_s, end_s)` returns, which tile its span
+  ([(phase, start_s, end_s)]: a pipelined step's, compute and its carved
+  parts). The whole span's CPU time is compute's: the parts are shares of
+  one span's wall time, not work of their own."""
   if split_compute is None:
     with ledger.phase(ledger_lib.COMPUTE):
       yield
     return
   start = time.perf_counter()
-  try:
-    yield
-  finally:
-    for phase, begin, end in split_compute(start, time.perf_counter()):
-      ledger.add(phase, begin, end)
+  with ledger.cpu_of(ledger_lib.COMPUTE):
+    try:
+      yield
+    finally:
+      for phase, begin, end in split_compute(start, time.perf_counter()):
+        ledger.add(phase, begin, end)
 
 
 def after_step(ctx: LoopContext, step: int, loss: float, *,

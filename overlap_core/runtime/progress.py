@@ -37,15 +37,18 @@ class ProgressPrinter:
     def share(name):
       return 100 * scalars[f"{name}_fraction"]
 
-    # Only a run that measures its exposed all-reduce prints it.
+    # Only a run that measures its exposed all-reduce or its contention
+    # prints it.
     comm = (f"comm {share(ledger_lib.EXPOSED_COMM):4.1f}%  "
             if f"{ledger_lib.EXPOSED_COMM}_fraction" in scalars else "")
+    contention = (f"contention {share(ledger_lib.CONTENTION):4.1f}%  "
+                  if f"{ledger_lib.CONTENTION}_fraction" in scalars else "")
     position, eta = _position_and_eta(step, self._total_steps,
                                       time.perf_counter() - self._start)
     print(f"{self._prefix}{position}  loss {loss:.4f}  "
           f"{scalars['samples_per_second']:8.1f} samples/s  "
           f"data {share(ledger_lib.DATA_WAIT):4.1f}%  "
-          f"compute {share(ledger_lib.COMPUTE):5.1f}%  {comm}"
+          f"compute {share(ledger_lib.COMPUTE):5.1f}%  {contention}{comm}"
           f"ckpt {share(ledger_lib.CHECKPOINT_STALL):4.1f}%  "
           f"{eta}".rstrip(), file=self._stream, flush=True)
     return True

@@ -14,7 +14,12 @@ the run is compute-bound. A phase the run did not measure (Keras `fit`
 times the input inside its step; its all-reduce is inside the compiled
 step and not derived there) cannot bound it, and the verdict says so. A
 derived phase (TensorFlow's custom loop derives its exposed all-reduce
-from a step without it, run.json's `phases_derived`) counts as measured.
+from a step without it; both trainers derive contention, the compute
+beyond the step timed alone; run.json's `phases_derived`) counts as
+measured. "contention-bound" says the work running beside the step (the
+input pipeline, a checkpoint's persist, another process) slowed its
+compute by that share (`overlap_core.runtime.contention`); it names the
+verdict only when no phase with a cause of its own passes the cut.
 
   verdict = step_verdict({"data_wait": {"fraction": 0.3}, ...},
                          phases_measured=["data_wait", "compute"])
@@ -34,6 +39,7 @@ INPUT_BOUND = "input-bound"
 CHECKPOINT_BOUND = "checkpoint-bound"
 COMMUNICATION_BOUND = "communication-bound"
 BUBBLE_BOUND = "bubble-bound"
+CONTENTION_BOUND = "contention-bound"
 COMPUTE_BOUND = "compute-bound"
 # The phases that can bound a step besides compute, and what each is called.
 BOUNDING_PHASES = (
@@ -42,7 +48,8 @@ BOUNDING_PHASES = (
     (ledger_lib.EXPOSED_COMM, COMMUNICATION_BOUND),
     (pipeline_stats.BUBBLE, BUBBLE_BOUND),
 )
-VERDICTS = tuple(v for _, v in BOUNDING_PHASES) + (COMPUTE_BOUND,)
+VERDICTS = tuple(v for _, v in BOUNDING_PHASES) + (CONTENTION_BOUND,
+                                                   COMPUTE_BOUND)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +116,14 @@ def step_verdict(phases: Mapping[str, Mapping[str, float]],
     fraction = (phases.get(phase) or {}).get("fraction", 0.0)
     if fraction >= BOUND_FRAC and (best is None or fraction > best[2]):
       best = (phase, verdict, fraction)
+  if best is None:
+    # Contention names the verdict only when no phase with a cause of its
+    # own does: it is the work beside the step, whatever it is (the input
+    # pipeline, a persist, another process on the host), and a job whose
+    # wait already bounds it is called by that wait.
+    fraction = (phases.get(ledger_lib.CONTENTION) or {}).get("fraction", 0.0)
+    if fraction >= BOUND_FRAC:
+      best = (ledger_lib.CONTENTION, CONTENTION_BOUND, fraction)
   if best is None:
     return Verdict(COMPUTE_BOUND, False, None, 0.0, tuple(unmeasured))
   phase, verdict, fraction = best

@@ -168,14 +168,25 @@ def test_mirrored_matches_single_device_at_same_global_batch(tmp_path,
     assert mirrored["final"][key] == pytest.approx(single["final"][key],
                                                    rel=1e-4, abs=1e-5), key
   # Its exposed all-reduce is derived, said so, and carried as a phase; one
-  # replica has none to derive.
-  assert mirrored["phases_derived"] == [ledger_lib.EXPOSED_COMM]
+  # replica has none to derive. Both derive their contention from the step
+  # timed alone first, which the losses above show put everything back.
+  assert mirrored["phases_derived"] == [ledger_lib.EXPOSED_COMM,
+                                        ledger_lib.CONTENTION]
   assert ledger_lib.EXPOSED_COMM not in mirrored["phases_measured"]
   derivation = mirrored["strategy"][ledger_lib.EXPOSED_COMM]
   assert derivation["num_pairs"] == len(derivation["local_step_ms"]) > 0
   assert mirrored["phases"][ledger_lib.EXPOSED_COMM]["mean"] >= 0.0
-  assert single["phases_derived"] == []
+  assert single["phases_derived"] == [ledger_lib.CONTENTION]
   assert ledger_lib.EXPOSED_COMM not in single["phases"]
+  for record in (single, mirrored):
+    reference = record["strategy"]["reference_step"]
+    assert (len(reference["step_ms"]) ==
+            record["flags"]["run"]["reference_steps"] > 0)
+    assert reference["reference_ms"] > 0
+    phases = record["phases"]
+    assert phases[ledger_lib.CONTENTION]["mean"] >= 0.0
+    parts = sum(phases[p]["mean"] for p in phases if p != ledger_lib.STEP)
+    assert parts == pytest.approx(phases[ledger_lib.STEP]["mean"], rel=1e-6)
 
 
 def test_fit_loop_feeds_the_same_ledger(tmp_path):

@@ -41,6 +41,17 @@ def resident_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def reference_pair(tmp_path_factory):
+  """One deterministic job with its step timed alone first (the default)
+  and without."""
+  job = ["--model=small_cnn", "--image_size=8", "--batch_size=16",
+         "--strategy=default", "--train_steps=6", "--deterministic"]
+  return (_train(tmp_path_factory, "reference", *job)[1],
+          _train(tmp_path_factory, "no_reference", *job,
+                 "--reference_steps=0")[1])
+
+
+@pytest.fixture(scope="module")
 def replica_runs(tmp_path_factory):
   """A small model on one DDP replica, a 6M-parameter one on two."""
   common = ["--model=mlp", "--batch_size=8", "--train_steps=6",
@@ -116,3 +127,27 @@ def test_with_the_all_reduce_off_replicas_part_and_wait_for_nothing(
   assert ledger_lib.EXPOSED_COMM in record["phases_measured"]
   # No bucket reached the all-reduce, so no step waited for one.
   assert record["phases"][ledger_lib.EXPOSED_COMM]["mean"] < 1e-4
+
+
+def test_timing_the_step_alone_first_changes_nothing_it_trains(
+    reference_pair):
+  timed, untimed = reference_pair
+  # Weights, BatchNorm statistics, optimizer state and random streams are
+  # put back after the calibration's steps: the same bits.
+  assert timed["weights_digest"] == untimed["weights_digest"]
+  assert timed["final"]["train_loss"] == untimed["final"]["train_loss"]
+  reference = timed["strategy"]["reference_step"]
+  assert len(reference["step_ms"]) == timed["flags"]["run"]["reference_steps"]
+  assert timed["phases_derived"] == [ledger_lib.CONTENTION]
+  assert timed["phases"][ledger_lib.CONTENTION]["mean"] >= 0.0
+  # Without a reference there is nothing to measure contention against.
+  assert untimed["phases_derived"] == []
+  assert ledger_lib.CONTENTION not in untimed["phases"]
+  assert "reference_step" not in untimed["strategy"]
+
+
+def test_a_ddp_step_carves_exposed_comm_then_contention(replica_runs):
+  _, two = replica_runs
+  assert two["phases_derived"] == [ledger_lib.CONTENTION]
+  assert ledger_lib.EXPOSED_COMM in two["phases_measured"]
+  assert two["phases"][ledger_lib.CONTENTION]["mean"] >= 0.0

@@ -19,6 +19,10 @@ def _phases(**fractions):
     ({"exposed_comm": 0.3, "data_wait": 0.1},
      verdict.COMMUNICATION_BOUND, True),
     ({"bubble": 0.4}, verdict.BUBBLE_BOUND, True),
+    ({"contention": 0.12, "data_wait": 0.04}, verdict.CONTENTION_BOUND,
+     False),
+    # A wait with its own cause names the verdict before contention does.
+    ({"contention": 0.30, "data_wait": 0.06}, verdict.INPUT_BOUND, False),
 ])
 def test_the_largest_phase_past_the_cut_names_the_verdict(fractions, expected,
                                                           highly):

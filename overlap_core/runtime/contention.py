@@ -1,0 +1,127 @@
+"""Contention: what the work running beside a step cost its compute.
+
+The ledger's waits count only the time a step stood still: `data_wait`
+for the next batch, `checkpoint_stall` for a save. The work behind them
+also runs *beside* the step: the input pipeline decoding the batches to
+come, a checkpoint's persist, another process. On a host whose cores the
+step already fills, that work slows the step's compute, and removing it
+saves more than its wait. The fidelity benchmark measured this (BENCHMARKS
+§17): TensorFlow's synthetic job waited 1.03 ms per step for its input,
+and resident batches saved it 6.86 ms.
+
+So the trainer times the step alone before training: the run's own step
+function, on the run's first batch held resident (no input is read while
+it runs), after `WARMUP_CALLS` untimed calls. The median of
+`--reference_steps` timed calls is the reference step; the weights,
+optimizer state and random streams are put back afterwards (each side's
+`snapshot`), so the run trains exactly as it would without it. During
+training, each step's compute span beyond the reference is `contention`,
+carved out of compute like the other compute parts, so the phases still
+add up to the step. It is derived, not timed: run.json lists it in
+`phases_derived`, and the timings it came from under `strategy.
+reference_step`.
+
+What it cannot see: work that runs through the calibration as through
+the run (a background job, another process on the host) is inside the
+reference too, so it is not contention. A step that ran faster than the
+reference (the host quieter than during the calibration) records zero.
+
+  reference = time_reference(lambda: train_step(batch), num_steps=5)
+  split = reference.split_compute()  # or .split_compute(inner=comm_split)
+"""
+
+import dataclasses
+import statistics
+import time
+from typing import Callable, List, Optional, Tuple
+
+CONTENTION = "contention"  # the ledger phase: compute beyond the step alone
+DEFAULT_REFERENCE_STEPS = 5
+# The first call traces or initializes lazily; by the second's end the
+# input pipeline has filled its buffers and stopped, so the timed calls
+# run with nothing beside them.
+WARMUP_CALLS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceStep:
+  """The step timed alone on a resident batch, before training.
+
+  Attributes:
+    step_s: each timed call, in seconds.
+    cost_s: what the calibration cost the run, warm-up and restore
+      included.
+  """
+  step_s: Tuple[float, ...]
+  cost_s: float
+
+  @property
+  def reference_s(self) -> float:
+    return statistics.median(self.step_s)
+
+  def split_compute(self, inner: Optional[Callable] = None) -> Callable:
+    """(start_s, end_s) -> the spans that tile a step's compute span:
+    `inner`'s parts (an exposed all-reduce, say) first, then contention,
+    then compute.
+
+    Args:
+      inner: the run's own split, `(start_s, end_s) -> spans` ending with
+        its compute span (`ledger.carve_compute`), or None.
+    """
+
+    def split(start_s: float, end_s: float) -> List[tuple]:
+      spans = (inner(start_s, end_s) if inner else
+               [(COMPUTE, start_s, end_s)])
+      *parts, (name, compute_start_s, compute_end_s) = spans
+      if name != COMPUTE:
+        raise ValueError(f"the inner split ends with {name!r}, not compute")
+      # The reference is a whole step, its exposed all-reduce included,
+      # so the excess is taken over the whole span.
+      excess_s = max((end_s - start_s) - self.reference_s, 0.0)
+      split_s = compute_start_s + min(excess_s,
+                                      compute_end_s - compute_start_s)
+      return [*parts, (CONTENTION, compute_start_s, split_s),
+              (COMPUTE, split_s, compute_end_s)]
+
+    return split
+
+  def to_dict(self) -> dict:
+    return {"derived_from": "the run's step on its first batch held "
+                            "resident, timed alone before training",
+            "reference_ms": 1e3 * self.reference_s,
+            "step_ms": [1e3 * s for s in self.step_s],
+            "warmup_calls": WARMUP_CALLS, "cost_s": self.cost_s}
+
+
+# The ledger's name for compute, repeated here because the ledger imports
+# this module (as it does comm_stats) and not the other way round.
+COMPUTE = "compute"
+
+
+def time_reference(run_step: Callable[[], None], *, num_steps: int,
+                   restore: Callable[[], None]) -> ReferenceStep:
+  """Times `run_step` alone; then `restore()`.
+
+  Args:
+    run_step: runs one step on the resident batch and returns once it is
+      done (the device waited for).
+    num_steps: calls timed after `WARMUP_CALLS` untimed ones; at least 1.
+    restore: puts back what the calls changed (weights, optimizer state,
+      random streams).
+  """
+  if num_steps < 1:
+    raise ValueError(f"Invalid value for argument `num_steps`. Received: "
+                     f"{num_steps}; allowed: >= 1")
+  start = time.perf_counter()
+  try:
+    for _ in range(WARMUP_CALLS):
+      run_step()
+    step_s = []
+    for _ in range(num_steps):
+      call_start = time.perf_counter()
+      run_step()
+      step_s.append(time.perf_counter() - call_start)
+  finally:
+    restore()
+  return ReferenceStep(step_s=tuple(step_s),
+                       cost_s=time.perf_counter() - start)

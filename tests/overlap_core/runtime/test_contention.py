@@ -1,0 +1,99 @@
+"""Contention: the compute beyond the step timed alone, carved out of a
+step's compute span."""
+
+import pytest
+
+from overlap_core.runtime import contention
+from overlap_core.runtime import ledger as ledger_lib
+
+
+def _reference(*step_s):
+  return contention.ReferenceStep(step_s=tuple(step_s), cost_s=0.0)
+
+
+def test_the_reference_is_the_median_of_the_timed_calls():
+  assert _reference(0.009, 0.007, 0.030).reference_s == 0.009
+
+
+def test_a_step_beyond_the_reference_carves_the_excess_as_contention():
+  spans = _reference(0.007).split_compute()(1.0, 1.010)
+  assert [name for name, _, _ in spans] == [ledger_lib.CONTENTION,
+                                            ledger_lib.COMPUTE]
+  (_, start, split), (_, split_again, end) = spans
+  assert (start, end, split_again) == (1.0, 1.010, split)
+  assert split - start == pytest.approx(0.003)
+
+
+def test_a_step_faster_than_the_reference_has_no_contention():
+  spans = _reference(0.020).split_compute()(1.0, 1.010)
+  assert spans[0] == (ledger_lib.CONTENTION, 1.0, 1.0)
+  assert spans[1] == (ledger_lib.COMPUTE, 1.0, 1.010)
+
+
+def test_an_inner_split_keeps_its_parts_first_and_bounds_the_carve():
+  # An exposed all-reduce of 4 ms first; the reference (a whole step, its
+  # all-reduce included) is 5 ms of a 10 ms span, so 5 ms are contention,
+  # but only 6 ms of compute are left to take them from.
+  def inner(start_s, end_s):
+    return ledger_lib.carve_compute(start_s, end_s, ledger_lib.EXPOSED_COMM,
+                                    0.004)
+
+  spans = _reference(0.005).split_compute(inner=inner)(0.0, 0.010)
+  names = [name for name, _, _ in spans]
+  assert names == [ledger_lib.EXPOSED_COMM, ledger_lib.CONTENTION,
+                   ledger_lib.COMPUTE]
+  durations = {name: end - start for name, start, end in spans}
+  assert durations[ledger_lib.EXPOSED_COMM] == pytest.approx(0.004)
+  assert durations[ledger_lib.CONTENTION] == pytest.approx(0.005)
+  assert durations[ledger_lib.COMPUTE] == pytest.approx(0.001)
+  # The spans tile the step's compute span.
+  assert spans[0][1] == 0.0 and spans[-1][2] == 0.010
+  assert all(a[2] == b[1] for a, b in zip(spans, spans[1:]))
+
+
+def test_an_inner_split_must_end_with_compute():
+  with pytest.raises(ValueError, match="not compute"):
+    _reference(0.005).split_compute(
+        inner=lambda s, e: [(ledger_lib.EXPOSED_COMM, s, e)])(0.0, 0.01)
+
+
+def test_time_reference_times_only_the_calls_after_the_warm_up():
+  calls = []
+  restored = []
+  reference = contention.time_reference(
+      lambda: calls.append(1), num_steps=3,
+      restore=lambda: restored.append(len(calls)))
+  assert len(calls) == contention.WARMUP_CALLS + 3
+  assert len(reference.step_s) == 3
+  assert restored == [len(calls)]  # put back once, after every call
+  described = reference.to_dict()
+  assert described["warmup_calls"] == contention.WARMUP_CALLS
+  assert len(described["step_ms"]) == 3
+
+
+def test_time_reference_restores_even_when_a_step_fails():
+  restored = []
+
+  def failing_step():
+    raise RuntimeError("out of memory")
+
+  with pytest.raises(RuntimeError, match="out of memory"):
+    contention.time_reference(failing_step, num_steps=2,
+                              restore=lambda: restored.append(True))
+  assert restored == [True]
+
+
+def test_time_reference_needs_a_timed_call():
+  with pytest.raises(ValueError, match="num_steps"):
+    contention.time_reference(lambda: None, num_steps=0, restore=lambda: None)
+
+
+def test_contention_is_a_share_of_its_own_in_progress_windows():
+  clock = iter(float(t) for t in range(100))
+  ledger = ledger_lib.StepLedger(clock=lambda: next(clock))
+  for name, start, end in _reference(6.0).split_compute()(0.0, 8.0):
+    ledger.add(name, start, end)
+  ledger.end_step(1, num_samples=1, end_s=8.0)
+  shares = ledger_lib.summarize_window(ledger.steps)
+  assert shares["compute_fraction"] == pytest.approx(0.75)
+  assert shares["contention_fraction"] == pytest.approx(0.25)

@@ -1,0 +1,82 @@
+"""The step timed alone before training: PyTorch's side of
+`overlap_core.runtime.contention`.
+
+The run's own step function is called on the run's first batch, held
+resident, so no input is read while it runs. The model's state (weights
+and buffers such as BatchNorm's running statistics), the optimizer's
+state, the loss scaler's and the random streams are copied first and put
+back after, so the run trains exactly as it would without the
+calibration. Under DDP or Horovod every process calibrates at the same
+point (the steps all-reduce), and what the steps left in the all-reduce
+clock is dropped.
+
+  reference, iterator = reference_step.calibrate(
+      train_step, iterator, model=model, optimizer=optimizer,
+      strategy=strategy, num_steps=5)
+"""
+
+import copy
+import itertools
+from typing import Callable, Iterator, Tuple
+
+import torch
+
+from overlap_core.runtime import contention
+
+
+def snapshot(model: torch.nn.Module, optimizer, *, grad_scaler=None,
+             device: torch.device) -> Callable[[], None]:
+  """A copy of what a step changes; returns the function that puts it
+  back."""
+  model_state = copy.deepcopy(model.state_dict())
+  optimizer_state = copy.deepcopy(optimizer.state_dict())
+  scaler_state = (copy.deepcopy(grad_scaler.state_dict())
+                  if grad_scaler is not None else None)
+  cpu_rng = torch.get_rng_state()
+  cuda_rng = (torch.cuda.get_rng_state(device) if device.type == "cuda"
+              else None)
+
+  def restore() -> None:
+    model.load_state_dict(model_state)
+    # Before the first step the optimizer holds no state: loading the
+    # empty copy drops what the calibration's steps made.
+    optimizer.load_state_dict(optimizer_state)
+    if grad_scaler is not None:
+      grad_scaler.load_state_dict(scaler_state)
+    torch.set_rng_state(cpu_rng)
+    if cuda_rng is not None:
+      torch.cuda.set_rng_state(cuda_rng, device)
+    optimizer.zero_grad()
+
+  return restore
+
+
+def calibrate(train_step, iterator: Iterator, *, model: torch.nn.Module,
+              optimizer, strategy, num_steps: int
+              ) -> Tuple[contention.ReferenceStep, Iterator]:
+  """Times `train_step` on the iterator's first batch.
+
+  Args:
+    train_step: `steps.make_train_step`'s function.
+    model: the plain module (not its DDP wrapper), whose state is saved.
+    strategy: the run's `distribute.Strategy`.
+
+  Returns:
+    (the reference step, an iterator that yields that first batch again
+    and then the rest), so the run trains on every batch it would have.
+  """
+  first = next(iterator)
+
+  def run_step() -> None:
+    loss = train_step(first)
+    if strategy.device.type == "cuda":
+      torch.cuda.synchronize(strategy.device)
+    float(loss)
+
+  restore = snapshot(model, optimizer,
+                     grad_scaler=getattr(train_step, "grad_scaler", None),
+                     device=strategy.device)
+  reference = contention.time_reference(run_step, num_steps=num_steps,
+                                        restore=restore)
+  strategy.discard_step_timings()
+  return reference, itertools.chain([first], iterator)
