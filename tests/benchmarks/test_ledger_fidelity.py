@@ -4,8 +4,9 @@ from benchmarks import harness
 from benchmarks import ledger_fidelity
 
 
-def _runs(side, step_ms_by_repeat, phase_ms):
-  return [{"side": list(side), "repeat": r, "step_ms": s, "phase_ms": phase_ms}
+def _runs(side, step_ms_by_repeat, phase_ms, contention_ms=0.0):
+  return [{"side": list(side), "repeat": r, "step_ms": s, "phase_ms": phase_ms,
+           "contention_ms": contention_ms}
           for r, s in enumerate(step_ms_by_repeat)]
 
 
@@ -25,6 +26,27 @@ def test_a_phase_its_removal_saves_meets_and_one_it_does_not_misses():
   (cell,) = ledger_fidelity.summarize(payload)
   assert cell["rest_of_increase_ms"] == 3.0
   assert cell["target_verdict"] == harness.MISSED
+
+
+def test_the_contention_the_cause_made_counts_with_its_phase():
+  job = ("tensorflow", "default", "data_wait", ledger_fidelity.JOB)
+  removed = job[:3] + (ledger_fidelity.REMOVED,)
+  # 1 ms waited and 4 ms of compute slowed by the input beside the step
+  # (the resident job keeps 0.5 ms of its own): 4.5 ms attributed
+  # against 4.6 saved.
+  payload = {"runs": _runs(job, [20.0] * 5, 1.0, contention_ms=4.0)
+                     + _runs(removed, [15.4] * 5, 0.0, contention_ms=0.5)}
+  (cell,) = ledger_fidelity.summarize(payload)
+  assert cell["phase_ms"] == 1.0
+  assert cell["attributed_ms"] == 4.5
+  assert cell["saving_ms"] == 4.6
+  assert cell["target_verdict"] == harness.MET
+
+
+def test_every_cell_but_data_wait_keeps_its_batches_resident():
+  for phase, removal in ledger_fidelity.PHASES.items():
+    resident = "--synthetic_on_device" in removal.job
+    assert resident == (phase != "data_wait"), phase
 
 
 def test_cells_cover_each_phases_strategies():
