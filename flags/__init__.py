@@ -96,7 +96,8 @@ def parse_or_exit(argv, validate: bool = True):
   return remaining
 
 
-def parse_launcher_argv(argv, *, build_worker_args, check=None):
+def parse_launcher_argv(argv, *, build_worker_args, check=None,
+                        counts_workers=None):
   """A launcher's flags before `--`; the trainer's after it, validated now.
 
   Args:
@@ -106,6 +107,9 @@ def parse_launcher_argv(argv, *, build_worker_args, check=None):
     check: optional (TrainConfig) -> None raising ConfigError, for what only
       the launched trainer refuses; it runs here so that nothing starts,
       as does the import of the user's --model and --dataset modules.
+    counts_workers: optional (trainer_args) -> whether the job's processes
+      are --num_workers (default: always); a job that sizes itself from the
+      trainer's flags (a stage server per pipeline stage) skips the check.
 
   Returns:
     [program, *worker_args], already checked as the trainer will check
@@ -118,7 +122,8 @@ def parse_launcher_argv(argv, *, build_worker_args, check=None):
     own, trainer_args = argv, []
   parse_or_exit(own, validate=False)
   num_workers = FLAGS.num_workers
-  if num_workers < 2:
+  if num_workers < 2 and (counts_workers is None or
+                          counts_workers(trainer_args)):
     exit_with_usage_error(
         f"--num_workers={num_workers}: the launcher starts 2 or more workers")
   worker_args = build_worker_args(trainer_args, num_workers)
@@ -254,7 +259,9 @@ def _parse_pipeline(values) -> PipelineConfig:
                                  ("pipeline_split", split, "auto"),
                                  ("pipeline_virtual_stages", virtual, 1),
                                  ("pipeline_overlap_all_reduce",
-                                  values.pipeline_overlap_all_reduce, True)):
+                                  values.pipeline_overlap_all_reduce, True),
+                                 ("pipeline_runtime",
+                                  values.pipeline_runtime, "devices")):
       if value != default:
         raise ConfigError(flag, value, "applies only with "
                           "--pipeline_stages of 2 or more")
@@ -298,7 +305,8 @@ def _parse_pipeline(values) -> PipelineConfig:
   return PipelineConfig(stages=stages, microbatches=micro, schedule=schedule,
                         split=split, cut_layers=cut_layers,
                         virtual_stages=virtual, profile=profile,
-                        overlap_all_reduce=values.pipeline_overlap_all_reduce)
+                        overlap_all_reduce=values.pipeline_overlap_all_reduce,
+                        runtime=values.pipeline_runtime)
 
 
 def _build_offload(values) -> OffloadConfig:

@@ -3,6 +3,7 @@
 from absl import flags
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
+RUNTIMES = ("devices", "processes")
 
 
 def define_flags():
@@ -40,6 +41,15 @@ def define_flags():
       "last micro-batch's backward finishes them. false: all-reduce after "
       "the schedule's step, all of it exposed (to measure what the overlap "
       "hides).")
+  flags.DEFINE_enum(
+      "pipeline_runtime", "devices", list(RUNTIMES),
+      "Where TensorFlow's stages run. devices: one process, stage k on "
+      "its device k (GPUs, or logical CPU devices, which share one thread "
+      "pool). processes: stage k in TensorFlow server process k, with its "
+      "own threads, driven by one client process (python -m "
+      "tfoverlap.launch starts them; TF_CONFIG or srun on several hosts); "
+      "each stage's bubble is then measured, not derived. PyTorch's stages "
+      "are always processes.")
   flags.DEFINE_string(
       "plan_profile", "",
       "A layer profile JSON (the shared schema; python -m tfoverlap.plan "

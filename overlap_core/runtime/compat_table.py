@@ -131,6 +131,10 @@ FEATURES = {f.name: f for f in (
             lambda c, h: (c.pipeline.stages > 1 and
                           not c.pipeline.overlap_all_reduce),
             {**_PIPE, "pipeline_overlap_all_reduce": "false"}),
+    Feature("pipeline_runtime=processes",
+            lambda c, h: (c.pipeline.stages > 1 and
+                          c.pipeline.runtime == "processes"),
+            {**_PIPE, "pipeline_runtime": "processes"}),
     Feature("burst", lambda c, h: c.burst.enabled,
             {"burst_parallel": BURST_PLAN, "strategy": "mirrored",
              "num_devices": "2"}),
@@ -181,6 +185,7 @@ FLAG_VALUES = {
     "all_reduce_pack_mb": lambda c: c.distribute.all_reduce_pack_mb,
     "pipeline_schedule": lambda c: c.pipeline.schedule,
     "pipeline_overlap_all_reduce": lambda c: c.pipeline.overlap_all_reduce,
+    "pipeline_runtime": lambda c: c.pipeline.runtime,
     "burst_parallel": lambda c: c.burst.plan_path,
     "background_job": lambda c: c.burst.background_job,
     "offload": lambda c: ",".join(c.offload.targets),
@@ -365,6 +370,19 @@ ROWS = (
     Row(("pipeline", _NOT_DDP), (PT,), "strategy",
         "pipeline stages are separate processes", "mirrored, multi_worker",
         _PIPELINED),
+    # The choice exists on the TensorFlow side only: a PyTorch stage is
+    # always a rank of its own (torch_parity.launch starts one per stage).
+    Row(("pipeline_runtime=processes",), (PT,), "pipeline_runtime",
+        "PyTorch's pipeline stages are always separate processes, one rank "
+        "each; the flag chooses between TensorFlow's two runtimes",
+        "devices (the default, which PyTorch runs as ranks)"),
+    # A step's stage work is placed on remote tasks by one client; XLA
+    # and the GPU's own streams are the devices runtime's.
+    Row(("pipeline_runtime=processes", "gpu_host"), (TF,),
+        "pipeline_runtime",
+        "the process runtime is built and tested for CPU hosts, where "
+        "logical devices share one thread pool; on GPUs each device "
+        "already has its own streams", "devices", "on a GPU host"),
     Row(("pipeline", _SAVES), (PT,), "checkpoint",
         "each pipeline rank holds one stage, and a checkpoint of the whole "
         "model from stages is not built yet", "none", _PIPELINED),

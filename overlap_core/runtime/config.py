@@ -220,6 +220,10 @@ class PipelineConfig:
   # With stage replicas, all-reduce a stage's gradient buckets as the last
   # micro-batch's backward finishes them (False: after the schedule's step).
   overlap_all_reduce: bool = True
+  # Where TensorFlow's stages run: "devices" (one process, a device each)
+  # or "processes" (a TensorFlow server process each, driven by one
+  # client). PyTorch's stages are always processes.
+  runtime: str = "devices"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,6 +32,7 @@ FROZEN_SURFACE = {
                    "checkpoint_keep", "checkpoint_max_overhead",
                    "checkpoint_on_error"],
     "pipeline": ["pipeline_microbatches", "pipeline_overlap_all_reduce",
+                 "pipeline_runtime",
                  "pipeline_schedule", "pipeline_split", "pipeline_stages",
                  "pipeline_virtual_stages", "plan_profile"],
     "offload": ["offload", "offload_non_blocking", "offload_pin_memory",
