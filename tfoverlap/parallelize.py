@@ -31,6 +31,7 @@ from overlap_core.runtime.config import (ConfigError, OffloadConfig,
 from tfoverlap import burst as burst_lib
 from tfoverlap import offload as offload_lib
 from tfoverlap import pipeline as pipeline_lib
+from tfoverlap import pipeline_processes
 
 
 class Parallelized(NamedTuple):
@@ -144,7 +145,8 @@ def apply_pipeline(strategy: tf.distribute.Strategy,
                    build_model: Callable[[], keras.Model],
                    build_optimizer: Callable[[], keras.optimizers.Optimizer],
                    spec: PipelineSpec) -> Parallelized:
-  """Step 1: the whole model in this process, its stages on their devices.
+  """Step 1: the whole model, its stages on their devices (this process's,
+  or with --pipeline_runtime=processes the stage servers').
 
   Args:
     strategy: the default strategy (a pipelined run has one replica
@@ -157,11 +159,20 @@ def apply_pipeline(strategy: tf.distribute.Strategy,
   with strategy.scope():
     model = build_model()
     optimizer = build_optimizer()
-    optimizer.build(model.trainable_variables)
   plan = pipeline_lib.plan_split(model, cfg, batch_size=spec.microbatch_size,
                                  profile=spec.profile)
-  runtime = pipeline_lib.PipelineRuntime(model, plan.cuts, devices=spec.devices,
-                                      num_microbatches=cfg.microbatches)
+  if cfg.runtime == pipeline_processes.RUNTIME:
+    # Moves each stage's variables to its stage server.
+    runtime = pipeline_processes.ProcessPipelineRuntime(
+        model, plan.cuts, num_microbatches=cfg.microbatches)
+  else:
+    runtime = pipeline_lib.PipelineRuntime(
+        model, plan.cuts, devices=spec.devices,
+        num_microbatches=cfg.microbatches)
+  # After the stages are placed: the optimizer makes its slots beside
+  # their variables.
+  with strategy.scope():
+    optimizer.build(model.trainable_variables)
   if spec.profile is not None:
     runtime.predicted_by = plan
   # Its stages are this process's devices, one replica.

@@ -208,13 +208,17 @@ class PipelineRuntime:
             for stage in self.stages]
 
   def forward_backward(self, inputs, targets, loss_fn: Callable, *,
-                       return_outputs: bool = False) -> Tuple:
+                       return_outputs: bool = False,
+                       stamps: Optional[List[List]] = None) -> Tuple:
     """The GPipe schedule of one batch, for use inside a tf.function.
 
     Args:
       inputs, targets: the batch; its size must divide by M.
       loss_fn: (targets, outputs) -> the scalar loss of one micro-batch,
         scaled so that the micro-batches' losses add up to the batch's.
+      stamps: None, or one list per stage, to which each forward and
+        backward of a micro-batch appends its (begin, end) `tf.timestamp`
+        pair, taken on the stage's device (`stamp_after`).
 
     Returns:
       (the batch's loss, gradients aligned with model.trainable_variables,
@@ -223,12 +227,12 @@ class PipelineRuntime:
     """
     micro_inputs = tf.split(inputs, self.num_microbatches)
     micro_targets = tf.split(targets, self.num_microbatches)
-    forwards = [self._forward(x, y, loss_fn)
+    forwards = [self._forward(x, y, loss_fn, stamps)
                 for x, y in zip(micro_inputs, micro_targets)]
     chains = [chain for chain, _ in forwards]
     sums: List = [None] * len(self.model.trainable_variables)
     for chain in chains:
-      self._backward(chain, sums)
+      self._backward(chain, sums, stamps)
     grads = [tf.zeros_like(v) if g is None else g
              for g, v in zip(sums, self.model.trainable_variables)]
     loss = tf.add_n([chain[-1][2] for chain in chains])
@@ -236,24 +240,29 @@ class PipelineRuntime:
       return loss, grads, tf.concat([out for _, out in forwards], axis=0)
     return loss, grads
 
-  def _forward(self, x, y, loss_fn):
+  def _forward(self, x, y, loss_fn, stamps=None):
     """One micro-batch through every stage: (tape, input, output) per
     stage (the last one's output is the loss), and the model's output."""
     chain, h, outputs = [], x, None
     last = self.num_stages - 1
     for k, stage in enumerate(self.stages):
       with tf.device(self.devices[k]):
+        if stamps is not None:
+          begin = stamp_after([h])
+          h = after(begin, h)
         with tf.GradientTape() as tape:
           if k:
             tape.watch(h)
           out = stage(h, training=True)
           if k == last:
             outputs, out = out, loss_fn(y, out)
+        if stamps is not None:
+          stamps[k].append((begin, stamp_after([out])))
       chain.append((tape, h, out))
       h = out
     return chain, outputs
 
-  def _backward(self, chain, sums: List) -> None:
+  def _backward(self, chain, sums: List, stamps=None) -> None:
     """Gradients stage by stage, last first, each on its stage's device."""
     upstream = None
     for k in reversed(range(self.num_stages)):
@@ -261,10 +270,22 @@ class PipelineRuntime:
       variables = self.stages[k].trainable_variables
       sources = list(variables) + ([stage_input] if k else [])
       with tf.device(self.devices[k]):
+        # The last stage's backward can start once its loss exists; the
+        # others', once the gradient from the stage after has arrived.
+        if stamps is not None:
+          begin = stamp_after([out if upstream is None else upstream])
+          # The same gradient; starting from it orders the backward after
+          # the stamp.
+          upstream = after(begin, tf.ones_like(out) if upstream is None
+                           else upstream)
         grads = tape.gradient(out, sources, output_gradients=upstream)
         for i, g in zip(self._variable_index[k], grads[:len(variables)]):
           if g is not None:
             sums[i] = g if sums[i] is None else sums[i] + g
+        if stamps is not None:
+          done = [sums[i] for i in self._variable_index[k]
+                  if sums[i] is not None]
+          stamps[k].append((begin, stamp_after(done + grads[len(variables):])))
       upstream = grads[-1] if k else None
 
   def make_train_step(self, optimizer: keras.optimizers.Optimizer,
@@ -334,13 +355,25 @@ class PipelineRuntime:
         start_s, end_s, statistics.mean(compute_s),
         statistics.mean(transfer_s)))
 
+  # run.json's pipeline.runtime: the stages are this process's devices.
+  RUNTIME = "devices"
+
+  def _times_update(self) -> bool:
+    """Whether each stage's update is in its measured compute."""
+    return self._update_s is not None
+
+  def _sources(self) -> dict:
+    """Which figures of run.json's section are measured, which derived."""
+    return dict(pipeline_timing.MEASUREMENT_SOURCES if self._times_update()
+                else pipeline_timing.SOURCES_WITHOUT_UPDATE)
+
   def describe(self, cfg: PipelineConfig, *, skip_steps: int = 0) -> dict:
-    """run.json's `pipeline` section, with `sources`: which figures are
-    measured and which derived."""
+    """run.json's `pipeline` section, with `runtime` (where the stages
+    ran) and `sources`: which figures are measured and which derived."""
     per_stage = []
     # The measured compute holds the update only where it was timed; the
     # prediction it is held against does the same.
-    with_update = self._update_s is not None
+    with_update = self._times_update()
     for k, layers in enumerate(self.stage_layers()):
       predicted_ms, predicted_update_ms, predicted_mb = (
           split_lib.stage_predictions(
@@ -359,10 +392,23 @@ class PipelineRuntime:
         micro_batches=self.num_microbatches,
         virtual_stages=cfg.virtual_stages, replicas=1, split=cfg.split,
         cut_layers=self.cut_layers, per_stage=per_stage)
-    section["sources"] = dict(pipeline_timing.MEASUREMENT_SOURCES
-                              if with_update else
-                              pipeline_timing.SOURCES_WITHOUT_UPDATE)
+    section["runtime"] = self.RUNTIME
+    section["sources"] = self._sources()
     return section
+
+
+def stamp_after(tensors) -> tf.Tensor:
+  """`tf.timestamp()` taken, on the current device, once `tensors` exist:
+  a control dependency orders it after them and nothing else."""
+  with tf.control_dependencies([t for t in tensors if t is not None]):
+    return tf.timestamp()
+
+
+def after(stamp: tf.Tensor, tensor: tf.Tensor) -> tf.Tensor:
+  """`tensor`, for ops that must not start before `stamp` was taken: the
+  executor may run a ready timestamp after the work ready beside it."""
+  with tf.control_dependencies([stamp]):
+    return tf.identity(tensor)
 
 
 def _derived_intervals(start_s: float, end_s: float, compute_s: float,

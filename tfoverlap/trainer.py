@@ -7,6 +7,7 @@ are built inside its scope so their variables are replicated.
 
 import dataclasses
 import functools
+import os
 import sys
 from typing import Optional
 
@@ -15,13 +16,15 @@ import tensorflow as tf
 
 from overlap_core.planning import burst_report, command
 from overlap_core.planning import split as split_lib
-from overlap_core.runtime import background, compat, ledger as ledger_lib
+from overlap_core.runtime import background, cluster, compat
+from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import run_record, skeleton
 from overlap_core.runtime.config import ConfigError, TrainConfig
 from overlap_core.runtime.loop_context import LoopContext
 from tfoverlap import (burst, checkpoint, data, distribute, exposed_comm,
-                       loops, models, parallelize, pipeline, reference_step,
-                       steps, user_model)
+                       loops, models, parallelize, pipeline,
+                       pipeline_processes, reference_step, steps,
+                       user_model)
 
 FRAMEWORK = "tensorflow"
 
@@ -114,10 +117,13 @@ def _pipeline_spec(config: TrainConfig):
   warning = pipeline.check_profile(config)
   if warning:
     print(warning, file=sys.stderr, flush=True)
+  devices = (pipeline_processes.stage_devices(cfg.stages)
+             if cfg.runtime == pipeline_processes.RUNTIME
+             else distribute.mirrored_devices(cfg.stages))
   # One pipeline takes the whole batch (no data parallelism with stages).
   return parallelize.PipelineSpec(
       cfg, microbatch_size=command.plan_microbatch_size(config),
-      devices=distribute.mirrored_devices(cfg.stages), profile=profile)
+      devices=devices, profile=profile)
 
 
 def _build_strategy(config: TrainConfig) -> tf.distribute.Strategy:
@@ -292,7 +298,14 @@ class _TensorFlowSide:
     pass  # the strategy lives as long as the process
 
   def configure_host(self, config: TrainConfig) -> TrainConfig:
-    distribute.configure_host(config.distribute, config.run)
+    if _process_pipeline(config):
+      # The stages are the servers' tasks: no logical devices to split.
+      pipeline_processes.connect_client(
+          _pipeline_cluster(config),
+          intra_op_threads=config.run.intra_op_threads,
+          inter_op_threads=config.run.inter_op_threads)
+    else:
+      distribute.configure_host(config.distribute, config.run)
     keras.utils.set_random_seed(config.run.seed)
     if config.run.deterministic:
       tf.config.experimental.enable_op_determinism()
@@ -441,10 +454,31 @@ def _phases_measured(config: TrainConfig, built) -> list:
   return phases
 
 
-def train(config: TrainConfig) -> dict:
-  """Runs training as configured; returns the run record it wrote.
+def _process_pipeline(config: TrainConfig) -> bool:
+  return (config.pipeline.stages > 1 and
+          config.pipeline.runtime == pipeline_processes.RUNTIME)
+
+
+def _pipeline_cluster(config: TrainConfig):
+  """This process's place in a process-pipelined job (checked)."""
+  return pipeline_processes.check_cluster(
+      cluster.pipeline_cluster_from_env(os.environ), config.pipeline.stages)
+
+
+def train(config: TrainConfig) -> Optional[dict]:
+  """Runs training as configured; returns the run record it wrote, or
+  None in a stage server of --pipeline_runtime=processes, which serves its
+  stage until the client is gone and records nothing.
 
   Raises:
     ConfigError: for a setting this framework or host cannot honour.
   """
+  if _process_pipeline(config):
+    found = _pipeline_cluster(config)
+    if found.role == cluster.PIPELINE_STAGE:
+      check_supported(config)
+      pipeline_processes.serve_stage(
+          found, intra_op_threads=config.run.intra_op_threads,
+          inter_op_threads=config.run.inter_op_threads)
+      return None
   return skeleton.run(_TensorFlowSide(), config)

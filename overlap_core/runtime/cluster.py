@@ -346,3 +346,85 @@ def torch_world_from_env(env: Mapping[str, str]) -> Optional[TorchWorld]:
                     local_world_size=step.tasks_per_node[node],
                     master_addr=env.get("MASTER_ADDR") or step.nodes[0],
                     master_port=port, source="slurm")
+
+
+PIPELINE_CLIENT = "client"
+PIPELINE_STAGE = "stage"
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineCluster:
+  """A process-pipelined job: one client that runs the training loop and
+  one stage server per pipeline stage, and which of them this process is.
+
+  Attributes:
+    client: "host:port" of the client (TensorFlow's job "chief").
+    stages: "host:port" of stage k's server at k (job "worker").
+    role: PIPELINE_CLIENT or PIPELINE_STAGE.
+    stage_index: with PIPELINE_STAGE, the stage this process serves.
+    source: which environment said so ("TF_CONFIG", "slurm").
+  """
+  client: str
+  stages: Tuple[str, ...]
+  role: str
+  stage_index: int
+  source: str
+
+  def cluster_spec(self) -> dict:
+    """The jobs as TensorFlow's ClusterSpec takes them."""
+    return {"chief": [self.client], "worker": list(self.stages)}
+
+
+def _pipeline_error(what: str) -> ConfigError:
+  return ConfigError("pipeline_runtime", "processes", what)
+
+
+def pipeline_cluster_from_env(env: Mapping[str, str]
+                              ) -> Optional[PipelineCluster]:
+  """A process-pipelined job's cluster: TF_CONFIG with one "chief" (the
+  client) and one "worker" per stage, or an srun step whose task 0 is the
+  client and task k + 1 serves stage k (ports from `slurm_port_base`, as
+  for multi-worker); None when neither is set.
+
+  Raises:
+    ConfigError: naming --pipeline_runtime, for a malformed cluster.
+  """
+  if env.get("TF_CONFIG"):
+    try:
+      tf_config = json.loads(env["TF_CONFIG"])
+      jobs = tf_config["cluster"]
+      clients, stages = list(jobs["chief"]), tuple(jobs["worker"])
+      task_type = tf_config["task"]["type"]
+      index = int(tf_config["task"]["index"])
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+      raise _pipeline_error(
+          'TF_CONFIG must list one "chief" (the client) and one "worker" per '
+          f"stage, and this task's type and index ({e})") from None
+    if len(clients) != 1 or set(jobs) != {"chief", "worker"}:
+      raise _pipeline_error(
+          'TF_CONFIG must list exactly one "chief" (the client) and the '
+          f'stages as "worker"; it lists {sorted(jobs)}')
+    if task_type not in ("chief", "worker"):
+      raise _pipeline_error(f"TF_CONFIG's task type {task_type!r}: allowed:"
+                            " chief (the client) or worker (a stage)")
+    role = PIPELINE_CLIENT if task_type == "chief" else PIPELINE_STAGE
+    if role == PIPELINE_STAGE and not 0 <= index < len(stages):
+      raise _pipeline_error(f"TF_CONFIG puts this stage at index {index} "
+                            f"of {len(stages)}")
+    return PipelineCluster(client=clients[0], stages=stages, role=role,
+                           stage_index=index if role == PIPELINE_STAGE
+                           else 0, source="TF_CONFIG")
+  step = slurm_step_from_env(env)
+  if step is None:
+    return None
+  base = slurm_port_base(env)
+  tasks = []
+  for node, count in zip(step.nodes, step.tasks_per_node):
+    tasks += [f"{node}:{base + local}" for local in range(count)]
+  if len(tasks) < 2:
+    raise _pipeline_error("the srun step has 1 task; allowed: one client "
+                          "task and one task per stage")
+  return PipelineCluster(
+      client=tasks[0], stages=tuple(tasks[1:]),
+      role=PIPELINE_CLIENT if step.rank == 0 else PIPELINE_STAGE,
+      stage_index=max(0, step.rank - 1), source="slurm")

@@ -95,6 +95,25 @@ def partition_span(start_s: float, end_s: float,
   return spans
 
 
+def idle_intervals(start_s: float, end_s: float,
+                   busy: Sequence[Tuple[float, float]]) -> List[Interval]:
+  """BUBBLE intervals: the parts of [start_s, end_s] that no busy
+  (start_s, end_s) interval covers. Busy intervals may overlap (a stage
+  handed its next input while still on the last one is busy once)."""
+  idle: List[Interval] = []
+  cursor = start_s
+  for begin, end in sorted(busy):
+    begin, end = max(begin, start_s), min(end, end_s)
+    if end <= begin:
+      continue
+    if begin > cursor:
+      idle.append((BUBBLE, cursor, begin))
+    cursor = max(cursor, end)
+  if end_s > cursor:
+    idle.append((BUBBLE, cursor, end_s))
+  return idle
+
+
 class StageRecorder:
   """Bubble and transfer intervals of the current step, and every closed
   step's phase totals; thread-safe (gloo completes work on its own

@@ -128,7 +128,7 @@ def describe_failure(code: int, record_path: Optional[str], *,
 
 def supervise(processes: list, *, program: str, noun: str = "worker",
               record_paths: Optional[list] = None,
-              since_s: float = 0.0) -> int:
+              since_s: float = 0.0, names: Optional[list] = None) -> int:
   """Waits for all processes; the first failure stops the rest.
 
   Args:
@@ -138,6 +138,8 @@ def supervise(processes: list, *, program: str, noun: str = "worker",
     record_paths: where each process writes its run.json (None: nowhere);
       a failure record written there after `since_s` names the cause.
     since_s: when the job started (time.time()).
+    names: what each process is called in that line, for a job whose
+      processes differ ("client", "stage 0"); None: "<noun> <index>".
 
   Returns:
     0 if every process succeeded, else the failed one's status (1 when it
@@ -163,8 +165,10 @@ def supervise(processes: list, *, program: str, noun: str = "worker",
       # Status 2 is a usage error, and the process has printed its one
       # line saying which flag and why; a second line would only bury it.
       if code != config.USAGE_ERROR_EXIT_CODE:
-        print(f"{program}: {noun} {index} {how}; "
-              f"stopping the other {len(others)} {noun}(s)",
+        name = names[index] if names else f"{noun} {index}"
+        rest = "process(es)" if names else f"{noun}(s)"
+        print(f"{program}: {name} {how}; "
+              f"stopping the other {len(others)} {rest}",
               file=sys.stderr, flush=True)
       stop_processes(processes)
       return code if code > 0 else 1
@@ -173,7 +177,8 @@ def supervise(processes: list, *, program: str, noun: str = "worker",
 
 
 def run_supervised(specs: List[ProcessSpec], *, program: str,
-                   noun: str = "worker") -> int:
+                   noun: str = "worker",
+                   names: Optional[List[str]] = None) -> int:
   """Starts every process, supervises them, and returns the job's status.
 
   SIGINT and SIGTERM sent to the launcher stop the processes first, so an
@@ -196,7 +201,7 @@ def run_supervised(specs: List[ProcessSpec], *, program: str,
                                         preexec_fn=die_with_parent))
     return supervise(processes, program=program, noun=noun,
                      record_paths=[spec.record_path for spec in specs],
-                     since_s=started_s)
+                     since_s=started_s, names=names)
   finally:
     stop_processes(processes)
     for s, handler in previous.items():

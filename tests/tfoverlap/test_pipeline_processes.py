@@ -1,0 +1,240 @@
+"""TensorFlow pipeline stages as separate processes (--pipeline_runtime=
+processes): real stage servers and a real client on loopback.
+
+The equivalence check is the in-process one of test_pipeline.py (its
+helpers, its tolerances: the same kernels on the same float64 values, in
+another summation order), run by a client process of its own, since
+connecting to a cluster changes the whole process's TensorFlow context.
+That client is this file run as a script.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from overlap_core.runtime import processes
+from tests.helpers import REPO_ROOT, subprocess_env
+from tests.tfoverlap.train_here import train_here
+
+STAGES = 2
+MICROBATCHES = 4
+# Every process on one thread pool of one thread: three TensorFlow
+# processes on a small host.
+THREADS = ["--intra_op_threads=1", "--inter_op_threads=1"]
+PIPELINE_FLAGS = ["--strategy=mirrored", f"--num_devices={STAGES}",
+                  f"--pipeline_stages={STAGES}",
+                  f"--pipeline_microbatches={MICROBATCHES}",
+                  "--pipeline_split=even", "--pipeline_runtime=processes"]
+TIMEOUT_S = 240
+
+
+def _tf_config(client: str, stages: list, role: str, index: int) -> str:
+  return json.dumps({"cluster": {"chief": [client], "worker": stages},
+                     "task": {"type": role, "index": index}})
+
+
+def _start_stage_servers(client: str, stages: list) -> list:
+  """The stage servers, as a user on several hosts starts them: the
+  trainer's own command with TF_CONFIG naming this task a worker."""
+  return [subprocess.Popen(
+      [sys.executable, "-m", "tfoverlap.train", *PIPELINE_FLAGS, *THREADS],
+      cwd=REPO_ROOT, env=subprocess_env(
+          TF_CONFIG=_tf_config(client, stages, "worker", k)))
+          for k in range(len(stages))]
+
+
+@pytest.mark.parametrize("hosts", [("127.0.0.1", "127.0.0.1"),
+                                   ("127.0.0.1", "127.0.0.2")],
+                         ids=["one_host", "two_loopback_hosts"])
+def test_two_stage_processes_train_like_the_unsplit_model(hosts):
+  ports = processes.free_ports(STAGES + 1)
+  client = f"127.0.0.1:{ports[0]}"
+  stages = [f"{host}:{port}" for host, port in zip(hosts, ports[1:])]
+  servers = _start_stage_servers(client, stages)
+  try:
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.tfoverlap.test_pipeline_processes",
+         client, ",".join(stages)],
+        cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True,
+        timeout=TIMEOUT_S, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "pipelined like the unsplit model" in result.stdout
+    # The client gone, each stage server ends by itself, successfully.
+    for server in servers:
+      assert server.wait(timeout=30) == 0
+  finally:
+    processes.stop_processes(servers, grace_s=2)
+
+
+def _launch(model_dir, *flags) -> subprocess.Popen:
+  return subprocess.Popen(
+      [sys.executable, "-m", "tfoverlap.launch", "--", *PIPELINE_FLAGS,
+       "--model=mlp", "--batch_size=32", f"--model_dir={model_dir}",
+       "--tensorboard=false", "--trace=false", *flags],
+      cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+
+
+def test_launched_job_measures_each_stage_and_checkpoints_whole_model(
+    tmp_path):
+  job = _launch(tmp_path / "piped", "--train_steps=6", "--checkpoint=sync",
+                "--checkpoint_every=6", "--evaluate=false")
+  _, err = job.communicate(timeout=TIMEOUT_S)
+  assert job.returncode == 0, err[-3000:]
+  assert "listens on all interfaces" in err  # said, not hidden
+  with open(tmp_path / "piped" / "run.json", encoding="utf-8") as f:
+    record = json.load(f)
+  section = record["pipeline"]
+  assert section["runtime"] == "processes"
+  assert section["sources"]["bubble"].startswith("measured")
+  assert section["sources"]["stage_compute"].startswith("measured")
+  # Transfer is not timed apart here (the ledger has no such phase).
+  compute_span_ms = sum(1e3 * record["phases"][phase]["p50"]
+                        for phase in ("stage_compute", "bubble"))
+  for k, row in enumerate(section["per_stage"]):
+    assert row["device"] == f"/job:worker/replica:0/task:{k}"
+    # Forward and backward were stamped, not only the update.
+    assert row["compute_ms"] > row["update_ms"] > 0
+    assert row["bubble_ms"] > 0
+    # Each stage's phases tile every step's span; their medians add up to
+    # about the median span (medians of parts are not parts of the median).
+    total_ms = row["compute_ms"] + row["bubble_ms"] + row["transfer_ms"]
+    assert total_ms == pytest.approx(compute_span_ms, rel=0.25)
+  # The checkpoint of variables that lived on the stage servers has the
+  # files and tensor names of an unpipelined run's.
+  train_here(model="mlp", batch_size="32", train_steps="6",
+             checkpoint="sync", checkpoint_every="6", evaluate="false",
+             trace="false", tensorboard="false", strategy="default",
+             model_dir=str(tmp_path / "plain"))
+  # --checkpoint=sync writes TensorFlow's own format: one data shard per
+  # task that held variables, the same names.
+  names = [sorted(tf.train.list_variables(
+      str(tmp_path / run / "checkpoints" / "ckpt-6")))
+           for run in ("piped", "plain")]
+  assert any("model" in name for name, _ in names[0])
+  assert names[0] == names[1]
+
+
+def _stage_server_pid(launcher_pid: int, stage: int) -> int:
+  for child in os.listdir("/proc"):
+    if not child.isdigit():
+      continue
+    try:
+      with open(f"/proc/{child}/stat", encoding="ascii") as f:
+        parent = int(f.read().rsplit(")", 1)[1].split()[1])
+      with open(f"/proc/{child}/environ", "rb") as f:
+        env = f.read().split(b"\0")
+    except OSError:
+      continue
+    if parent != launcher_pid:
+      continue
+    for entry in env:
+      if entry.startswith(b"TF_CONFIG="):
+        task = json.loads(entry[len(b"TF_CONFIG="):])["task"]
+        if task == {"type": "worker", "index": stage}:
+          return int(child)
+  raise AssertionError(f"no stage {stage} server under {launcher_pid}")
+
+
+def test_a_killed_stage_ends_the_job_with_one_line(tmp_path):
+  job = _launch(tmp_path / "killed", "--train_steps=100000",
+                "--checkpoint=sync", "--checkpoint_every=2",
+                "--evaluate=false")
+  try:
+    checkpoints = tmp_path / "killed" / "checkpoints"
+    deadline = time.monotonic() + TIMEOUT_S
+    # Progress, not time: the job has trained and saved step 2.
+    while not (checkpoints / "ckpt-2.index").is_file():
+      assert job.poll() is None, job.stderr.read()[-3000:]
+      assert time.monotonic() < deadline
+      time.sleep(0.2)
+    os.kill(_stage_server_pid(job.pid, 1), signal.SIGKILL)
+    killed_s = time.monotonic()
+    _, err = job.communicate(timeout=60)
+    ended_s = time.monotonic() - killed_s
+  finally:
+    if job.poll() is None:
+      job.kill()
+  assert job.returncode != 0
+  lines = [l for l in err.splitlines() if l.startswith("tfoverlap.launch:")
+           and "warning" not in l]
+  assert lines == ["tfoverlap.launch: stage 1 was killed by SIGKILL; "
+                   "stopping the other 2 process(es)"], err[-3000:]
+  assert "Traceback" not in err
+  # Within the launcher's poll and its grace for the others, not a hang.
+  assert ended_s < processes.STOP_GRACE_S + 10
+
+
+def _train_in_step(model, runtime, loss_fn):
+  """`test_pipeline._train`, its update inside the traced step as the
+  trainer's: an update issued eagerly to a stage server is not ordered
+  before the next step's reads of the same variables (seen: the third
+  step read weights the second update had not yet written)."""
+  # pylint: disable=g-import-not-at-top
+  import keras
+  import tensorflow as tf
+  from tests.tfoverlap import test_pipeline as same
+
+  optimizer = keras.optimizers.SGD(same.LEARNING_RATE)
+
+  @tf.function
+  def step(inputs, targets):
+    loss, grads = runtime.forward_backward(inputs, targets, loss_fn)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss, grads
+
+  losses, first_grads = [], None
+  for inputs, targets in same._batches():
+    loss, grads = step(inputs, targets)
+    losses.append(float(loss))
+    if first_grads is None:
+      first_grads = [g.numpy() for g in grads]
+  return losses, first_grads, [w.numpy() for w in model.weights]
+
+
+def _client_main(client: str, stages: list) -> None:
+  """The client of the equivalence test: the unsplit model's reference on
+  this process, then the same steps through the stage servers."""
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  from overlap_core.runtime import cluster
+  from tfoverlap import pipeline, pipeline_processes, steps
+  from tests.tfoverlap import test_pipeline as same
+
+  pipeline_processes.connect_client(
+      cluster.PipelineCluster(client=client, stages=tuple(stages),
+                              role=cluster.PIPELINE_CLIENT, stage_index=0,
+                              source="TF_CONFIG"),
+      intra_op_threads=1, inter_op_threads=1)
+  model = same._model("small_cnn")
+  initial = model.get_weights()
+  loss_fn = steps.make_pipeline_loss("classification", same.BATCH)
+  expected = same._train(model, same._unsplit_step(model, loss_fn))
+  model.set_weights(initial)
+  cuts = pipeline.plan_cut_layers(model, same.CONFIG,
+                                  batch_size=same.BATCH // MICROBATCHES)
+  runtime = pipeline_processes.ProcessPipelineRuntime(
+      model, cuts, num_microbatches=MICROBATCHES)
+  # Each stage's weights live on its server.
+  for k, stage in enumerate(runtime.stages):
+    for variable in stage.variables:
+      assert variable.value.device.startswith(
+          f"/job:worker/replica:0/task:{k}/"), variable.value.device
+  got = _train_in_step(model, runtime, loss_fn)
+  same._assert_close(np.array(got[0]), np.array(expected[0]))
+  for g, e in zip(got[1], expected[1]):
+    same._assert_close(g, e)
+  for g, e, start in zip(got[2], expected[2], initial):
+    same._assert_moved_alike(g, e, start)
+  print("pipelined like the unsplit model", flush=True)
+
+
+if __name__ == "__main__":
+  _client_main(sys.argv[1], sys.argv[2].split(","))
