@@ -240,6 +240,8 @@ def summarize_record(record: dict) -> dict:
       # The process tree's CPU work per step and the bound it sets.
       "cpu": record.get("cpu"),
       "final": record.get("final", {}),
+      # A pipelined run's stages, bubble and its parts; None otherwise.
+      "pipeline": record.get("pipeline"),
   }
 
 

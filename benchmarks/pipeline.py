@@ -74,8 +74,13 @@ def parse_args():
 def _models(args) -> dict:
   if not args.models:
     return dict(QUICK_MODELS if args.quick else FULL_MODELS)
+  return parse_models(args.models)
+
+
+def parse_models(text: str) -> dict:
+  """--models' value, "name=image_size,...", as {name: image_size}."""
   models = {}
-  for item in args.models.split(","):
+  for item in text.split(","):
     name, _, size = item.partition("=")
     if not size.isdigit():
       raise SystemExit(f"--models: {item!r}: allowed: name=image_size")

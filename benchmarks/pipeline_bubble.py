@@ -1,0 +1,194 @@
+"""A balanced PyTorch pipeline's bubble against theory, and what stages buy.
+
+  python -m benchmarks.pipeline_bubble            # vgg16, resnet50
+  python -m benchmarks.pipeline_bubble --quick    # smoke: small_cnn
+
+Section 13 measured GPipe's bubble on the even split, whose second stage
+took 3.2 times the first, so most of its idle time was imbalance. Here
+each model is cut by the planner (`--pipeline_split=auto` on a profile the
+planning command wrote, as a user runs it), and:
+
+  1. the bubble: 2 stages as 2 processes of one intra-op thread each, at
+     M = 4, 8 and 16 micro-batches of MICROBATCH_SIZE examples, the
+     measured bubble (run.json's `pipeline.bubble_fraction`) against
+     GPipe's (S - 1)/(M + S - 1). The goal: within 5 percentage points,
+     judged on the per-repeat differences. Beside it, the idle time taken
+     apart (`pipeline.bubble_parts`: fill and drain, imbalance, posting,
+     the loss and update, and the residual, which holds gloo's wire time),
+     so a miss says which cause holds it.
+  2. what the stages buy: the same model unsplit, in one process with 2
+     intra-op threads on the same 2 cores and the same global batch; the
+     pipeline's samples/s over the unsplit model's, paired by repeat.
+
+Every cell is one trainer process (`torch_parity.train`); the cells run
+interleaved through `benchmarks.harness`, the first rotating.
+"""
+
+import functools
+import os
+
+from benchmarks import common
+from benchmarks import harness
+from benchmarks import pipeline as pipeline_benchmark
+from overlap_core.runtime import bubble_parts
+from overlap_core.runtime.pipeline_stats import bubble_fraction_theory
+
+NAME = "pipeline_bubble"
+DEFAULT_REPEATS = 5
+STAGES = 2
+FULL_MODELS = {"vgg16": 32, "resnet50": 32}
+QUICK_MODELS = {"small_cnn": 8}
+FULL_MICROBATCHES = (4, 8, 16)
+QUICK_MICROBATCHES = (2, 4)
+# Four examples a micro-batch: ResNet-50 at 32 px ends in 1x1 maps, whose
+# BatchNorm needs more than one example, and gloo's fixed cost per message
+# is then a small part of a stage's work per micro-batch.
+MICROBATCH_SIZE = 4
+QUICK_MICROBATCH_SIZE = 2
+TRAIN_STEPS = 20
+QUICK_TRAIN_STEPS = 4
+# The goal: the measured bubble within 5 percentage points of theory.
+THEORY_GOAL_POINTS = 0.05
+PIPELINE, UNSPLIT = "pipeline", "unsplit"
+SIDES = (PIPELINE, UNSPLIT)
+
+
+def parse_args():
+  parser = common.make_parser(__doc__, repeats=DEFAULT_REPEATS,
+                              resummarize=True)
+  parser.add_argument("--models", default=None,
+                      help="model=image_size,... (default: vgg16=32, "
+                      "resnet50=32; --quick: small_cnn=8)")
+  return parser.parse_args()
+
+
+def settings(args) -> dict:
+  """The grid and sizes of this run (full or --quick)."""
+  quick = args.quick
+  models = (pipeline_benchmark.parse_models(args.models) if args.models
+            else dict(QUICK_MODELS if quick else FULL_MODELS))
+  return {"models": models,
+          "microbatches": list(QUICK_MICROBATCHES if quick
+                               else FULL_MICROBATCHES),
+          "microbatch_size": QUICK_MICROBATCH_SIZE if quick
+                             else MICROBATCH_SIZE,
+          "train_steps": QUICK_TRAIN_STEPS if quick else TRAIN_STEPS,
+          "stages": STAGES}
+
+
+def cell_flags(cell: tuple, setting: dict, profiles: dict) -> list:
+  """A cell's trainer flags: (model, side, M)."""
+  model, side, m = cell
+  common_flags = [f"--model={model}", "--dataset=synthetic",
+                  f"--image_size={setting['models'][model]}",
+                  f"--batch_size={m * setting['microbatch_size']}",
+                  f"--train_steps={setting['train_steps']}"]
+  if side == UNSPLIT:
+    # The whole model in one process, on both cores.
+    return [*common_flags, "--strategy=default", "--intra_op_threads=2"]
+  return [*common_flags, "--strategy=mirrored",
+          f"--num_devices={setting['stages']}", "--intra_op_threads=1",
+          f"--pipeline_stages={setting['stages']}",
+          f"--pipeline_microbatches={m}", "--pipeline_schedule=gpipe",
+          "--pipeline_split=auto", f"--plan_profile={profiles[model]}"]
+
+
+def measure(args, repeats: int, scratch: str) -> harness.Measured:
+  setting = settings(args)
+  profiles = {}
+  for model, image_size in setting["models"].items():
+    # One profile per model, by the planning command, at the micro-batch
+    # and up; the trainer cuts each M's split from it.
+    out_dir = os.path.join(scratch, f"plan-{model}")
+    smallest = setting["microbatches"][0]
+    profiles[model] = pipeline_benchmark.plan_model(
+        model, image_size, stages=setting["stages"],
+        batch=smallest * setting["microbatch_size"],
+        microbatches=smallest, out_dir=out_dir,
+        quick=args.quick)["profile_path"]
+  cells = [(model, side, m) for model in setting["models"]
+           for m in setting["microbatches"] for side in SIDES]
+  record = harness.run_trainer_cells(
+      cells, repeats, scratch, module_of=lambda cell: "torch_parity.train",
+      flags_of=lambda cell: cell_flags(cell, setting, profiles),
+      describe=lambda cell, result: (
+          f"{' '.join(map(str, cell))}: "
+          f"{result['samples_per_second']:.1f} samples/s"),
+      redo_busy=args.redo_busy)
+  return harness.Measured.of_group(record, setting=setting)
+
+
+def _bubble_row(runs: list) -> dict:
+  """The pipeline cell's bubble against theory, and its parts."""
+  sections = [r["result"]["pipeline"] for r in runs]
+  first = sections[0]
+  theory = bubble_fraction_theory("gpipe", first["stages"],
+                                  first["micro_batches"])
+  measured = [s["bubble_fraction"] for s in sections]
+  parts = {}
+  for name in (*bubble_parts.PARTS, bubble_parts.RESIDUAL):
+    values = [s["bubble_parts"]["summary"][f"{name}_fraction"]
+              for s in sections if s["bubble_parts"]["summary"]]
+    parts[name] = common.median(values) if values else None
+  return {"theory": theory, "measured_all": measured,
+          "measured": harness.median_interval(measured),
+          "points_over_theory": harness.judge(
+              harness.median_interval([m - theory for m in measured]),
+              THEORY_GOAL_POINTS),
+          "parts": parts,
+          "slowest_over_mean": common.median(
+              [pipeline_benchmark.imbalance(s) for s in sections]),
+          "cut_layers": first["cut_layers"]}
+
+
+def summarize(payload: dict) -> list:
+  setting = payload["setting"]
+  by_cell = {}
+  for run in payload["runs"]:
+    by_cell.setdefault(tuple(run["cell"]), []).append(run)
+  rows = []
+  for model in setting["models"]:
+    for m in setting["microbatches"]:
+      piped = by_cell[(model, PIPELINE, m)]
+      unsplit = by_cell[(model, UNSPLIT, m)]
+      sps = harness.values_by_side(
+          piped + unsplit, lambda r: r["result"]["samples_per_second"],
+          side_field="cell")
+      rows.append({
+          "model": model, "micro_batches": m,
+          "batch_size": m * setting["microbatch_size"],
+          **_bubble_row(piped),
+          "pipeline_samples_per_second":
+              common.median(sps[(model, PIPELINE, m)]),
+          "unsplit_samples_per_second":
+              common.median(sps[(model, UNSPLIT, m)]),
+          "pipeline_over_unsplit": harness.summarize_ratios(
+              sps[(model, PIPELINE, m)], sps[(model, UNSPLIT, m)])})
+  return rows
+
+
+def format_summary(payload: dict) -> str:
+  rows = [[r["model"], r["micro_batches"], r["theory"],
+           r["measured"]["median"],
+           harness.describe(r["points_over_theory"]),
+           r["parts"][bubble_parts.IMBALANCE],
+           r["parts"][bubble_parts.RESIDUAL],
+           r["pipeline_samples_per_second"],
+           r["unsplit_samples_per_second"],
+           harness.format_interval(r["pipeline_over_unsplit"])]
+          for r in payload["summary"]]
+  return common.format_table(
+      ["model", "M", "theory", "bubble", "bubble - theory (goal <= 0.05)",
+       "imbalance share", "residual share", "pipeline samples/s",
+       "unsplit samples/s", "pipeline / unsplit"], rows)
+
+
+def main():
+  args = parse_args()
+  harness.main(NAME, args, functools.partial(measure, args),
+               default_repeats=DEFAULT_REPEATS, summarize=summarize,
+               table=format_summary)
+
+
+if __name__ == "__main__":
+  main()
