@@ -95,21 +95,29 @@ def tf_pipeline() -> str:
   # The file's keys are sorted as text ("M=16" before "M=2").
   by_m = sorted((int(key.split("=")[1]), entry)
                 for key, entry in data["results"].items())
+  # A results file from before the processes runtime has two sides.
+  sides = [s for s in ("tensorflow", "tensorflow_processes", "pytorch")
+           if s in by_m[0][1]]
   for m, entry in by_m:
-    tf_runs = _runs(data, ["tensorflow", m])
-    torch_runs = _runs(data, ["pytorch", m])
-    ratio = entry.get("tensorflow_over_pytorch")
-    rows.append([
-        g(m), spread([r["samples_per_second"] for r in tf_runs]),
-        spread([r["samples_per_second"] for r in torch_runs]),
-        spread(ratio["per_repeat"]) if ratio else DASH,
-        _percent(entry["tensorflow"]["bubble_fraction_theory"]),
-        spread([r["bubble_fraction"] for r in tf_runs], _percent),
-        spread([r["bubble_fraction"] for r in torch_runs], _percent)])
+    runs = {side: _runs(data, [side, m]) for side in sides}
+    row = [g(m)]
+    row += [spread([r["samples_per_second"] for r in runs[side]])
+            for side in sides]
+    row += [spread(entry[f"{side}_over_pytorch"]["per_repeat"])
+            if f"{side}_over_pytorch" in entry else DASH
+            for side in sides if side != "pytorch"]
+    row.append(_percent(entry[sides[0]]["bubble_fraction_theory"]))
+    row += [spread([r["bubble_fraction"] for r in runs[side]], _percent)
+            for side in sides]
+    rows.append(row)
+  names = {"tensorflow": "TensorFlow (devices)",
+           "tensorflow_processes": "TensorFlow (processes)",
+           "pytorch": "PyTorch"}
   return markdown(
-      ["micro-batches M", "TensorFlow samples/s", "PyTorch samples/s",
-       "TensorFlow / PyTorch, per-repeat ratio", "(S-1)/(M+S-1)",
-       "bubble, TensorFlow", "bubble, PyTorch"], rows)
+      ["micro-batches M"] + [f"{names[s]} samples/s" for s in sides]
+      + [f"{names[s]} / PyTorch, per-repeat ratio"
+         for s in sides if s != "pytorch"]
+      + ["(S-1)/(M+S-1)"] + [f"bubble, {names[s]}" for s in sides], rows)
 
 
 # ---- burst parallelism (benchmarks.burst) ----------------------------------

@@ -11,10 +11,17 @@ zoos (Keras "features_16" is torch "features.16"), so the two frameworks
 run the same plan. For M = S, 2S, 4S, 8S micro-batches (S and 2S with
 --quick) each run reports throughput and its run.json `pipeline` section:
 the measured bubble fraction beside GPipe's (S - 1) / (M + S - 1), and per
-stage the compute, transfer and bubble ms. TensorFlow runs its stages in
-one process on S devices (logical CPUs on a host without GPUs, which share
-one thread pool, so little overlap is possible there); PyTorch runs one
-process per stage.
+stage the compute, transfer and bubble ms. Three sides:
+
+  tensorflow            the stages in one process on S devices (logical
+                        CPUs on a host without GPUs, which share one
+                        thread pool, so little overlap is possible there);
+                        its bubble is derived from stages timed alone.
+  tensorflow_processes  --pipeline_runtime=processes through
+                        `tfoverlap.launch`: each stage a TensorFlow server
+                        process of one intra-op thread, driven by one
+                        client; its bubble is measured on each stage.
+  pytorch               one process per stage.
 
 Every framework and M runs once per repeat through `benchmarks.harness`
 (interleaved, the first side rotating, the host's load recorded); medians
@@ -37,6 +44,8 @@ DEFAULT_REPEATS = 5
 # the same place in both zoos.
 _CUTS = {2: (16,), 3: (9, 23), 4: (9, 16, 23)}
 _SEPARATOR = {"tensorflow": "_", "pytorch": "."}
+TF_PROCESSES = "tensorflow_processes"
+FRAMEWORKS = ("tensorflow", TF_PROCESSES, "pytorch")
 
 
 def _parse_args():
@@ -45,12 +54,23 @@ def _parse_args():
   parser.add_argument("--image_size", type=int, default=32)
   parser.add_argument("--microbatch_size", type=int, default=4,
                       help="Samples per micro-batch; the batch is M times it.")
-  parser.add_argument("--frameworks", default="tensorflow,pytorch")
-  return parser.parse_args()
+  parser.add_argument("--frameworks", default=",".join(FRAMEWORKS),
+                      help="Sides, a comma-separated subset of "
+                      f"{','.join(FRAMEWORKS)}.")
+  args = parser.parse_args()
+  unknown = set(args.frameworks.split(",")) - set(FRAMEWORKS)
+  if unknown or not args.frameworks:
+    parser.error(f"--frameworks={args.frameworks}: allowed: a "
+                 f"comma-separated subset of {','.join(FRAMEWORKS)}")
+  return args
 
 
 def _flags(framework: str, stages: int, microbatches: int, args,
            train_steps: int):
+  if framework == TF_PROCESSES:
+    # A process per stage, each on one thread, as PyTorch's stages are.
+    return [*_flags("tensorflow", stages, microbatches, args, train_steps),
+            "--pipeline_runtime=processes", "--intra_op_threads=1"]
   cuts = ",".join(f"features{_SEPARATOR[framework]}{i}"
                   for i in _CUTS[stages])
   return ["--model=vgg16", "--dataset=synthetic", "--synthetic_on_device",
@@ -66,8 +86,13 @@ def _flags(framework: str, stages: int, microbatches: int, args,
 
 
 def _run(framework: str, flags, model_dir: str) -> dict:
-  record, stats = common.run_trainer_record(
-      flags, model_dir, module=common.TRAINER_MODULES[framework])
+  if framework == TF_PROCESSES:
+    # The launcher starts the stage servers and the client.
+    record, stats = common.run_trainer_record(
+        flags, model_dir, module="tfoverlap.launch", launcher_flags=[])
+  else:
+    record, stats = common.run_trainer_record(
+        flags, model_dir, module=common.TRAINER_MODULES[framework])
   section = record.get("pipeline") or {}
   return {"samples_per_second": record["samples_per_second"],
           "bubble_fraction": section.get("bubble_fraction"),
@@ -98,9 +123,10 @@ def summarize(runs: list, frameworks: list, micro_batches: list) -> dict:
           "bubble_fraction": _median_or_none(
               [r["bubble_fraction"] for r in mine]),
           "bubble_fraction_theory": mine[0]["bubble_fraction_theory"]}
-    if len(frameworks) == 2:
-      entry["tensorflow_over_pytorch"] = harness.summarize_ratios(
-          throughput["tensorflow"], throughput["pytorch"])
+    for tf_side in ("tensorflow", TF_PROCESSES):
+      if tf_side in frameworks and "pytorch" in frameworks:
+        entry[f"{tf_side}_over_pytorch"] = harness.summarize_ratios(
+            throughput[tf_side], throughput["pytorch"])
     summary[f"M={m}"] = entry
   return summary
 
@@ -116,9 +142,10 @@ def _format(summary: dict, frameworks: list) -> str:
                    else harness.format_interval(side["bubble_fraction"]),
                    "-" if side["bubble_fraction_theory"] is None
                    else side["bubble_fraction_theory"]])
-    if "tensorflow_over_pytorch" in entry:
-      rows.append([f"TF/PyTorch {key}", harness.format_interval(
-          entry["tensorflow_over_pytorch"]), "", ""])
+    for tf_side in ("tensorflow", TF_PROCESSES):
+      if f"{tf_side}_over_pytorch" in entry:
+        rows.append([f"{tf_side}/pytorch {key}", harness.format_interval(
+            entry[f"{tf_side}_over_pytorch"]), "", ""])
   return common.format_table(
       ["framework/M", "samples/s", "bubble measured", "bubble theory"], rows)
 
