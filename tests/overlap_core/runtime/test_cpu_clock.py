@@ -48,3 +48,22 @@ def test_the_clock_never_goes_backwards():
   clock = ProcessTreeClock()
   readings = [clock() for _ in range(500)]
   assert readings == sorted(readings)
+
+
+def test_the_workers_are_read_at_most_once_per_interval():
+  now = [0.0]
+  reads = []
+
+  class CountingClock(ProcessTreeClock):
+    def children_s(self):
+      reads.append(now[0])
+      return 0.0
+
+  clock = CountingClock(read_interval_s=0.1, monotonic=lambda: now[0])
+  for _ in range(5):  # five steps of 10 ms: one read
+    clock()
+    now[0] += 0.01
+  assert reads == [0.0]
+  now[0] = 0.1
+  clock()
+  assert reads == [0.0, 0.1]
