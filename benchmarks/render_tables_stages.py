@@ -18,6 +18,10 @@ def _percent(fraction: float) -> str:
   return f"{100 * fraction:.1f}%"
 
 
+def _points(fraction: float) -> str:
+  return f"{100 * fraction:+.1f}"
+
+
 def _runs(data: dict, side: list) -> list:
   return [r for r in data["runs"] if r["side"] == side]
 
@@ -118,6 +122,44 @@ def tf_pipeline() -> str:
       + [f"{names[s]} / PyTorch, per-repeat ratio"
          for s in sides if s != "pytorch"]
       + ["(S-1)/(M+S-1)"] + [f"bubble, {names[s]}" for s in sides], rows)
+
+
+# ---- a balanced pipeline's bubble (benchmarks.pipeline_bubble) -------------
+
+
+@table("balanced_bubble")
+def balanced_bubble() -> str:
+  data = load("pipeline_bubble")
+  rows = []
+  for row in data["summary"]:
+    piped = [r for r in data["runs"]
+             if r["cell"] == [row["model"], "pipeline", row["micro_batches"]]]
+    sections = [r["result"]["pipeline"] for r in piped]
+    parts = row["parts"]
+    rows.append([
+        f"`{row['model']}`", g(row["micro_batches"]),
+        _percent(row["theory"]),
+        spread(row["measured_all"], _percent),
+        spread(row["points_over_theory_all"], _points),
+        harness.format_interval(row["points_from_theory"]),
+        row["points_from_theory"]["verdict"],
+        " / ".join(_percent(parts[name]) if parts[name] is not None
+                   else DASH for name in ("fill_drain", "imbalance",
+                                          "transfer", "loss_and_update",
+                                          "residual")),
+        g(row["slowest_over_mean"]),
+        spread([r["result"]["samples_per_second"] for r in piped]),
+        g(row["unsplit_samples_per_second"]),
+        harness.format_interval(row["pipeline_over_unsplit"]),
+        ", ".join(sections[0]["cut_layers"])])
+  return markdown(
+      ["model", "M", "(S-1)/(M+S-1)", "bubble measured",
+       "bubble − theory, points", "|bubble − theory|, per-repeat median "
+       "[interval]", "within 5 points",
+       "idle parts: fill+drain / imbalance / posting / loss+update / "
+       "residual (share of the step)", "slowest / mean stage",
+       "pipeline samples/s", "unsplit samples/s",
+       "pipeline / unsplit samples/s", "cut after"], rows)
 
 
 # ---- burst parallelism (benchmarks.burst) ----------------------------------

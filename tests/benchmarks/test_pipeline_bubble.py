@@ -39,11 +39,14 @@ def test_a_bubble_near_theory_meets_and_one_far_from_it_misses():
   theory = 1 / 9  # GPipe, S = 2, M = 8
   (row,) = pipeline_bubble.summarize(_payload([theory + 0.01] * 5))
   assert row["theory"] == pytest.approx(theory)
-  assert row["points_over_theory"]["verdict"] == harness.MET
+  assert row["points_from_theory"]["verdict"] == harness.MET
   assert row["pipeline_over_unsplit"]["median"] == pytest.approx(0.9)
   assert row["parts"]["imbalance"] == 0.01
   (row,) = pipeline_bubble.summarize(_payload([theory + 0.12] * 5))
-  assert row["points_over_theory"]["verdict"] == harness.MISSED
+  assert row["points_from_theory"]["verdict"] == harness.MISSED
+  # Far below theory misses too: the measurement would be off.
+  (row,) = pipeline_bubble.summarize(_payload([0.0] * 5))
+  assert row["points_from_theory"]["verdict"] == harness.MISSED
 
 
 def test_the_pipeline_and_the_unsplit_model_see_the_same_global_batch():
