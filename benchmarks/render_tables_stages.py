@@ -162,6 +162,36 @@ def balanced_bubble() -> str:
        "pipeline / unsplit samples/s", "cut after"], rows)
 
 
+@table("pipeline_memory")
+def pipeline_memory_table() -> str:
+  data = load("pipeline_memory_overlap")
+  rows = [[g(m["stage"]), f"{m['gpipe_bytes'] / 2**20:.2f}",
+           f"{m['one_f_one_b_bytes'] / 2**20:.2f}", f"{m['ratio']:.4f}",
+           f"{m['bound']:.3f}", m["verdict"]]
+          for m in data["summary"]["memory"]]
+  return markdown(
+      ["stage", "GPipe saved MiB", "1F1B saved MiB", "1F1B / GPipe",
+       "goal: at most S/M", "verdict"], rows)
+
+
+@table("pipeline_overlap")
+def pipeline_overlap_table() -> str:
+  data = load("pipeline_memory_overlap")
+  rows = []
+  for variant, entry in data["summary"]["overlap"].items():
+    for stage, exposed in enumerate(entry["exposed_comm_ms"]):
+      rows.append([f"`--pipeline_overlap_all_reduce={variant}`", g(stage),
+                   harness.format_interval(exposed),
+                   harness.format_interval(entry["samples_per_second"])])
+  ratio = harness.format_interval(
+      data["summary"]["overlapped_over_after_step"])
+  return markdown(
+      ["all-reduce", "stage", "exposed all-reduce ms per step",
+       "samples/s"], rows) + (
+           f"\n\nOverlapped over after the step, samples/s, per-repeat "
+           f"ratio: {ratio}.")
+
+
 # ---- burst parallelism (benchmarks.burst) ----------------------------------
 
 
