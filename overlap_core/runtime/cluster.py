@@ -305,14 +305,25 @@ def tf_cluster_from_env(env: Mapping[str, str]) -> Optional[Cluster]:
   """
   if env.get("TF_CONFIG"):
     return _tf_config_cluster(env["TF_CONFIG"])
+  found = _slurm_task_addresses(env)
+  if found is None:
+    return None
+  step, workers = found
+  return Cluster(workers=workers, task_index=step.rank, source="slurm")
+
+
+def _slurm_task_addresses(env: Mapping[str, str]):
+  """(the srun step, every task's host:port in rank order), or None
+  outside an srun step. Slurm gives no ports: task k of a node listens on
+  `slurm_port_base` + k."""
   step = slurm_step_from_env(env)
   if step is None:
     return None
   base = slurm_port_base(env)
-  workers = []
+  addresses = []
   for node, count in zip(step.nodes, step.tasks_per_node):
-    workers += [f"{node}:{base + local}" for local in range(count)]
-  return Cluster(workers=tuple(workers), task_index=step.rank, source="slurm")
+    addresses += [f"{node}:{base + local}" for local in range(count)]
+  return step, tuple(addresses)
 
 
 def torch_world_from_env(env: Mapping[str, str]) -> Optional[TorchWorld]:
@@ -414,13 +425,10 @@ def pipeline_cluster_from_env(env: Mapping[str, str]
     return PipelineCluster(client=clients[0], stages=stages, role=role,
                            stage_index=index if role == PIPELINE_STAGE
                            else 0, source="TF_CONFIG")
-  step = slurm_step_from_env(env)
-  if step is None:
+  found = _slurm_task_addresses(env)
+  if found is None:
     return None
-  base = slurm_port_base(env)
-  tasks = []
-  for node, count in zip(step.nodes, step.tasks_per_node):
-    tasks += [f"{node}:{base + local}" for local in range(count)]
+  step, tasks = found
   if len(tasks) < 2:
     raise _pipeline_error("the srun step has 1 task; allowed: one client "
                           "task and one task per stage")

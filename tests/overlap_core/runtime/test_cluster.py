@@ -156,3 +156,33 @@ def test_an_srun_task_becomes_a_torchrun_rank():
 
 def test_a_failed_srun_task_names_its_place_in_its_failure_record():
   assert failure.launched_worker("multi_worker", srun_env(2)) == (2, 4)
+
+
+def test_a_pipelined_srun_step_has_task_0_the_client_and_task_k_stage_k_1():
+  base = cluster.slurm_port_base({"SLURM_JOB_ID": "4321"})
+  found = [cluster.pipeline_cluster_from_env(srun_env(i)) for i in range(4)]
+  # Every task derives the same cluster: the client, then 3 stages.
+  assert {(c.client, c.stages) for c in found} == {
+      (f"gpu07:{base}", (f"gpu07:{base + 1}", f"gpu08:{base}",
+                         f"gpu08:{base + 1}"))}
+  assert [c.role for c in found] == [cluster.PIPELINE_CLIENT] + [
+      cluster.PIPELINE_STAGE] * 3
+  assert [c.stage_index for c in found[1:]] == [0, 1, 2]
+  assert found[0].cluster_spec() == {"chief": [f"gpu07:{base}"],
+                                     "worker": list(found[0].stages)}
+
+
+def test_a_pipelined_tf_config_names_the_client_chief_and_stages_workers():
+  tf_config = {"cluster": {"chief": ["127.0.0.1:7000"],
+                           "worker": ["127.0.0.1:7001", "127.0.0.2:7002"]},
+               "task": {"type": "worker", "index": 1}}
+  found = cluster.pipeline_cluster_from_env(
+      {"TF_CONFIG": json.dumps(tf_config)})
+  assert found.role == cluster.PIPELINE_STAGE and found.stage_index == 1
+  assert found.stages == ("127.0.0.1:7001", "127.0.0.2:7002")
+  # A worker-only TF_CONFIG (a multi-worker job's) has no client.
+  with pytest.raises(ConfigError, match="chief"):
+    cluster.pipeline_cluster_from_env({"TF_CONFIG": json.dumps(
+        {"cluster": {"worker": ["a:1", "b:2"]},
+         "task": {"type": "worker", "index": 0}})})
+  assert cluster.pipeline_cluster_from_env({}) is None
