@@ -105,10 +105,14 @@ ONE_SIDED_NAMES = {
     # carries its ParallelDims.
     "parallelize": {"tfoverlap": {"parallel_dims"}},
     # Stages on ranks need a mesh of process groups and their own gradient
-    # averaging; TensorFlow's stages share one process.
+    # averaging; TensorFlow's stages share one process or one traced step.
+    # Inside that step a stage's work is timed by timestamps on its own
+    # device, ordered by control dependencies; torch's ranks time theirs
+    # on the host.
     "pipeline": {"torch_parity": {"PipelineMesh", "average_stage_buffers",
                                   "average_stage_gradients",
-                                  "build_mesh_groups", "build_runtime"}},
+                                  "build_mesh_groups", "build_runtime"},
+                 "tfoverlap": {"after", "stamp_after"}},
     # torch saves activations through autograd's saved-tensor hooks; Keras
     # wraps the layers instead (`Offloader`).
     "offload": {"torch_parity": {"ActivationOffload"}},
