@@ -59,5 +59,6 @@ def define_flags():
       "work running beside the step (input pipeline, checkpoint persist). "
       "Weights, optimizer state and random streams are put back after. "
       "0: no calibration and no contention phase. Derived for the custom "
-      "loop at one step per call without pipeline, burst or offload.",
+      "loop at one step per call without pipeline, burst or offload, and "
+      "not in TensorFlow's multi_worker jobs.",
       lower_bound=0)

@@ -223,10 +223,15 @@ def _times_reference(config: TrainConfig,
   phase: the custom loop's one step per call, whose span is the step's
   own. Not a pipeline, burst plan or offload, whose compute spans are
   split their own way; not K steps per call, which read their input
-  inside the call."""
+  inside the call. Not a multi-worker job: there, a collective that timed
+  out after the calibration made TensorFlow 2.21 abort the process in its
+  own code (abseil's "Mutex corrupt") in 2 of 5 runs on a loaded host,
+  against none of 4 without it, which costs the job its failure record
+  and its one-line cause."""
   return (config.run.reference_steps > 0 and config.run.loop == "ctl"
           and config.run.steps_per_execution == 1 and not built.pipeline
-          and not built.burst and built.offload is None)
+          and not built.burst and built.offload is None
+          and config.distribute.strategy != "multi_worker")
 
 
 def _run_pipelined_loop(ctx: LoopContext, config: TrainConfig, spec, runtime,

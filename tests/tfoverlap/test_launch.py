@@ -93,6 +93,10 @@ def test_two_workers_train_to_identical_weights(reference_run):
   assert chief["strategy"]["num_replicas"] == 2
   assert chief["steps"] == other["steps"] == REFERENCE_STEPS
   assert chief["weights_digest"] == other["weights_digest"]
+  # A multi-worker job times no reference step (`trainer._times_reference`
+  # says why), so it derives no contention.
+  assert "contention" not in chief["phases_derived"]
+  assert "reference_step" not in chief["strategy"]
 
 
 def _children(pid: int) -> list:
