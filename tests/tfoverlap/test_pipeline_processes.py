@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 from overlap_core.runtime import processes
-from tests.helpers import REPO_ROOT, subprocess_env
+from tests.helpers import REPO_ROOT, subprocess_env, wait_until
 from tests.tfoverlap.train_here import train_here
 
 STAGES = 2
@@ -149,12 +149,13 @@ def test_a_killed_stage_ends_the_job_with_one_line(tmp_path):
                 "--evaluate=false")
   try:
     checkpoints = tmp_path / "killed" / "checkpoints"
-    deadline = time.monotonic() + TIMEOUT_S
-    # Progress, not time: the job has trained and saved step 2.
-    while not (checkpoints / "ckpt-2.index").is_file():
+
+    def saved_step_2() -> bool:
       assert job.poll() is None, job.stderr.read()[-3000:]
-      assert time.monotonic() < deadline
-      time.sleep(0.2)
+      return (checkpoints / "ckpt-2.index").is_file()
+
+    # Progress, not time: the job has trained and saved step 2.
+    wait_until(saved_step_2, "the job saving step 2", timeout_s=TIMEOUT_S)
     os.kill(_stage_server_pid(job.pid, 1), signal.SIGKILL)
     killed_s = time.monotonic()
     _, err = job.communicate(timeout=60)
@@ -203,7 +204,6 @@ def _client_main(client: str, stages: list) -> None:
   """The client of the equivalence test: the unsplit model's reference on
   this process, then the same steps through the stage servers."""
   # pylint: disable=g-import-not-at-top
-  import tensorflow as tf
   from overlap_core.runtime import cluster
   from tfoverlap import pipeline, pipeline_processes, steps
   from tests.tfoverlap import test_pipeline as same
