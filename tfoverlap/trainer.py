@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from overlap_core.planning import burst_report, command
 from overlap_core.planning import split as split_lib
-from overlap_core.runtime import background, cluster, compat
+from overlap_core.runtime import background, cluster, compat, contention
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import run_record, skeleton
 from overlap_core.runtime.config import ConfigError, TrainConfig
@@ -220,17 +220,18 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
 def _times_reference(config: TrainConfig,
                      built: parallelize.Parallelized) -> bool:
   """Whether the run times its step alone first, for the contention
-  phase: the custom loop's one step per call, whose span is the step's
-  own. Not a pipeline, burst plan or offload, whose compute spans are
-  split their own way; not K steps per call, which read their input
-  inside the call. Not a multi-worker job: there, a collective that timed
+  phase (`contention.times_reference`), and only in the custom loop's one
+  step per call, whose span is the step's own: not K steps per call,
+  which read their input inside the call. Not a multi-worker job: there, a collective that timed
   out after the calibration made TensorFlow 2.21 abort the process in its
   own code (abseil's "Mutex corrupt") in 2 of 5 runs on a loaded host,
   against none of 4 without it, which costs the job its failure record
   and its one-line cause."""
-  return (config.run.reference_steps > 0 and config.run.loop == "ctl"
-          and config.run.steps_per_execution == 1 and not built.pipeline
-          and not built.burst and built.offload is None
+  return (contention.times_reference(
+      config.run.reference_steps, pipelined=bool(built.pipeline),
+      burst=bool(built.burst), offload=built.offload is not None)
+          and config.run.loop == "ctl"
+          and config.run.steps_per_execution == 1
           and config.distribute.strategy != "multi_worker")
 
 

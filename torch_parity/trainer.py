@@ -16,7 +16,8 @@ import torch
 
 from overlap_core.planning import burst_report, command
 from overlap_core.planning import split as split_lib
-from overlap_core.runtime import background, compat, ledger as ledger_lib
+from overlap_core.runtime import background, compat, contention
+from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import datasets, run_record, skeleton, user_code
 from overlap_core.runtime.config import TrainConfig
 from torch_parity import (background_cuda, checkpoint, data, distribute,
@@ -423,10 +424,11 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
 
 def _times_reference(config: TrainConfig, parallel) -> bool:
   """Whether the run times its step alone first, for the contention
-  phase: not a pipeline, burst plan or offload, whose compute spans are
-  split their own way (as `tfoverlap.trainer._times_reference`)."""
-  return (config.run.reference_steps > 0 and not parallel.pipeline
-          and not parallel.burst and not parallel.offload)
+  phase (`contention.times_reference`; PyTorch has one step per call and
+  no loop but its own)."""
+  return contention.times_reference(
+      config.run.reference_steps, pipelined=bool(parallel.pipeline),
+      burst=bool(parallel.burst), offload=bool(parallel.offload))
 
 
 def check_user_model(config: TrainConfig) -> None:

@@ -98,6 +98,15 @@ class ReferenceStep:
 COMPUTE = "compute"
 
 
+def times_reference(reference_steps: int, *, pipelined: bool, burst: bool,
+                    offload: bool) -> bool:
+  """Whether a run times its step alone before training, on both sides:
+  not asked off (`--reference_steps=0`), and not a pipeline, burst plan
+  or offload, whose compute spans are split their own way. Each trainer
+  adds what only its framework rules out."""
+  return reference_steps > 0 and not (pipelined or burst or offload)
+
+
 def time_reference(run_step: Callable[[], None], *, num_steps: int,
                    restore: Callable[[], None]) -> ReferenceStep:
   """Times `run_step` alone; then `restore()`.

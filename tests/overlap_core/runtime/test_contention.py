@@ -97,3 +97,11 @@ def test_contention_is_a_share_of_its_own_in_progress_windows():
   shares = ledger_lib.summarize_window(ledger.steps)
   assert shares["compute_fraction"] == pytest.approx(0.75)
   assert shares["contention_fraction"] == pytest.approx(0.25)
+
+
+def test_a_run_times_its_reference_unless_off_or_split_its_own_way():
+  plain = dict(pipelined=False, burst=False, offload=False)
+  assert contention.times_reference(5, **plain)
+  assert not contention.times_reference(0, **plain)
+  for own_split in plain:
+    assert not contention.times_reference(5, **{**plain, own_split: True})
