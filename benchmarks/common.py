@@ -145,6 +145,25 @@ def run_process(args: Sequence[str], timeout_s: float = PROCESS_TIMEOUT_S
   return {"stdout": done.stdout, **stats}
 
 
+def run_process_json(args: Sequence[str], result_json: str,
+                     timeout_s: float = PROCESS_TIMEOUT_S) -> Tuple[dict, dict]:
+  """`run_process` for a module that writes its results to `result_json`;
+  (what it wrote, the process's costs).
+
+  Raises:
+    BenchmarkError: as `run_process`, and when the process exited 0 but
+      wrote nothing (a flag that only prints help, say), with its output's
+      end rather than a missing-file traceback.
+  """
+  process = run_process(args, timeout_s)
+  if not os.path.exists(result_json):
+    raise BenchmarkError(
+        f"exit 0 but no {os.path.basename(result_json)} written: "
+        f"{' '.join(args)}\n{process['stdout'][-_STDERR_TAIL_CHARS:]}")
+  with open(result_json, encoding="utf-8") as f:
+    return json.load(f), process
+
+
 def run_trainer_record(trainer_flags: Sequence[str], model_dir: str, *,
                        module: str = TRAINER_MODULES["tensorflow"],
                        launcher_flags: Optional[Sequence[str]] = None

@@ -43,7 +43,6 @@ after them, and never competes with a trainer for the two cores.
 """
 
 import functools
-import json
 import os
 import time
 
@@ -262,10 +261,10 @@ def preprocess_cost_section(repeats: int, num_batches: int,
   probes = []
   for repeat in range(repeats):
     path = os.path.join(scratch, f"cost_probe-{repeat}.json")
-    common.run_process(["-m", "benchmarks.cost_probe",
-                        f"--batches={num_batches}", f"--result_json={path}"])
-    with open(path, encoding="utf-8") as f:
-      probes.append(json.load(f))
+    probe, _ = common.run_process_json(
+        ["-m", "benchmarks.cost_probe", f"--batches={num_batches}",
+         f"--result_json={path}"], path)
+    probes.append(probe)
     common.log(f"cost probe {repeat + 1}/{repeats}: calibration "
                f"{probes[-1]['calibration_over_single_thread']:.2f}x the "
                "single-thread rate")

@@ -33,7 +33,6 @@ core and then trained.
 """
 
 import functools
-import json
 import os
 
 from benchmarks import common
@@ -154,11 +153,11 @@ def probe_delivered_cost(costs_ms: list, scratch: str, num_probes: int,
     num_probes = 0
   for index in range(num_probes):
     path = os.path.join(scratch, f"cost_probe-{index}.json")
-    common.run_process(["-m", "benchmarks.cost_probe",
-                        "--costs=" + ",".join(f"{c:.6f}" for c in costs_ms),
-                        f"--batches={batches}", f"--result_json={path}"])
-    with open(path, encoding="utf-8") as f:
-      probes.append(json.load(f))
+    probe, _ = common.run_process_json(
+        ["-m", "benchmarks.cost_probe",
+         "--costs=" + ",".join(f"{c:.6f}" for c in costs_ms),
+         f"--batches={batches}", f"--result_json={path}"], path)
+    probes.append(probe)
   by_cost = {}
   for row_index, row in enumerate(probes[0]["costs"] if probes else []):
     if not row["requested_ms"]:

@@ -530,7 +530,12 @@ def main(name: str, args, measure: Callable[[int, str], Measured], *,
   machine = common.describe_machine()
   start = time.perf_counter()
   with tempfile.TemporaryDirectory(prefix="tfo-bench-") as scratch:
-    measured = measure(repeats, scratch)
+    try:
+      measured = measure(repeats, scratch)
+    except common.BenchmarkError as e:
+      # A run that failed ends the benchmark with its command and cause,
+      # not with the driver's traceback above them.
+      raise SystemExit(f"{name}: {e}") from None
   payload = {"benchmark": name, "command": common.command_line(),
              "quick": args.quick, "repeats": repeats, "machine": machine,
              **measured.fields,

@@ -29,7 +29,6 @@ further --flag=value goes to both sides.
 """
 
 import functools
-import json
 import os
 
 from benchmarks import common
@@ -72,11 +71,9 @@ def build_configs(args, passthrough) -> dict:
 def run_side(side: str, flags: list, scratch: str) -> dict:
   if side == "plain_loop":
     result_json = os.path.join(scratch, "plain.json")
-    process = common.run_process(
+    result, process = common.run_process_json(
         ["-m", "benchmarks.plain_torch_loop", *flags,
-         f"--result_json={result_json}"])
-    with open(result_json, encoding="utf-8") as f:
-      result = json.load(f)
+         f"--result_json={result_json}"], result_json)
     result.update(common.process_stats(process))
     return result
   return common.run_trainer(flags, os.path.join(scratch, "model_dir"),

@@ -38,7 +38,6 @@ by default; the trainer never does, so that ratio includes XLA's effect.)
 """
 
 import functools
-import json
 import os
 
 from benchmarks import common
@@ -136,12 +135,10 @@ def run_side(side: str, flags: list, train_steps: int, scratch: str,
   steps_flag = f"--train_steps={train_steps}"
   if side == "plain_fit":
     result_json = os.path.join(scratch, "plain.json")
-    process = common.run_process(
+    result, process = common.run_process_json(
         ["-m", "benchmarks.plain_keras_fit", *flags, steps_flag,
          f"--jit_compile={plain_jit_compile}",
-         f"--result_json={result_json}"])
-    with open(result_json, encoding="utf-8") as f:
-      result = json.load(f)
+         f"--result_json={result_json}"], result_json)
     result.update(common.process_stats(process))
     return result
   loop = {"tfoverlap_ctl": "ctl", "tfoverlap_fit": "fit"}[side]

@@ -36,3 +36,13 @@ def test_a_repeat_run_again_gets_a_directory_of_its_own(tmp_path):
   again = common.make_run_dir(str(tmp_path), "preset-side-0")
   assert again != first and os.path.isdir(again)
   assert os.listdir(again) == []
+
+
+def test_a_process_that_exits_0_without_its_results_names_the_file(tmp_path):
+  # What a baseline does when a passed-through flag only prints help.
+  path = str(tmp_path / "plain.json")
+  with pytest.raises(common.BenchmarkError) as raised:
+    common.run_process_json(["-c", "print('usage: ...')"], path)
+  message = str(raised.value)
+  assert message.startswith("exit 0 but no plain.json written: -c")
+  assert message.splitlines()[-1] == "usage: ..."
