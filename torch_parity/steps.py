@@ -90,7 +90,7 @@ def per_example_loss(task: str, targets, outputs) -> torch.Tensor:
   return F.cross_entropy(outputs, targets.long(), reduction="none")
 
 
-def mean_loss(task: str, targets, outputs) -> torch.Tensor:
+def _mean_loss(task: str, targets, outputs) -> torch.Tensor:
   """The mean of `per_example_loss` over the batch, by each loss's own
   mean reduction: one kernel, not a per-example vector and then its mean,
   and no casts where the types already fit. On a 3 ms CPU step the
@@ -138,7 +138,7 @@ def make_train_step(model: nn.Module, optimizer, strategy, *, task: str,
     # This process's mean; DDP and Horovod average gradients over
     # processes, which makes it the global mean, as TensorFlow's
     # compute_average_loss over the global batch with a SUM all-reduce.
-    loss = mean_loss(task, targets, outputs)
+    loss = _mean_loss(task, targets, outputs)
     # The strategy runs backward and, for Horovod, the synchronize, so
     # that it can time the all-reduce they wait for (`exposed_comm`).
     if scaler is None:
@@ -224,7 +224,7 @@ def make_pipeline_loss(task: str):
   (the pipeline runtime divides it by M, DDP averages over replicas)."""
 
   def loss_fn(outputs, targets):
-    return mean_loss(task, targets, outputs)
+    return _mean_loss(task, targets, outputs)
 
   return loss_fn
 
