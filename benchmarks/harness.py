@@ -277,6 +277,8 @@ def run_trainer_cells(cells: Sequence[tuple], repeats: int, scratch: str, *,
                       flags_of: Callable[[tuple], List[str]],
                       describe: Callable[[tuple, dict], str],
                       module_of: Optional[Callable[[tuple], str]] = None,
+                      launcher_of: Optional[
+                          Callable[[tuple], Optional[List[str]]]] = None,
                       redo_busy: int = 0) -> dict:
   """`run_interleaved` over a grid whose every cell is one trainer run.
 
@@ -287,7 +289,10 @@ def run_trainer_cells(cells: Sequence[tuple], repeats: int, scratch: str, *,
       repeat.
     flags_of: a cell's trainer flags.
     describe: the progress line's text for a cell and its result.
-    module_of: a cell's trainer module (default: the TensorFlow trainer).
+    module_of: a cell's trainer module (default: the TensorFlow trainer),
+      or its launcher's.
+    launcher_of: a cell's launcher flags where `module_of` names a
+      launcher (see `common.run_trainer`), else None.
 
   Returns:
     The `run_interleaved` record, whose runs are {"cell": list(cell),
@@ -299,7 +304,8 @@ def run_trainer_cells(cells: Sequence[tuple], repeats: int, scratch: str, *,
               else common.TRAINER_MODULES["tensorflow"])
     result = common.run_trainer(
         flags, os.path.join(scratch, "-".join(map(str, cell)) + f"-{repeat}"),
-        module=module)
+        module=module,
+        launcher_flags=launcher_of(cell) if launcher_of else None)
     common.log(f"repeat {repeat + 1}/{repeats} {describe(cell, result)}")
     return {"cell": list(cell), "repeat": repeat, "flags": flags,
             "result": result}

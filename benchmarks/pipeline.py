@@ -38,6 +38,7 @@ import os
 import statistics
 import tempfile
 import time
+from typing import Sequence
 
 from benchmarks import common
 from benchmarks import harness
@@ -89,10 +90,17 @@ def parse_models(text: str) -> dict:
 
 
 def plan_model(model: str, image_size: int, *, stages: int, batch: int,
-               microbatches: int, out_dir: str, quick: bool) -> dict:
-  """Profiles the model with the planning command; returns its files."""
+               microbatches: int, out_dir: str, quick: bool,
+               planner: str = "torch_parity.plan",
+               extra_flags: Sequence[str] = ()) -> dict:
+  """Profiles the model with a planning command (`torch_parity.plan` or
+  `tfoverlap.plan`, which take the same flags); returns its files.
+
+  `extra_flags` go to the planner as to the trainer that will use the
+  profile (a profile records the runtime and threads it was timed on, and
+  the trainer refuses it under others)."""
   common.run_process([
-      "-m", "torch_parity.plan", f"--model={model}",
+      "-m", planner, *extra_flags, f"--model={model}",
       f"--image_size={image_size}", f"--batch_size={batch}",
       # The trainer's own job flags: the plan then times every layer on
       # the threads one stage process gets.

@@ -1,7 +1,9 @@
-"""A balanced PyTorch pipeline's bubble against theory, and what stages buy.
+"""A balanced pipeline's bubble against theory, and what stages buy.
 
   python -m benchmarks.pipeline_bubble            # vgg16, resnet50
   python -m benchmarks.pipeline_bubble --quick    # smoke: small_cnn
+  python -m benchmarks.pipeline_bubble --framework=tensorflow_processes \
+      --models=vgg16=32                           # TensorFlow's stages
 
 Section 13 measured GPipe's bubble on the even split, whose second stage
 took 3.2 times the first, so most of its idle time was imbalance. Here
@@ -22,6 +24,16 @@ planning command wrote, as a user runs it), and:
 
 Every cell is one trainer process (`torch_parity.train`); the cells run
 interleaved through `benchmarks.harness`, the first rotating.
+
+--framework=tensorflow_processes runs the same grid in TensorFlow: the
+profile from `tfoverlap.plan`, each pipeline a job of `tfoverlap.launch`
+with `--pipeline_runtime=processes` (each stage a TensorFlow server
+process of one intra-op thread, as PyTorch's stages are, driven by one
+client), the unsplit model `tfoverlap.train`. Its results go to
+pipeline_bubble_tensorflow_processes.json. TensorFlow's runtime measures
+each stage's busy time but cannot time its sends apart from waiting, so
+its transfer part is zero and the wire is in the residual
+(`tfoverlap.pipeline_processes.MEASURED_SOURCES`).
 """
 
 import functools
@@ -30,6 +42,7 @@ import os
 from benchmarks import common
 from benchmarks import harness
 from benchmarks import pipeline as pipeline_benchmark
+from benchmarks import tf_pipeline
 from overlap_core.runtime import bubble_parts
 from overlap_core.runtime.pipeline_stats import bubble_fraction_theory
 
@@ -55,6 +68,12 @@ QUICK_TRAIN_STEPS = 4
 THEORY_GOAL_POINTS = 0.05
 PIPELINE, UNSPLIT = "pipeline", "unsplit"
 SIDES = (PIPELINE, UNSPLIT)
+PYTORCH = "pytorch"
+FRAMEWORKS = (PYTORCH, tf_pipeline.TF_PROCESSES)
+# Each framework's planning command, and its trainer as the pipeline cells
+# start it: a launcher where the stages are processes it starts.
+PLANNERS = {PYTORCH: "torch_parity.plan",
+            tf_pipeline.TF_PROCESSES: "tfoverlap.plan"}
 
 
 def parse_args():
@@ -63,7 +82,21 @@ def parse_args():
   parser.add_argument("--models", default=None,
                       help="model=image_size,... (default: vgg16=32, "
                       "resnet50=32; --quick: small_cnn=8)")
+  parser.add_argument("--microbatches", default=None,
+                      help="Comma-separated M values (default: 4,8,16; "
+                      "--quick: 2,4).")
+  parser.add_argument("--microbatch_size", type=int, default=None,
+                      help=f"Examples per micro-batch (default: "
+                      f"{MICROBATCH_SIZE}; --quick: "
+                      f"{QUICK_MICROBATCH_SIZE}).")
+  parser.add_argument("--framework", default=PYTORCH, choices=FRAMEWORKS,
+                      help="Whose stages: PyTorch's processes, or "
+                      "TensorFlow's (--pipeline_runtime=processes).")
   return parser.parse_args()
+
+
+def results_name(framework: str) -> str:
+  return NAME if framework == PYTORCH else f"{NAME}_{framework}"
 
 
 def settings(args) -> dict:
@@ -71,13 +104,23 @@ def settings(args) -> dict:
   quick = args.quick
   models = (pipeline_benchmark.parse_models(args.models) if args.models
             else dict(QUICK_MODELS if quick else FULL_MODELS))
-  return {"models": models,
-          "microbatches": list(QUICK_MICROBATCHES if quick
-                               else FULL_MICROBATCHES),
-          "microbatch_size": QUICK_MICROBATCH_SIZE if quick
-                             else MICROBATCH_SIZE,
+  microbatches = (QUICK_MICROBATCHES if quick else FULL_MICROBATCHES)
+  if args.microbatches:
+    microbatches = [int(m) for m in args.microbatches.split(",")]
+  microbatch_size = (args.microbatch_size
+                     or (QUICK_MICROBATCH_SIZE if quick else MICROBATCH_SIZE))
+  return {"models": models, "microbatches": list(microbatches),
+          "microbatch_size": microbatch_size,
           "train_steps": QUICK_TRAIN_STEPS if quick else TRAIN_STEPS,
-          "stages": STAGES}
+          "stages": STAGES, "framework": args.framework}
+
+
+def _runtime_flags(framework: str) -> list:
+  """What the pipeline cells, and the profile they cut from, add for the
+  framework's runtime of stages as processes."""
+  if framework == PYTORCH:
+    return []  # a process per stage is PyTorch's only pipeline runtime
+  return ["--pipeline_runtime=processes"]
 
 
 def cell_flags(cell: tuple, setting: dict, profiles: dict) -> list:
@@ -94,7 +137,22 @@ def cell_flags(cell: tuple, setting: dict, profiles: dict) -> list:
           f"--num_devices={setting['stages']}", "--intra_op_threads=1",
           f"--pipeline_stages={setting['stages']}",
           f"--pipeline_microbatches={m}", "--pipeline_schedule=gpipe",
-          "--pipeline_split=auto", f"--plan_profile={profiles[model]}"]
+          "--pipeline_split=auto", f"--plan_profile={profiles[model]}",
+          *_runtime_flags(setting["framework"])]
+
+
+def launched(cell: tuple, framework: str) -> bool:
+  """Whether a cell is a launcher's job: TensorFlow's pipeline, whose
+  launcher starts the stage servers and the client."""
+  return framework == tf_pipeline.TF_PROCESSES and cell[1] == PIPELINE
+
+
+def cell_module(cell: tuple, framework: str) -> str:
+  """The module a cell starts: its trainer, or its launcher."""
+  if launched(cell, framework):
+    return common.LAUNCHER_MODULES["tensorflow"]
+  return common.TRAINER_MODULES[
+      "pytorch" if framework == PYTORCH else "tensorflow"]
 
 
 def measure(args, repeats: int, scratch: str) -> harness.Measured:
@@ -108,12 +166,17 @@ def measure(args, repeats: int, scratch: str) -> harness.Measured:
     profiles[model] = pipeline_benchmark.plan_model(
         model, image_size, stages=setting["stages"],
         batch=smallest * setting["microbatch_size"],
-        microbatches=smallest, out_dir=out_dir,
-        quick=args.quick)["profile_path"]
+        microbatches=smallest, out_dir=out_dir, quick=args.quick,
+        planner=PLANNERS[args.framework],
+        extra_flags=[*_runtime_flags(args.framework),
+                     "--intra_op_threads=1"])["profile_path"]
   cells = [(model, side, m) for model in setting["models"]
            for m in setting["microbatches"] for side in SIDES]
+  framework = setting["framework"]
   record = harness.run_trainer_cells(
-      cells, repeats, scratch, module_of=lambda cell: "torch_parity.train",
+      cells, repeats, scratch,
+      module_of=lambda cell: cell_module(cell, framework),
+      launcher_of=lambda cell: [] if launched(cell, framework) else None,
       flags_of=lambda cell: cell_flags(cell, setting, profiles),
       describe=lambda cell, result: (
           f"{' '.join(map(str, cell))}: "
@@ -194,7 +257,8 @@ def main():
   args = parse_args()
   harness.main(NAME, args, functools.partial(measure, args),
                default_repeats=DEFAULT_REPEATS, summarize=summarize,
-               table=format_summary)
+               table=format_summary,
+               results_name=results_name(args.framework))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ from benchmarks import pipeline_bubble
 class _Args:
   quick = False
   models = None
+  microbatches = None
+  microbatch_size = None
+  framework = pipeline_bubble.PYTORCH
 
 
 def _section(bubble, *, m, imbalance=0.01, residual=0.02):
@@ -64,3 +67,39 @@ def test_the_pipeline_and_the_unsplit_model_see_the_same_global_batch():
   assert "--pipeline_split=auto" in piped
   assert "--plan_profile=profile.json" in piped
   assert not any(f.startswith("--pipeline") for f in unsplit)
+  assert "--pipeline_runtime=processes" not in piped
+
+
+def test_a_larger_micro_batch_is_asked_for_by_flag():
+  class LargerArgs(_Args):
+    microbatches = "16"
+    microbatch_size = 8
+
+  setting = pipeline_bubble.settings(LargerArgs)
+  assert setting["microbatches"] == [16] and setting["microbatch_size"] == 8
+  piped = pipeline_bubble.cell_flags(("resnet50", pipeline_bubble.PIPELINE,
+                                      16), setting, {"resnet50": "p.json"})
+  assert "--batch_size=128" in piped and "--pipeline_microbatches=16" in piped
+
+
+def test_tensorflow_stages_are_a_launched_job_of_server_processes():
+  class TensorFlowArgs(_Args):
+    framework = "tensorflow_processes"
+
+  setting = pipeline_bubble.settings(TensorFlowArgs)
+  pipeline_cell = ("vgg16", pipeline_bubble.PIPELINE, 8)
+  unsplit_cell = ("vgg16", pipeline_bubble.UNSPLIT, 8)
+  piped = pipeline_bubble.cell_flags(pipeline_cell, setting,
+                                     {"vgg16": "profile.json"})
+  assert "--pipeline_runtime=processes" in piped
+  assert "--intra_op_threads=1" in piped
+  assert pipeline_bubble.launched(pipeline_cell, "tensorflow_processes")
+  assert pipeline_bubble.cell_module(
+      pipeline_cell, "tensorflow_processes") == "tfoverlap.launch"
+  assert not pipeline_bubble.launched(unsplit_cell, "tensorflow_processes")
+  assert pipeline_bubble.cell_module(
+      unsplit_cell, "tensorflow_processes") == "tfoverlap.train"
+  # Each framework's results in a file of its own.
+  assert pipeline_bubble.results_name("pytorch") == "pipeline_bubble"
+  assert (pipeline_bubble.results_name("tensorflow_processes")
+          == "pipeline_bubble_tensorflow_processes")
