@@ -37,10 +37,11 @@ def _exceeded_text(bound) -> str:
             f"the work over the cores ({1e3 * bound.work_bound_s:.1f} ms), "
             "so the CPU times counted more than the step used")
   parts = bound.parts
+  alone = ", C timed alone" if parts is not None and parts.contention_s else ""
   named = ("" if parts is None else
            f" (D {1e3 * parts.data_wait_s:.1f}, C {1e3 * parts.compute_s:.1f},"
            f" K {1e3 * parts.checkpoint_s:.1f}, O {1e3 * parts.other_s:.1f} "
-           "ms)")
+           f"ms{alone})")
   return (f"{bound.verdict}: the step beat the "
           f"critical-path ideal {1e3 * bound.ideal_s:.1f} ms = max(D, C, K) "
           f"+ O, whose parts{named} come from the baseline cell")

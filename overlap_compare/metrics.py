@@ -19,9 +19,12 @@ Definitions (the report prints them too):
 - Overlap efficiency. The baseline cell provides the components, measured
   serially: D = its data wait (input prefetch off, if that is the
   baseline), C = its compute, K = its checkpoint stall (a synchronous save,
-  if that is the baseline) and O = its other time. Serial = D + C + K + O,
-  the baseline's step. Ideal = max(D, C, K) + O: every component hidden
-  behind the longest one, with nothing slowed by sharing. Efficiency of a
+  if that is the baseline), O = its other time and X = its contention
+  (compute's excess over the same step timed alone, where the run timed
+  one; else 0). Serial = D + C + X + K + O, the baseline's step. Ideal =
+  max(D, C, K) + O: every component hidden behind the longest one, with
+  nothing slowed by sharing, so C is compute timed alone and X is no part
+  of it. Efficiency of a
   cell with step S = (serial - S) / (serial - ideal): 0 is no better than
   serial, 1 is the ideal. It is clipped to [0, 1] and the raw value kept:
   below 0 the cell is slower than serial; above 1 it beat the ideal, which
@@ -71,7 +74,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from overlap_core.runtime import bubble_parts, intervals, pipeline_stats
 from overlap_core.runtime import verdict as verdict_lib
 from overlap_core.runtime.ledger import (CHECKPOINT_STALL, COMPUTE,
-                                        COMPUTE_PARTS, DATA_WAIT,
+                                        COMPUTE_PARTS, CONTENTION, DATA_WAIT,
                                         EXPOSED_COMM, OTHER)
 from overlap_compare.matrix import Cell
 
@@ -225,6 +228,9 @@ class CellStats:
       measure it (no all-reduce, or TensorFlow's model.fit).
     exposed_comm_derived: the exposed all-reduce was derived from a step
       without it (TensorFlow, run.json's `phases_derived`), not timed.
+    contention_s: the median repeat's contention per step (part of
+      `phases_s[COMPUTE]` there), or None where the run timed no
+      reference step.
     verdict: what bounds the median repeat's steps
       (`overlap_core.runtime.verdict`), its label.
   """
@@ -242,6 +248,7 @@ class CellStats:
   pipeline: Optional[PipelineStats] = None
   exposed_comm_s: Optional[float] = None
   exposed_comm_derived: bool = False
+  contention_s: Optional[float] = None
   verdict: str = ""
 
   @property
@@ -252,15 +259,19 @@ class CellStats:
 
 @dataclasses.dataclass(frozen=True)
 class OverlapComponents:
-  """The serial components of a step, from the baseline cell (seconds)."""
+  """The serial components of a step, from the baseline cell (seconds):
+  D, C (compute timed alone), K, O and X (contention); see the module doc.
+  """
   data_wait_s: float
   compute_s: float
   checkpoint_s: float
   other_s: float
+  contention_s: float = 0.0
 
   @property
   def serial_s(self) -> float:
-    return self.data_wait_s + self.compute_s + self.checkpoint_s + self.other_s
+    return (self.data_wait_s + self.compute_s + self.contention_s +
+            self.checkpoint_s + self.other_s)
 
   @property
   def ideal_s(self) -> float:
@@ -469,6 +480,7 @@ def summarize_records(records: Sequence[dict],
       pipeline=pipeline_stats_of(median),
       exposed_comm_s=(median["phases"].get(EXPOSED_COMM) or {}).get("mean"),
       exposed_comm_derived=EXPOSED_COMM in median.get("phases_derived", ()),
+      contention_s=(median["phases"].get(CONTENTION) or {}).get("mean"),
       verdict=verdict_lib.step_verdict(
           median["phases"], median.get("phases_measured")).label)
 
@@ -517,11 +529,14 @@ def ratio_verdict(ratio: Optional[dict]) -> Optional[str]:
 
 
 def components_from(baseline: CellStats) -> OverlapComponents:
+  # The cell's compute holds its contention (`_step_phases_s` folds it
+  # back); the ideal's C is compute without it, the step timed alone.
+  contention_s = baseline.contention_s or 0.0
   return OverlapComponents(
       data_wait_s=baseline.phases_s[DATA_WAIT],
-      compute_s=baseline.phases_s[COMPUTE],
+      compute_s=baseline.phases_s[COMPUTE] - contention_s,
       checkpoint_s=baseline.phases_s[CHECKPOINT_STALL],
-      other_s=baseline.phases_s[OTHER])
+      other_s=baseline.phases_s[OTHER], contention_s=contention_s)
 
 
 def overlap_efficiency(step_s: float, components: OverlapComponents

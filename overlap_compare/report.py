@@ -426,11 +426,14 @@ def _components_text(comparison: Comparison, key: GroupKey) -> str:
   comp = comparison.analyses[key].components
   if comp is None:
     return "\nThe baseline failed: no serial components, no efficiency.\n"
-  rows = [[_ms(comp.data_wait_s), _ms(comp.compute_s), _ms(comp.checkpoint_s),
+  rows = [[_ms(comp.data_wait_s), _ms(comp.compute_s),
+           _ms(comp.contention_s), _ms(comp.checkpoint_s),
            _ms(comp.other_s), _ms(comp.serial_s), _ms(comp.ideal_s)]]
-  return ("\nSerial components from the baseline cell, ms per step:\n\n" +
-          _table(["D data wait", "C compute", "K ckpt stall", "O other",
-                  "serial", "ideal"], rows) + "\n")
+  return ("\nSerial components from the baseline cell, ms per step (C is "
+          "compute timed alone, X what sharing the host added to it; the "
+          "ideal leaves X out):\n\n" +
+          _table(["D data wait", "C compute", "X contention", "K ckpt stall",
+                  "O other", "serial", "ideal"], rows) + "\n")
 
 
 def _marginal_text(comparison: Comparison, key: GroupKey) -> str:

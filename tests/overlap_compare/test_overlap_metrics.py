@@ -15,9 +15,9 @@ from overlap_compare import report as compare_report
 from overlap_compare import comparison
 from overlap_compare import metrics as overlap_metrics
 from overlap_core.runtime import pipeline_stats, run_record
-from overlap_core.runtime.ledger import (CHECKPOINT_STALL, COMPUTE, DATA_WAIT,
-                                         OFFLOAD_COPY, CpuClocks, StepLedger,
-                                         carve_compute)
+from overlap_core.runtime.ledger import (CHECKPOINT_STALL, COMPUTE,
+                                         CONTENTION, DATA_WAIT, OFFLOAD_COPY,
+                                         CpuClocks, StepLedger, carve_compute)
 from overlap_compare.matrix import Cell, Matrix, parse_axes
 
 BATCH = 32
@@ -228,6 +228,27 @@ def test_resource_bound_tells_a_full_machine_from_interference():
   old["cpu"] = None
   assert overlap_metrics.resource_bound(
       overlap_metrics.summarize_records([old]), components) is None
+
+
+def test_the_ideal_takes_compute_timed_alone_and_serial_the_whole_step():
+  # 30 ms of compute span, 8 of them contention: compute alone is 22 ms.
+  # Serial is the baseline's step (10 + 22 + 8 = 40 ms); the ideal,
+  # max(10, 22, 0), leaves contention out: an overlapped cell could only
+  # get it back, so with it the ideal would not be a lower bound.
+  base = overlap_metrics.summarize_records(
+      [make_record(data_ms=10, compute_ms=30, offload_copy_ms=8,
+                   carved_phase=CONTENTION)])
+  assert base.contention_s == pytest.approx(0.008)
+  components = overlap_metrics.components_from(base)
+  assert components.compute_s == pytest.approx(0.022)
+  assert components.contention_s == pytest.approx(0.008)
+  assert components.serial_s == pytest.approx(base.step_s)
+  assert components.serial_s == pytest.approx(0.040)
+  assert components.ideal_s == pytest.approx(0.022)
+  # A run that timed no reference step keeps its whole compute as C.
+  plain = overlap_metrics.components_from(overlap_metrics.summarize_records(
+      [make_record(data_ms=10, compute_ms=30)]))
+  assert plain.contention_s == 0 and plain.compute_s == pytest.approx(0.030)
 
 
 def test_a_step_under_its_ideal_says_the_ideal_is_off_not_reached():
