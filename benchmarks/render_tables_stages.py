@@ -129,7 +129,21 @@ def tf_pipeline() -> str:
 
 @table("balanced_bubble")
 def balanced_bubble() -> str:
-  data = load("pipeline_bubble")
+  return _balanced_bubble("pipeline_bubble")
+
+
+@table("balanced_bubble_tensorflow")
+def balanced_bubble_tensorflow() -> str:
+  return _balanced_bubble("pipeline_bubble_tensorflow_processes")
+
+
+@table("balanced_bubble_larger_microbatch")
+def balanced_bubble_larger_microbatch() -> str:
+  return _balanced_bubble("pipeline_bubble_resnet50_microbatch8")
+
+
+def _balanced_bubble(results_name: str) -> str:
+  data = load(results_name)
   rows = []
   for row in data["summary"]:
     piped = [r for r in data["runs"]
