@@ -120,7 +120,11 @@ def _runtime_flags(framework: str) -> list:
   framework's runtime of stages as processes."""
   if framework == PYTORCH:
     return []  # a process per stage is PyTorch's only pipeline runtime
-  return ["--pipeline_runtime=processes"]
+  # One inter-op thread: a stage server runs as many ops at once as the
+  # client's inter-op setting allows, and with the default (the cores)
+  # each stage would run two micro-batches at once on both cores, where
+  # PyTorch's stage runs one on one thread.
+  return ["--pipeline_runtime=processes", "--inter_op_threads=1"]
 
 
 def cell_flags(cell: tuple, setting: dict, profiles: dict) -> list:

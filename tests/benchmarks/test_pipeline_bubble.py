@@ -92,7 +92,7 @@ def test_tensorflow_stages_are_a_launched_job_of_server_processes():
   piped = pipeline_bubble.cell_flags(pipeline_cell, setting,
                                      {"vgg16": "profile.json"})
   assert "--pipeline_runtime=processes" in piped
-  assert "--intra_op_threads=1" in piped
+  assert "--intra_op_threads=1" in piped and "--inter_op_threads=1" in piped
   assert pipeline_bubble.launched(pipeline_cell, "tensorflow_processes")
   assert pipeline_bubble.cell_module(
       pipeline_cell, "tensorflow_processes") == "tfoverlap.launch"
