@@ -28,8 +28,9 @@ interleaved through `benchmarks.harness`, the first rotating.
 --framework=tensorflow_processes runs the same grid in TensorFlow: the
 profile from `tfoverlap.plan`, each pipeline a job of `tfoverlap.launch`
 with `--pipeline_runtime=processes` (each stage a TensorFlow server
-process of one intra-op thread, as PyTorch's stages are, driven by one
-client), the unsplit model `tfoverlap.train`. Its results go to
+process of one intra-op and one inter-op thread, one micro-batch at a
+time on one core as PyTorch's stages run, driven by one client), the
+unsplit model `tfoverlap.train`. Its results go to
 pipeline_bubble_tensorflow_processes.json. TensorFlow's runtime measures
 each stage's busy time but cannot time its sends apart from waiting, so
 its transfer part is zero and the wire is in the residual
