@@ -137,6 +137,12 @@ def balanced_bubble_tensorflow() -> str:
   return _balanced_bubble("pipeline_bubble_tensorflow_processes")
 
 
+@table("balanced_bubble_tensorflow_inter_default")
+def balanced_bubble_tensorflow_inter_default() -> str:
+  return _balanced_bubble(
+      "pipeline_bubble_tensorflow_processes_inter_default")
+
+
 @table("balanced_bubble_larger_microbatch")
 def balanced_bubble_larger_microbatch() -> str:
   return _balanced_bubble("pipeline_bubble_resnet50_microbatch8")
