@@ -197,6 +197,9 @@ class PipelineRuntime:
     # The plan the stages were cut by, set when a profile predicted it:
     # run.json puts its stage times beside the measured ones.
     self.predicted_by: Optional[partition_lib.StagePlan] = None
+    # Per stage, clock(tensors) -> a timestamp on its device once the
+    # tensors exist; None: `stamp_after` (see `_stamp`).
+    self.stage_clocks: Optional[List[Callable]] = None
 
   @property
   def num_stages(self) -> int:
@@ -240,6 +243,12 @@ class PipelineRuntime:
       return loss, grads, tf.concat([out for _, out in forwards], axis=0)
     return loss, grads
 
+  def _stamp(self, k: int, tensors) -> tf.Tensor:
+    """A timestamp on stage k's device once `tensors` exist."""
+    if self.stage_clocks is None:
+      return stamp_after(tensors)
+    return self.stage_clocks[k](tensors)
+
   def _forward(self, x, y, loss_fn, stamps=None):
     """One micro-batch through every stage: (tape, input, output) per
     stage (the last one's output is the loss), and the model's output."""
@@ -248,7 +257,7 @@ class PipelineRuntime:
     for k, stage in enumerate(self.stages):
       with tf.device(self.devices[k]):
         if stamps is not None:
-          begin = stamp_after([h])
+          begin = self._stamp(k, [h])
           h = after(begin, h)
         with tf.GradientTape() as tape:
           if k:
@@ -257,7 +266,7 @@ class PipelineRuntime:
           if k == last:
             outputs, out = out, loss_fn(y, out)
         if stamps is not None:
-          stamps[k].append((begin, stamp_after([out])))
+          stamps[k].append((begin, self._stamp(k, [out])))
       chain.append((tape, h, out))
       h = out
     return chain, outputs
@@ -273,7 +282,7 @@ class PipelineRuntime:
         # The last stage's backward can start once its loss exists; the
         # others', once the gradient from the stage after has arrived.
         if stamps is not None:
-          begin = stamp_after([out if upstream is None else upstream])
+          begin = self._stamp(k, [out if upstream is None else upstream])
           # The same gradient; starting from it orders the backward after
           # the stamp.
           upstream = after(begin, tf.ones_like(out) if upstream is None
@@ -285,7 +294,8 @@ class PipelineRuntime:
         if stamps is not None:
           done = [sums[i] for i in self._variable_index[k]
                   if sums[i] is not None]
-          stamps[k].append((begin, stamp_after(done + grads[len(variables):])))
+          stamps[k].append(
+              (begin, self._stamp(k, done + grads[len(variables):])))
       upstream = grads[-1] if k else None
 
   def make_train_step(self, optimizer: keras.optimizers.Optimizer,
@@ -398,8 +408,13 @@ class PipelineRuntime:
 
 
 def stamp_after(tensors) -> tf.Tensor:
-  """`tf.timestamp()` taken, on the current device, once `tensors` exist:
-  a control dependency orders it after them and nothing else."""
+  """`tf.timestamp()` taken, on the current device, once `tensors` exist.
+
+  Inside a `tf.function`, automatic control dependencies also chain it
+  after every stateful op traced before it that takes no resource (other
+  stamps among them): where the work of several devices is ordered after
+  their stamps, that chain orders their work too. Stage processes take
+  their stamps from `pipeline_processes.StageClock` instead."""
   with tf.control_dependencies([t for t in tensors if t is not None]):
     return tf.timestamp()
 

@@ -182,6 +182,38 @@ def place_stage_variables(stages: Sequence[keras.Model],
             old, trainable=old.trainable, name=old.name.split(":")[0])
 
 
+class StageClock:
+  """Timestamps on one stage's task, ordered among that stage's alone.
+
+  A `tf.timestamp` traced in a `tf.function` is chained by automatic
+  control dependencies after every earlier stateful op that takes no
+  resource, whatever its device. The step orders each micro-batch's work
+  on a stage after the stamp that opens it, so with plain stamps the
+  stages' work followed one global trace order: stage 0 could not start
+  micro-batch k + 1 before stage 1 had finished micro-batch k, and the
+  stages took turns. Here each stamp is a call of a small function that
+  reads a variable on the stage's task: a call that takes a resource is
+  ordered only against other uses of that resource, so a stage's stamps
+  keep their own order and no other stage waits on them.
+  """
+
+  def __init__(self, device: str):
+    with tf.device(device):
+      self._probe = tf.Variable(0.0, trainable=False, name="stage_clock")
+
+    @tf.function(autograph=False)
+    def stamp(probe, tensors):
+      with tf.control_dependencies(list(tensors) + [probe.read_value()]):
+        return tf.timestamp()
+
+    self._stamp = stamp
+
+  def __call__(self, tensors) -> tf.Tensor:
+    """A timestamp once `tensors` exist (on the stage's task, where the
+    caller's device scope puts it)."""
+    return self._stamp(self._probe, [t for t in tensors if t is not None])
+
+
 class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
   """`PipelineRuntime` with stage k in stage server k, its bubble measured
   (the devices runtime derives it from stages timed alone).
@@ -196,6 +228,7 @@ class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
                      devices=stage_devices(len(cut_layers) + 1),
                      num_microbatches=num_microbatches)
     place_stage_variables(self.stages, self.devices)
+    self.stage_clocks = [StageClock(device) for device in self.devices]
     self._last_stamps: Optional[List[np.ndarray]] = None
 
   def make_train_step(self, optimizer: keras.optimizers.Optimizer,
@@ -212,16 +245,16 @@ class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
     def stamped_step(batch):
       inputs, targets = batch
       starts = []
-      for device in self.devices:
+      for k, device in enumerate(self.devices):
         with tf.device(device):
-          starts.append(tf.timestamp())
+          starts.append(self.stage_clocks[k]([]))
       stamps = [[] for _ in self.stages]
       loss, grads = self.forward_backward(inputs, targets, loss_fn,
                                           stamps=stamps)
       update_begins = []
       for k, device in enumerate(self.devices):
         with tf.device(device):
-          update_begins.append(pipeline_lib.stamp_after(
+          update_begins.append(self.stage_clocks[k](
               [grads[i] for i in self._variable_index[k]]))
       optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
       vectors = []
@@ -229,7 +262,7 @@ class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
         with tf.device(device):
           # Reads after the update (automatic control dependencies order
           # them after its assignments), so the stamp waits for it.
-          update_end = pipeline_lib.stamp_after(
+          update_end = self.stage_clocks[k](
               [tf.identity(v) for v in self.stages[k].trainable_variables])
           flat = [starts[k]] + [t for pair in stamps[k] for t in pair]
           vectors.append(tf.stack(flat + [update_begins[k], update_end]))
