@@ -137,6 +137,12 @@ def balanced_bubble_tensorflow() -> str:
   return _balanced_bubble("pipeline_bubble_tensorflow_processes")
 
 
+@table("balanced_bubble_tensorflow_chained_stamps")
+def balanced_bubble_tensorflow_chained_stamps() -> str:
+  return _balanced_bubble(
+      "pipeline_bubble_tensorflow_processes_chained_stamps")
+
+
 @table("balanced_bubble_tensorflow_inter_default")
 def balanced_bubble_tensorflow_inter_default() -> str:
   return _balanced_bubble(
