@@ -222,11 +222,11 @@ def _times_reference(config: TrainConfig,
   """Whether the run times its step alone first, for the contention
   phase (`contention.times_reference`), and only in the custom loop's one
   step per call, whose span is the step's own: not K steps per call,
-  which read their input inside the call. Not a multi-worker job: there, a collective that timed
-  out after the calibration made TensorFlow 2.21 abort the process in its
-  own code (abseil's "Mutex corrupt") in 2 of 5 runs on a loaded host,
-  against none of 4 without it, which costs the job its failure record
-  and its one-line cause."""
+  which read their input inside the call. Not a multi-worker job: there,
+  a collective that timed out after the calibration made TensorFlow 2.21
+  abort the process in its own code (abseil's "Mutex corrupt") in 2 of 5
+  runs on a loaded host, against none of 4 without it, which costs the
+  job its failure record and its one-line cause."""
   return (contention.times_reference(
       config.run.reference_steps, pipelined=bool(built.pipeline),
       burst=bool(built.burst), offload=built.offload is not None)
