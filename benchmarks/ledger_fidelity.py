@@ -28,10 +28,12 @@ cause's work made beside the step:
                     synchronous save every few steps). Reported apart: the
                     stall, and the rest of the step's increase (the save's
                     interference with the steps around it).
-  offload_copy      offload off (--offload=none against activations
-                    offloaded), default strategy only. An offloading run
-                    times no reference step (its span is split its own
-                    way), so its cell holds the phase alone.
+  offload           offload off (--offload=none against activations
+                    offloaded), default strategy only. The offloading
+                    run derives the phase from its step timed alone with
+                    and without offload before training
+                    (`overlap_core.runtime.offload_cost`); this checks
+                    that derivation against separate runs.
   exposed_comm      the gradient all-reduce off (--all_reduce=off: every
                     DDP step under no_sync, the replicas training apart),
                     PyTorch's mirrored strategy only. Both sides train a
@@ -101,8 +103,8 @@ PHASES = {
         [*RESIDENT, "--checkpoint=sync",
          f"--checkpoint_every={CHECKPOINT_EVERY}"],
         ["--checkpoint=none"], STRATEGIES),
-    "offload_copy": Removal([*RESIDENT, "--offload=activations"],
-                            ["--offload=none"], ("default",)),
+    "offload": Removal([*RESIDENT, "--offload=activations"],
+                       ["--offload=none"], ("default",)),
     # TensorFlow refuses --all_reduce=off (see the docstring).
     "exposed_comm": Removal([*RESIDENT, *COMM_MODEL_FLAGS],
                             ["--all_reduce=off"], ("mirrored",),

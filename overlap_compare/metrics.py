@@ -436,7 +436,7 @@ def median_record(records: Sequence[dict]) -> dict:
 def _step_phases_s(phases: Mapping[str, dict]) -> Dict[str, float]:
   """Mean seconds per step of each of STEP_PHASES. A pipelined run records
   its compute as stage_compute, bubble and transfer (they partition it),
-  an offloading run as offload_copy and compute: here they are its compute
+  an offloading run as offload and compute: here they are its compute
   again, so every cell's phases add up and compare with a plain run's; the
   split per stage is `CellStats.pipeline`."""
   means = {p: phases.get(p, {}).get("mean", 0.0) for p in STEP_PHASES}

@@ -1,10 +1,11 @@
 """Checks of a trainer's run.json that both frameworks' tests share."""
 
 import json
+import statistics
 
 import pytest
 
-from overlap_core.runtime import run_record
+from overlap_core.runtime import offload_cost, run_record
 from overlap_core.runtime import trace
 
 from tests.helpers import run_module
@@ -25,16 +26,44 @@ def run_small_cnn(module: str, model_dir, *args):
 
 
 def offload_copy_spans_us(record: dict) -> list:
-  """The run's offload_copy phase, after checking that the phases still
-  partition each step: its trace spans, one per step, in microseconds."""
-  assert "offload_copy" in record["phases_measured"]
+  """The run's offload phase where it is the copies timed in series, after
+  checking that the phases still partition each step: its trace spans,
+  one per step, in microseconds."""
+  assert record["offload"]["phase_from"] == offload_cost.COPIES_TIMED
+  assert "offload" in record["phases_measured"]
   phases = record["phases"]
-  assert phases["offload_copy"]["mean"] >= 0
+  assert phases["offload"]["mean"] >= 0
   assert sum(phases[p]["mean"] for p in phases if p != "step") == (
       pytest.approx(phases["step"]["mean"]))
   events = trace.load_trace(record["outputs"]["trace"])["traceEvents"]
-  spans_us = [e["dur"] for e in events if e.get("name") == "offload_copy"]
+  spans_us = [e["dur"] for e in events if e.get("name") == "offload"]
   assert len(spans_us) == record["steps"]
+  return spans_us
+
+
+def derived_offload_spans_us(record: dict, *, reference_steps: int) -> list:
+  """The run's offload phase where it is derived from the step timed alone
+  with and without offload (`overlap_core.runtime.offload_cost`), after
+  checking that it is recorded as derived and partitions each step: its
+  trace spans, one per step, in microseconds."""
+  assert record["offload"]["phase_from"] == offload_cost.DERIVED
+  assert "offload" in record["phases_derived"]
+  assert "offload" not in record["phases_measured"]
+  timings = record["strategy"]["reference_step"]
+  with_ms = timings["with_offload"]["step_ms"]
+  without_ms = timings["without_offload"]["step_ms"]
+  assert len(with_ms) == len(without_ms) == reference_steps
+  assert timings["offload_ms"] == pytest.approx(
+      max(statistics.median(with_ms) - statistics.median(without_ms), 0.0))
+  phases = record["phases"]
+  assert sum(phases[p]["mean"] for p in phases if p != "step") == (
+      pytest.approx(phases["step"]["mean"]))
+  events = trace.load_trace(record["outputs"]["trace"])["traceEvents"]
+  spans_us = [e["dur"] for e in events if e.get("name") == "offload"]
+  assert len(spans_us) == record["steps"]
+  # Each step's is the derived cost, or less where capped at its compute
+  # span; the trace rounds each span to a nanosecond.
+  assert max(spans_us) <= 1e3 * timings["offload_ms"] + 1e-3
   return spans_us
 
 

@@ -119,7 +119,7 @@ def run_multi_step_loop(ctx: LoopContext, *, train_steps, iterator,
     if take_offload_copy_s is not None:
       copy_s = take_offload_copy_s() / size
       split_compute = lambda begin, end, copy_s=copy_s: (
-          ledger_lib.carve_compute(begin, end, ledger_lib.OFFLOAD_COPY,
+          ledger_lib.carve_compute(begin, end, ledger_lib.OFFLOAD,
                                    copy_s))
     elif exposed_comm_s is not None:
       split_compute = lambda begin, end: ledger_lib.carve_compute(

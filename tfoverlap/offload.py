@@ -16,17 +16,22 @@ What TensorFlow cannot express is refused (the compatibility table,
 memory and non-blocking copies (the runtime decides both), a side-stream
 prefetch, and weights living on the host between layer uses.
 
+The ledger's `offload` phase is what offload adds to each step: in the
+custom loop's one step per call, the step timed alone against the same
+step traced without offload (`Offloader.paused`, `overlap_core.runtime.
+offload_cost`), which holds the recomputation too; elsewhere, the copies.
+
 Copies are counted in the graph, per executed step, in host variables,
 and timed there: `tf.timestamp` before and after each copy, ordered by
 control dependencies (the copy's source waits for the first stamp, the
 second waits for the copy), each layer's seconds per direction summed in a
 host variable that the loop reads after every step. Those seconds become
-run.json's copy times and the ledger's `offload_copy` phase
-(`Offloader.split_compute`). The stamps are the host's clock around the
-ops, not the device's: on a GPU the span of a copy to the host also holds
-the wait for the layer's input to be computed. Op determinism
-(--deterministic) refuses to run `tf.timestamp`, so there the copies are
-counted only (`time_copies=False`) and stay inside compute.
+run.json's copy times and, where the step is not timed alone, the
+ledger's `offload` phase (`Offloader.split_compute`). The stamps are the
+host's clock around the ops, not the device's: on a GPU the span of a
+copy to the host also holds the wait for the layer's input to be
+computed. Op determinism (--deterministic) refuses to run `tf.timestamp`,
+so there the copies are counted only (`time_copies=False`).
 
 A restore is placed on the device the layer computes on: that of its
 forward's ops where the trace gave them one (`strategy.run` traces each
@@ -37,6 +42,7 @@ placed by default could land beside its host input, leaving TensorFlow to
 copy it to the device implicitly, untimed and uncounted.
 """
 
+import contextlib
 import sys
 from typing import Optional
 
@@ -76,13 +82,14 @@ class Offloader:
     time_copies: time each copy with `tf.timestamp` (refused under op
       determinism).
     num_replicas: the replicas this process runs side by side; their copy
-      times are averaged into a step's `offload_copy`.
+      times are averaged into a step's `offload`.
   """
 
   def __init__(self, model: keras.Model, *, time_copies: bool = True,
                num_replicas: int = 1):
     self.timed = time_copies
     self._num_replicas = num_replicas
+    self._paused = False  # read when a step is traced
     layers = [layer for layer in model._flatten_layers(include_self=False)  # pylint: disable=protected-access
               if isinstance(layer, OFFLOADED_LAYERS)]
     # Created outside any strategy scope: host variables, not mirrors.
@@ -137,6 +144,8 @@ class Offloader:
     original = layer.call
 
     def call(inputs, *args, **kwargs):
+      if self._paused:
+        return original(inputs, *args, **kwargs)
 
       @tf.custom_gradient
       def offloaded(x):
@@ -166,6 +175,23 @@ class Offloader:
     # Keras tracks attributes it is given; the wrapper is not state.
     object.__setattr__(layer, "call", call)
 
+  @contextlib.contextmanager
+  def paused(self):
+    """A step function traced in this context runs without offload (its
+    layers' own calls); one traced outside it keeps offloading."""
+    self._paused = True
+    try:
+      yield
+    finally:
+      self._paused = False
+
+  def discard_records(self) -> None:
+    """Forgets the copies so far (a calibration's steps), so run.json and
+    the phase count the training steps only."""
+    self._counts.assign(tf.zeros_like(self._counts))
+    self._seen = (self._timed.numpy(), self._copy_s.numpy())
+    self._durations_s = {d: [] for d in DIRECTIONS}
+
   def _collect_s(self) -> float:
     """Reads the copies timed since the last read into the per-copy times;
     returns their seconds. A layer's copies of one direction are summed in
@@ -188,8 +214,8 @@ class Offloader:
 
   def split_compute(self, start_s: float, end_s: float) -> list:
     """A step's compute span as the ledger records it with timed copies:
-    `offload_copy`, then the rest (`compute`)."""
-    return ledger_lib.carve_compute(start_s, end_s, ledger_lib.OFFLOAD_COPY,
+    `offload`, then the rest (`compute`)."""
+    return ledger_lib.carve_compute(start_s, end_s, ledger_lib.OFFLOAD,
                                     self.take_copy_s())
 
   def summary(self, *, num_steps: int) -> dict:

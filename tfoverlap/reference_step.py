@@ -12,11 +12,11 @@ would without the calibration.
 """
 
 import itertools
-from typing import Callable, Iterator, Tuple
+from typing import Callable, Iterator, Tuple, Union
 
 import tensorflow as tf
 
-from overlap_core.runtime import contention
+from overlap_core.runtime import contention, offload_cost
 
 
 def snapshot(model, optimizer) -> Callable[[], None]:
@@ -39,16 +39,39 @@ def snapshot(model, optimizer) -> Callable[[], None]:
 
 
 def calibrate(train_step, iterator: Iterator, *, model, optimizer,
-              num_steps: int) -> Tuple[contention.ReferenceStep, Iterator]:
+              num_steps: int, offload=None
+              ) -> Tuple[Union[contention.ReferenceStep,
+                               offload_cost.OffloadCost], Iterator]:
   """Times `train_step` on the iterator's first batch.
 
+  Args:
+    offload: None, or (the run's `offload.Offloader`, a function that
+      makes the run's step function anew); then the step is timed with
+      offload and, made and traced inside `Offloader.paused`, without.
+
   Returns:
-    (the reference step, an iterator that yields that first batch again
-    and then the rest), so the run trains on every batch it would have.
+    (the reference step, or with offload the offload's cost; an iterator
+    that yields that first batch again and then the rest), so the run
+    trains on every batch it would have.
   """
   first = next(iterator)
-  reference = contention.time_reference(
-      # Reading the loss waits for the step's end.
-      lambda: float(train_step(first)), num_steps=num_steps,
-      restore=snapshot(model, optimizer))
+  restore = snapshot(model, optimizer)
+  if offload is None:
+    reference = contention.time_reference(
+        # Reading the loss waits for the step's end.
+        lambda: float(train_step(first)), num_steps=num_steps,
+        restore=restore)
+    return reference, itertools.chain([first], iterator)
+  offloader, make_train_step = offload
+  step_without_offload = make_train_step()
+
+  def run_without_offload() -> None:
+    # Only the first call traces; the context matters to that one.
+    with offloader.paused():
+      float(step_without_offload(first))
+
+  reference = offload_cost.time_with_and_without(
+      lambda: float(train_step(first)), run_without_offload,
+      num_steps=num_steps, restore=restore)
+  offloader.discard_records()
   return reference, itertools.chain([first], iterator)

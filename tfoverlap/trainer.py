@@ -197,9 +197,10 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
             global_batch_size=config.data.batch_size),
         model, built.burst_placements)
   else:
-    train_step = steps.make_train_step(
-        model, optimizer, strategy, task=spec.task,
+    make_train_step = functools.partial(
+        steps.make_train_step, model, optimizer, strategy, task=spec.task,
         global_batch_size=config.data.batch_size)
+    train_step = make_train_step()
   split_compute = None
   if timed_offload:
     split_compute = timed_offload.split_compute
@@ -209,8 +210,13 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
   if _times_reference(config, built) and keep_reference is not None:
     reference, iterator = reference_step.calibrate(
         train_step, iterator, model=model, optimizer=optimizer,
-        num_steps=config.run.reference_steps)
+        num_steps=config.run.reference_steps,
+        offload=((built.offload, make_train_step) if built.offload
+                 else None))
     keep_reference(reference)
+    if built.offload:
+      # The derived cost replaces the copies' split.
+      split_compute = comm.split_compute if comm else None
     split_compute = reference.split_compute(inner=split_compute)
   return loops.run_custom_loop(
       ctx, train_step=train_step, iterator=iterator,
@@ -229,7 +235,7 @@ def _times_reference(config: TrainConfig,
   job its failure record and its one-line cause."""
   return (contention.times_reference(
       config.run.reference_steps, pipelined=bool(built.pipeline),
-      burst=bool(built.burst), offload=built.offload is not None)
+      burst=bool(built.burst), fixed_offload=False)
           and config.run.loop == "ctl"
           and config.run.steps_per_execution == 1
           and config.distribute.strategy != "multi_worker")
@@ -388,11 +394,12 @@ class _TensorFlowSide:
     return _notes(config, built, restored_step)
 
   def phases_measured(self, config: TrainConfig, built) -> list:
-    return _phases_measured(config, built)
+    derived = self.phases_derived(config, built)
+    return [p for p in _phases_measured(config, built) if p not in derived]
 
   def phases_derived(self, config: TrainConfig, built) -> list:
     return (([ledger_lib.EXPOSED_COMM] if self._comm else []) +
-            ([ledger_lib.CONTENTION] if self._reference else []))
+            (self._reference.phases_derived if self._reference else []))
 
   def describe_environment(self) -> dict:
     return describe_environment(self._strategy)
@@ -456,7 +463,7 @@ def _phases_measured(config: TrainConfig, built) -> list:
             if _input_inside_step(config) else list(ledger_lib.PHASES))
   if built.offload is not None and built.offload.timed:
     phases.insert(phases.index(ledger_lib.COMPUTE) + 1,
-                  ledger_lib.OFFLOAD_COPY)
+                  ledger_lib.OFFLOAD)
   return phases
 
 

@@ -21,14 +21,18 @@ returns an `Offloader` whose `summary()` is run.json's `offload` section.
   next layer is the one before in backward, the one after in forward, and
   only that one: at most one layer waits on the device ahead of use.
 
-Every copy is counted and timed (`torch_parity.offload_copy`); those run
-in series with compute become the ledger's `offload_copy` phase, carved
-out of each step's compute span (`Offloader.split_compute`).
+Every copy is counted and timed (`torch_parity.offload_copy`). The
+ledger's `offload` phase is what offload adds to each step: where the run
+times its step alone, the step with the hooks against the same step with
+them paused (`Offloader.paused`, `overlap_core.runtime.offload_cost`);
+otherwise (parameters offload, whose weights live on the host, cannot be
+paused) the copies run in series with compute (`Offloader.split_compute`).
 
 On a host without a GPU the copies go CPU to CPU: the hooks, counts and
 bytes are those of a GPU run, no memory is saved. The trainer says so once.
 """
 
+import contextlib
 import sys
 from typing import Optional
 
@@ -154,12 +158,23 @@ class Offloader:
                                         prefetch=config.prefetch)
                        if config.parameters else None)
     self._hooks_context = None
+    self._model = model
+    self._handles = []
+    self._install_hooks()
+
+  def _install_hooks(self) -> None:
+    model = self._model
     self._handles = [
         model.register_forward_pre_hook(self._start_forward),
         model.register_forward_hook(self._end_forward, always_call=True)]
     if self.activations is not None:
       self._handles += [m.register_forward_pre_hook(
           self.activations.enter_layer) for m in _leaf_modules(model)]
+
+  def _remove_hooks(self) -> None:
+    for handle in self._handles:
+      handle.remove()
+    self._handles = []
 
   def _pack(self, tensor):
     if self.parameters is not None:
@@ -174,6 +189,32 @@ class Offloader:
     if self.parameters is not None:
       saved = self.parameters.unpack_view(saved)
     return saved
+
+  @property
+  def can_pause(self) -> bool:
+    """Whether a step can run without offload: not with parameters
+    offload, which keeps the weights on the host between layer uses."""
+    return self.parameters is None
+
+  @contextlib.contextmanager
+  def paused(self):
+    """Steps in this context run as without offload: its hooks are off
+    the model (activations offload only, `can_pause`)."""
+    if not self.can_pause:
+      raise RuntimeError("parameters offload cannot be paused: the weights "
+                         "live on the host")
+    self._remove_hooks()
+    try:
+      yield
+    finally:
+      self._install_hooks()
+
+  def discard_records(self) -> None:
+    """Forgets the copies so far (a calibration's steps), so run.json and
+    the phase count the training steps only."""
+    self.copier.resolve_timings()
+    self.copier.take_serial_s()
+    self.stats.reset()
 
   def _start_forward(self, module, args) -> None:
     del module, args
@@ -198,10 +239,10 @@ class Offloader:
 
   def split_compute(self, start_s: float, end_s: float) -> list:
     """A step's compute span as the ledger records it with offload: the
-    copies run in series with compute (`offload_copy`), then the rest
+    copies run in series with compute (`offload`), then the rest
     (`compute`). Called once the step is over and the device waited for.
     """
-    return ledger_lib.carve_compute(start_s, end_s, ledger_lib.OFFLOAD_COPY,
+    return ledger_lib.carve_compute(start_s, end_s, ledger_lib.OFFLOAD,
                                     self.copier.take_serial_s())
 
   def summary(self, *, num_steps: int) -> dict:
@@ -220,8 +261,7 @@ class Offloader:
 
   def remove(self) -> None:
     """Takes the hooks off; parameters offload leaves weights on the host."""
-    for handle in self._handles:
-      handle.remove()
+    self._remove_hooks()
     if self.parameters is not None:
       self.parameters.remove()
 

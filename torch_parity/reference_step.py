@@ -17,11 +17,11 @@ clock is dropped.
 
 import copy
 import itertools
-from typing import Callable, Iterator, Tuple
+from typing import Callable, Iterator, Tuple, Union
 
 import torch
 
-from overlap_core.runtime import contention
+from overlap_core.runtime import contention, offload_cost
 
 
 def snapshot(model: torch.nn.Module, optimizer, *, grad_scaler=None,
@@ -52,18 +52,22 @@ def snapshot(model: torch.nn.Module, optimizer, *, grad_scaler=None,
 
 
 def calibrate(train_step, iterator: Iterator, *, model: torch.nn.Module,
-              optimizer, strategy, num_steps: int
-              ) -> Tuple[contention.ReferenceStep, Iterator]:
+              optimizer, strategy, num_steps: int, offloader=None
+              ) -> Tuple[Union[contention.ReferenceStep,
+                               offload_cost.OffloadCost], Iterator]:
   """Times `train_step` on the iterator's first batch.
 
   Args:
     train_step: `steps.make_train_step`'s function.
     model: the plain module (not its DDP wrapper), whose state is saved.
     strategy: the run's `distribute.Strategy`.
+    offloader: the run's `offload.Offloader`, one that `can_pause`, or
+      None. With one, the step is timed with offload and without.
 
   Returns:
-    (the reference step, an iterator that yields that first batch again
-    and then the rest), so the run trains on every batch it would have.
+    (the reference step, or with an offloader the offload's cost; an
+    iterator that yields that first batch again and then the rest), so the
+    run trains on every batch it would have.
   """
   first = next(iterator)
 
@@ -76,7 +80,18 @@ def calibrate(train_step, iterator: Iterator, *, model: torch.nn.Module,
   restore = snapshot(model, optimizer,
                      grad_scaler=getattr(train_step, "grad_scaler", None),
                      device=strategy.device)
-  reference = contention.time_reference(run_step, num_steps=num_steps,
-                                        restore=restore)
+  if offloader is None:
+    reference = contention.time_reference(run_step, num_steps=num_steps,
+                                          restore=restore)
+  else:
+
+    def run_step_without_offload() -> None:
+      with offloader.paused():
+        run_step()
+
+    reference = offload_cost.time_with_and_without(
+        run_step, run_step_without_offload, num_steps=num_steps,
+        restore=restore)
+    offloader.discard_records()
   strategy.discard_step_timings()
   return reference, itertools.chain([first], iterator)

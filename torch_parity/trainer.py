@@ -191,31 +191,34 @@ def _times_all_reduce(strategy, parallel) -> bool:
           and not parallel.burst)
 
 
-def _phases_measured(parallel, strategy) -> list:
-  """The ledger phases this run times: a pipelined step's compute is its
+def _phases_measured(parallel, strategy, *, offload_derived: bool) -> list:
+  """The ledger phases this run records: a pipelined step's compute is its
   stage_compute, bubble and transfer instead; an offloading step's is
-  offload_copy and the rest of compute; a data-parallel step's exposed
-  all-reduce is apart from compute."""
-  if _times_all_reduce(strategy, parallel):
-    return [ledger_lib.DATA_WAIT, ledger_lib.COMPUTE, ledger_lib.EXPOSED_COMM,
+  offload and the rest of compute; a data-parallel step's exposed
+  all-reduce is apart from compute, beside a derived offload but not
+  beside the copies' split (`_split_compute`)."""
+  if parallel.pipeline:
+    return [ledger_lib.DATA_WAIT, *parallel.pipeline.recorder.phases,
             ledger_lib.CHECKPOINT_STALL]
+  phases = [ledger_lib.DATA_WAIT, ledger_lib.COMPUTE]
   if parallel.offload:
-    return [ledger_lib.DATA_WAIT, ledger_lib.COMPUTE, ledger_lib.OFFLOAD_COPY,
-            ledger_lib.CHECKPOINT_STALL]
-  if not parallel.pipeline:
-    return list(ledger_lib.PHASES)
-  return [ledger_lib.DATA_WAIT, *parallel.pipeline.recorder.phases,
-          ledger_lib.CHECKPOINT_STALL]
+    phases.append(ledger_lib.OFFLOAD)
+  if _times_all_reduce(strategy, parallel) and (
+      offload_derived or not parallel.offload):
+    phases.append(ledger_lib.EXPOSED_COMM)
+  return phases + [ledger_lib.CHECKPOINT_STALL]
 
 
-def _split_compute(parallel, strategy):
+def _split_compute(parallel, strategy, *, offload_derived: bool = False):
   """How the loop records a step's compute span: as the pipeline phases,
   as offload copies and compute, as exposed all-reduce and compute, or
-  (None) as one compute phase. Offload, pipeline stages and replicas are
-  never combined (`check_supported`)."""
+  (None) as one compute phase. Offload and pipeline stages are never
+  combined, nor offload and several replicas (`check_supported`); with a
+  derived offload, which the reference step carves (`offload_cost`),
+  what is left is the all-reduce's split."""
   if parallel.pipeline:
     return parallel.pipeline.recorder.end_step
-  if parallel.offload:
+  if parallel.offload and not offload_derived:
     return parallel.offload.split_compute
   if _times_all_reduce(strategy, parallel):
     return strategy.split_compute
@@ -364,11 +367,14 @@ class _TorchSide:
             f"{self._strategy.backend}"]
 
   def phases_measured(self, config: TrainConfig, built) -> list:
-    return _phases_measured(built, self._strategy)
+    derived = self.phases_derived(config, built)
+    return [p for p in _phases_measured(
+        built, self._strategy, offload_derived=ledger_lib.OFFLOAD in derived)
+            if p not in derived]
 
   def phases_derived(self, config: TrainConfig, built) -> list:
     # DDP's and Horovod's all-reduce waits are timed each step.
-    return [ledger_lib.CONTENTION] if self._reference else []
+    return self._reference.phases_derived if self._reference else []
 
   def describe_environment(self) -> dict:
     return describe_environment(self._strategy)
@@ -409,9 +415,11 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
     reference, iterator = reference_step.calibrate(
         train_step, iterator, model=parallel.model,
         optimizer=parallel.optimizer, strategy=strategy,
-        num_steps=config.run.reference_steps)
+        num_steps=config.run.reference_steps, offloader=parallel.offload)
     keep_reference(reference)
-    split_compute = reference.split_compute(inner=split_compute)
+    # With offload, the derived cost replaces the copies' split.
+    split_compute = reference.split_compute(
+        inner=_split_compute(parallel, strategy, offload_derived=True))
   try:
     return loops.run_custom_loop(
         ctx, train_step=train_step, iterator=iterator,
@@ -428,7 +436,9 @@ def _times_reference(config: TrainConfig, parallel) -> bool:
   no loop but its own)."""
   return contention.times_reference(
       config.run.reference_steps, pipelined=bool(parallel.pipeline),
-      burst=bool(parallel.burst), offload=bool(parallel.offload))
+      burst=bool(parallel.burst),
+      fixed_offload=bool(parallel.offload
+                         and not parallel.offload.can_pause))
 
 
 def check_user_model(config: TrainConfig) -> None:

@@ -59,6 +59,10 @@ class ReferenceStep:
   def reference_s(self) -> float:
     return statistics.median(self.step_s)
 
+  @property
+  def phases_derived(self) -> List[str]:
+    return [CONTENTION]
+
   def split_compute(self, inner: Optional[Callable] = None) -> Callable:
     """(start_s, end_s) -> the spans that tile a step's compute span:
     `inner`'s parts (an exposed all-reduce, say) first, then contention,
@@ -99,12 +103,14 @@ COMPUTE = "compute"
 
 
 def times_reference(reference_steps: int, *, pipelined: bool, burst: bool,
-                    offload: bool) -> bool:
+                    fixed_offload: bool) -> bool:
   """Whether a run times its step alone before training, on both sides:
-  not asked off (`--reference_steps=0`), and not a pipeline, burst plan
-  or offload, whose compute spans are split their own way. Each trainer
-  adds what only its framework rules out."""
-  return reference_steps > 0 and not (pipelined or burst or offload)
+  not asked off (`--reference_steps=0`), and not a pipeline or burst
+  plan, whose compute spans are split their own way, nor an offload no
+  step can run without (`fixed_offload`: PyTorch's parameters offload
+  keeps the weights on the host). Each trainer adds what only its
+  framework rules out."""
+  return reference_steps > 0 and not (pipelined or burst or fixed_offload)
 
 
 def time_reference(run_step: Callable[[], None], *, num_steps: int,

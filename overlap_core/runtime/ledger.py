@@ -20,7 +20,7 @@ add up to the step. With a data-parallel all-reduce the ledger can see
 (PyTorch's DDP and Horovod), the span's end that waited for it is
 `exposed_comm` (`overlap_core.runtime.comm_stats`). With offload, the
 step's compute span is recorded as
-`offload_copy` (the offload copies the training stream ran in series with
+`offload` (the offload copies the training stream ran in series with
 compute, `overlap_core.runtime.offload_stats`) and `compute`, the rest
 (`carve_compute`). Where the step was timed alone before training, the
 span beyond that reference is `contention`, compute slowed by the work
@@ -52,11 +52,11 @@ CHECKPOINT_STALL = "checkpoint_stall"  # training blocked by a checkpoint
 PHASES = (DATA_WAIT, COMPUTE, CHECKPOINT_STALL)
 STEP = "step"  # the whole step: from the previous step's end to its own
 OTHER = "other"  # step time outside any phase: logging, bookkeeping
-OFFLOAD_COPY = offload_stats.OFFLOAD_COPY  # offload copies in series
+OFFLOAD = offload_stats.OFFLOAD  # offload copies in series
 EXPOSED_COMM = comm_stats.EXPOSED_COMM  # all-reduce backward did not hide
 CONTENTION = contention.CONTENTION  # compute slowed by work beside the step
 # Phases recorded in place of part or all of a step's compute span.
-COMPUTE_PARTS = pipeline_stats.PHASES + (OFFLOAD_COPY, EXPOSED_COMM,
+COMPUTE_PARTS = pipeline_stats.PHASES + (OFFLOAD, EXPOSED_COMM,
                                          CONTENTION)
 # Compute parts that progress lines, scalars and verdicts report on their
 # own rather than add back to compute: what a knob other than the model

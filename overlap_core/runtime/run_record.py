@@ -131,7 +131,7 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
 
   `checkpoint` is `CheckpointEngine.stats()`, or None without checkpoints.
   `offload` is the offload copies per direction, or None without offload;
-  the copies run in series with compute are also the `offload_copy`
+  the copies run in series with compute are also the `offload`
   phase, carved out of compute (`overlap_core.runtime.offload_stats`).
   `pipeline` is `pipeline_stats.pipeline_section(...)`, or None when the
   model is not pipelined.

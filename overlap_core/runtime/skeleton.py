@@ -21,7 +21,8 @@ from overlap_core.checkpoint import engine as checkpoint_engine
 from overlap_core.planning import burst_report, conditions
 from overlap_core.planning import split as split_lib
 from overlap_core.runtime import ledger as ledger_lib
-from overlap_core.runtime import outputs, run_record, user_code, zoo
+from overlap_core.runtime import (offload_cost, outputs, run_record, user_code,
+                                  zoo)
 from overlap_core.runtime.config import TrainConfig
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
@@ -235,6 +236,9 @@ def _train(side: Side, config: TrainConfig, world: World,
   # Before evaluation, whose forward passes would count copies too.
   offload_stats = (built.offload.summary(num_steps=len(ctx.ledger.steps))
                    if built.offload else None)
+  if offload_stats is not None:
+    offload_stats["phase_from"] = offload_cost.phase_from(
+        side.phases_measured(config, built), side.phases_derived(config, built))
   if config.run.evaluate and info.num_eval_examples:
     final.update(side.evaluate(config, spec, built.model))
   return _Trained(built=built, plan=plan, ctx=ctx, checkpointer=checkpointer,

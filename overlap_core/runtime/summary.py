@@ -3,9 +3,9 @@
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import verdict as verdict_lib
 
-# offload_copy under compute: it is the part of compute spent copying.
+# offload under compute: it is the part of compute spent copying.
 _ROW_ORDER = (ledger_lib.DATA_WAIT, ledger_lib.COMPUTE,
-              ledger_lib.CONTENTION, ledger_lib.OFFLOAD_COPY,
+              ledger_lib.CONTENTION, ledger_lib.OFFLOAD,
               ledger_lib.EXPOSED_COMM,
               ledger_lib.CHECKPOINT_STALL,
               ledger_lib.OTHER, ledger_lib.STEP)

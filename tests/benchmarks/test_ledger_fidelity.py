@@ -58,8 +58,8 @@ def test_cells_cover_each_phases_strategies():
   assert ("tensorflow", "mirrored", "data_wait") in cells
   assert ("pytorch", "mirrored", "checkpoint_stall") in cells
   # Offload is checked under the default strategy only.
-  assert ("pytorch", "mirrored", "offload_copy") not in cells
-  assert ("pytorch", "default", "offload_copy") in cells
+  assert ("pytorch", "mirrored", "offload") not in cells
+  assert ("pytorch", "default", "offload") in cells
   # The all-reduce is turned off in PyTorch's DDP only; TensorFlow refuses
   # --all_reduce=off and keeps its exposed_comm derived.
   assert ("pytorch", "mirrored", "exposed_comm") in cells

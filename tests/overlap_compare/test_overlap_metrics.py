@@ -16,7 +16,7 @@ from overlap_compare import comparison
 from overlap_compare import metrics as overlap_metrics
 from overlap_core.runtime import pipeline_stats, run_record
 from overlap_core.runtime.ledger import (CHECKPOINT_STALL, COMPUTE,
-                                         CONTENTION, DATA_WAIT, OFFLOAD_COPY,
+                                         CONTENTION, DATA_WAIT, OFFLOAD,
                                          CpuClocks, StepLedger, carve_compute)
 from overlap_compare.matrix import Cell, Matrix, parse_axes
 
@@ -40,11 +40,11 @@ class HandClock:
 
 def make_record(*, data_ms, compute_ms, stall_ms=0.0, other_ms=0.0,
                 checkpoint_mode="sync", work_ms=0.0, cores=2,
-                offload_copy_ms=None, carved_phase=OFFLOAD_COPY):
+                offload_copy_ms=None, carved_phase=OFFLOAD):
   """A run.json whose every step has these phase times.
 
   With `offload_copy_ms`, that much of each step's compute is recorded as
-  the offload_copy phase, as an offloading trainer records it.
+  the offload phase, as an offloading trainer records it.
 
   The stall happens on every CHECKPOINT_EVERY-th step only, as a real
   checkpoint's does, so its mean per step is stall_ms / CHECKPOINT_EVERY.
@@ -130,7 +130,7 @@ def test_ledger_records_carry_the_hand_set_phases():
 
 def test_an_offloading_runs_copies_count_as_its_compute():
   record = make_record(data_ms=10, compute_ms=20, offload_copy_ms=5)
-  assert record["phases"][OFFLOAD_COPY]["mean"] == pytest.approx(0.005)
+  assert record["phases"][OFFLOAD]["mean"] == pytest.approx(0.005)
   stats = overlap_metrics.summarize_records([record])
   # Compared with a plain run's compute, and the phases add up.
   assert stats.phases_s[COMPUTE] == pytest.approx(0.020)

@@ -14,7 +14,8 @@ from overlap_core.runtime.config import OffloadConfig
 from tfoverlap import distribute, offload
 
 from tests.helpers import run_module
-from tests.record_checks import copied_ms, offload_copy_spans_us
+from tests.record_checks import (copied_ms, derived_offload_spans_us,
+                                 offload_copy_spans_us)
 from tests.tfoverlap.train_here import train_here
 
 BATCH = 2
@@ -90,7 +91,7 @@ def test_copy_times_become_the_offload_copy_phase():
   _, _, offloader = _train(OffloadConfig(("activations",)), num_steps=2)
   (copy, copy_start, copy_end), (compute, compute_start, compute_end) = (
       offloader.split_compute(10.0, 11.0))
-  assert (copy, compute) == ("offload_copy", "compute")
+  assert (copy, compute) == ("offload", "compute")
   assert copy_start == 10.0 and compute_end == 11.0
   summary = offloader.summary(num_steps=2)
   copied_s = sum(summary[d]["copy_ms"]["total"]
@@ -183,18 +184,30 @@ def test_trainer_records_offload_and_matches_the_plain_run(tmp_path, capsys):
   assert offloaded["weights_digest"] == plain["weights_digest"]
   assert offloaded["final"] == plain["final"]
   assert stderr.count(offload.NO_GPU_NOTICE) == 1
-  # Op determinism refuses tf.timestamp: counted, not timed, in compute.
+  # Op determinism refuses tf.timestamp: the copies are counted, not
+  # timed; the phase is still derived, from the step timed alone with and
+  # without offload (whose calibration steps are not counted above).
   assert section["to_host"]["copy_ms"] is None
-  assert "offload_copy" not in offloaded["phases"]
   assert any("not timed" in note for note in offloaded["notes"])
+  derived_offload_spans_us(offloaded, reference_steps=5)
+
+
+def test_no_step_timed_alone_leaves_offload_without_a_phase(tmp_path,
+                                                            capsys):
+  # Under op determinism, with no reference step, nothing times offload.
+  _, record = _run(capsys, tmp_path, offload="activations",
+                   reference_steps="0")
+  assert record["offload"]["phase_from"] is None
+  assert "offload" not in record["phases"]
 
 
 @pytest.mark.parametrize("steps_per_execution", [1, 2])
 def test_trainer_times_copies_into_the_offload_copy_phase(
     tmp_path, capsys, steps_per_execution):
   # At 2 steps per call, each call's copy time is divided among its steps.
+  # The step timed alone, which would derive the phase, is asked off.
   _, record = _run(capsys, tmp_path, offload="activations",
-                   deterministic="false",
+                   deterministic="false", reference_steps="0",
                    steps_per_execution=str(steps_per_execution))
   section = record["offload"]
   assert section["copies_timed_with"] == "tf.timestamp"

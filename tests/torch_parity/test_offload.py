@@ -15,8 +15,8 @@ from overlap_core.runtime.config import OffloadConfig
 from torch_parity import offload
 
 from tests.helpers import run_module
-from tests.record_checks import (copied_ms, offload_copy_spans_us,
-                                 run_small_cnn)
+from tests.record_checks import (copied_ms, derived_offload_spans_us,
+                                 offload_copy_spans_us, run_small_cnn)
 
 BATCH = 2
 CPU = torch.device("cpu")
@@ -175,7 +175,7 @@ def test_copies_in_series_become_the_offload_copy_phase():
   # all of the step's copy time is carved out of its compute span.
   (copy, copy_start, copy_end), (compute, compute_start, compute_end) = (
       offloader.split_compute(10.0, 11.0))
-  assert (copy, compute) == ("offload_copy", "compute")
+  assert (copy, compute) == ("offload", "compute")
   assert copy_start == 10.0 and compute_end == 11.0
   assert copy_end == compute_start == pytest.approx(10.0 + copied_s,
                                                    rel=1e-9)
@@ -203,10 +203,10 @@ def _run(tmp_path, name, *args):
 
 
 def _assert_copy_phase(record, section):
-  """The ledger's offload_copy phase holds the run's copies: on the CPU
+  """The ledger's offload phase holds the run's copies: on the CPU
   all of them, each step's within its compute span."""
   spans_us = offload_copy_spans_us(record)
-  assert record["phases"]["offload_copy"]["mean"] > 0
+  assert record["phases"]["offload"]["mean"] > 0
   # The trace rounds each span to a nanosecond.
   assert sum(spans_us) / 1e3 == pytest.approx(copied_ms(section),
                                               abs=1e-6 * len(spans_us))
@@ -224,10 +224,53 @@ def test_trainer_records_offload_and_matches_the_plain_run(tmp_path):
   assert section["to_device"]["tensors"] > section["to_host"]["tensors"]
   assert section["copies_timed_with"] == "perf_counter"
   _assert_copy_phase(offloaded, section)
-  assert "offload_copy" not in plain["phases"]
+  assert "offload" not in plain["phases"]
   assert offloaded["weights_digest"] == plain["weights_digest"]
   assert offloaded["final"]["train_loss"] == plain["final"]["train_loss"]
   assert result.stderr.count(offload.NO_GPU_NOTICE) == 1
+
+
+def test_a_paused_offloader_copies_nothing_and_resumes():
+  model = _tiny_model()
+  optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+  offloader = offload.apply_offload(model, optimizer,
+                                    OffloadConfig(("activations",)), CPU)
+  with offloader.paused():
+    _run_steps(model, optimizer, (4,), 1)
+  assert offloader.stats.summary(num_steps=1)["to_host"]["tensors"] == 0
+  _run_steps(model, optimizer, (4,), 1)
+  saved = offloader.stats.summary(num_steps=1)["to_host"]["tensors"]
+  assert saved > 0
+  offloader.discard_records()
+  assert offloader.stats.summary(num_steps=1)["to_host"]["tensors"] == 0
+  assert offloader.copier.take_serial_s() == 0.0
+
+
+def test_parameters_offload_cannot_be_paused():
+  _, _, offloader = _train(OffloadConfig(("parameters",)), num_steps=1)
+  assert not offloader.can_pause
+  with pytest.raises(RuntimeError, match="weights live on the host"):
+    with offloader.paused():
+      pass
+
+
+def test_trainer_derives_the_offload_phase_from_the_step_timed_alone(
+    tmp_path):
+  _, plain = _run(tmp_path, "plain")
+  _, offloaded = _run(tmp_path, "offloaded", "--offload=activations")
+  derived_offload_spans_us(offloaded, reference_steps=5)
+  # The calibration's steps are put back: the same training.
+  assert offloaded["weights_digest"] == plain["weights_digest"]
+  # Without the step timed alone the phase is the copies; either way only
+  # the training steps' copies are counted.
+  _, copies = _run(tmp_path, "copies", "--offload=activations",
+                   "--reference_steps=0")
+  offload_copy_spans_us(copies)
+  for direction in ("to_host", "to_device"):
+    assert offloaded["offload"][direction]["tensors"] == (
+        copies["offload"][direction]["tensors"])
+    assert offloaded["offload"][direction]["bytes"] == (
+        copies["offload"][direction]["bytes"])
 
 
 def test_trainer_counts_training_copies_only(tmp_path):

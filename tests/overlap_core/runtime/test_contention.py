@@ -100,7 +100,7 @@ def test_contention_is_a_share_of_its_own_in_progress_windows():
 
 
 def test_a_run_times_its_reference_unless_off_or_split_its_own_way():
-  plain = dict(pipelined=False, burst=False, offload=False)
+  plain = dict(pipelined=False, burst=False, fixed_offload=False)
   assert contention.times_reference(5, **plain)
   assert not contention.times_reference(0, **plain)
   for own_split in plain:

@@ -3,7 +3,7 @@ ledger phase the copies in series with compute become."""
 
 import pytest
 
-from overlap_core.runtime.ledger import (COMPUTE, DATA_WAIT, OFFLOAD_COPY,
+from overlap_core.runtime.ledger import (COMPUTE, DATA_WAIT, OFFLOAD,
                                          StepLedger, carve_compute,
                                          summarize_window)
 from overlap_core.runtime.offload_stats import (TO_DEVICE, TO_HOST,
@@ -41,14 +41,14 @@ def test_unknown_direction_is_refused():
 
 
 def test_copies_are_carved_out_of_compute_and_capped_at_its_span():
-  assert carve_compute(1.0, 4.0, OFFLOAD_COPY, 0.5) == [
-      (OFFLOAD_COPY, 1.0, 1.5), (COMPUTE, 1.5, 4.0)]
+  assert carve_compute(1.0, 4.0, OFFLOAD, 0.5) == [
+      (OFFLOAD, 1.0, 1.5), (COMPUTE, 1.5, 4.0)]
   # More copy time than the span (clocks read apart): all of it, no more.
-  assert carve_compute(1.0, 4.0, OFFLOAD_COPY, 7.0) == [
-      (OFFLOAD_COPY, 1.0, 4.0), (COMPUTE, 4.0, 4.0)]
+  assert carve_compute(1.0, 4.0, OFFLOAD, 7.0) == [
+      (OFFLOAD, 1.0, 4.0), (COMPUTE, 4.0, 4.0)]
   # No copies in series: the phase is still there, at zero.
-  assert carve_compute(1.0, 4.0, OFFLOAD_COPY, 0.0)[0] == (
-      OFFLOAD_COPY, 1.0, 1.0)
+  assert carve_compute(1.0, 4.0, OFFLOAD, 0.0)[0] == (
+      OFFLOAD, 1.0, 1.0)
 
 
 def test_the_ledger_records_copies_as_a_phase_and_shares_them_as_compute():
@@ -56,12 +56,12 @@ def test_the_ledger_records_copies_as_a_phase_and_shares_them_as_compute():
   ledger = StepLedger(clock=lambda: clock[0])
   with ledger.phase(DATA_WAIT):
     clock[0] = 1.0
-  for phase, begin, end in carve_compute(1.0, 4.0, OFFLOAD_COPY, 0.75):
+  for phase, begin, end in carve_compute(1.0, 4.0, OFFLOAD, 0.75):
     ledger.add(phase, begin, end)
   clock[0] = 4.0
   ledger.end_step(1, num_samples=8)
   phases = ledger.summary(warmup_steps=0)["phases"]
-  assert phases[OFFLOAD_COPY]["mean"] == pytest.approx(0.75)
+  assert phases[OFFLOAD]["mean"] == pytest.approx(0.75)
   assert phases[COMPUTE]["mean"] == pytest.approx(2.25)
   assert phases["other"]["mean"] == pytest.approx(0.0)
   # Progress lines and TensorBoard show compute whole, as without offload.
