@@ -2,7 +2,8 @@
 
 Registered into `render_tables.TABLES` on import, like the tables there.
 Every figure is read from `benchmarks/results/ledger_fidelity.json`, which
-`python -m benchmarks.ledger_fidelity` writes.
+`python -m benchmarks.ledger_fidelity` writes, or from the offload cells'
+rerun, `ledger_fidelity_offload.json`.
 """
 
 from benchmarks import ledger_fidelity
@@ -25,6 +26,13 @@ def _removal(runs: list, cell: dict) -> str:
 @table("ledger_fidelity")
 def ledger_fidelity_table() -> str:
   return _fidelity_table(load(ledger_fidelity.NAME))
+
+
+@table("ledger_fidelity_offload")
+def ledger_fidelity_offload_table() -> str:
+  """The offload cells again, once the phase was derived from the step
+  timed alone with and without offload."""
+  return _fidelity_table(load(ledger_fidelity.NAME + "_offload"))
 
 
 def _fidelity_table(data: dict) -> str:
