@@ -69,8 +69,11 @@ def _flags(framework: str, stages: int, microbatches: int, args,
            train_steps: int):
   if framework == TF_PROCESSES:
     # A process per stage, each on one thread, as PyTorch's stages are.
+    # Inter-op too: a stage server's ops run on a pool sized by the
+    # client's inter-op setting (benchmarks.pipeline_bubble says why).
     return [*_flags("tensorflow", stages, microbatches, args, train_steps),
-            "--pipeline_runtime=processes", "--intra_op_threads=1"]
+            "--pipeline_runtime=processes", "--intra_op_threads=1",
+            "--inter_op_threads=1"]
   cuts = ",".join(f"features{_SEPARATOR[framework]}{i}"
                   for i in _CUTS[stages])
   return ["--model=vgg16", "--dataset=synthetic", "--synthetic_on_device",
