@@ -44,7 +44,7 @@ from overlap_core.runtime import compat_table, pipeline_stats
 from overlap_core.runtime.config import (ConfigError, PipelineConfig,
                                          TrainConfig)
 from torch_parity.pipeline_allreduce import OverlappedGradientReduce
-from torch_parity.pipeline_memory import SavedTensorMeter
+from torch_parity.pipeline_memory import SavedTensorMeter, stage_state
 from torch_parity.pipeline_timing import P2PTimer
 from torch_parity.planning.graph import build_layer_graph, layer_names
 
@@ -298,8 +298,7 @@ class PipelineRuntime:
     self.recorder = pipeline_stats.StageRecorder(
         times_all_reduce=replicas > 1)
     self.timer = P2PTimer(self.recorder)
-    self.memory = SavedTensorMeter(
-        p for m in stage_modules for p in m.parameters())
+    self.memory = SavedTensorMeter(stage_state(*stage_modules))
     self._num_steps = 0
     # With replicas, gradients are all-reduced as the last micro-batch's
     # backward makes them final (overlap_all_reduce), or after the step.

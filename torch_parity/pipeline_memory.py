@@ -11,19 +11,23 @@ allocator in the way.
 
 A storage is counted once however many saved tensors view it (one
 layer's output is the next one's input), and the stage's own
-parameters (which backward saves too, for the input's gradient) are not
-activations and are left out. The peak is of what a step adds: counted
+parameters (which backward saves too, for the input's gradient) and
+buffers (BatchNorm's running statistics, which its backward saves) are
+its state, not activations, and are left out: counted, they would add
+the same bytes once to every schedule's peak, so 1F1B's share of GPipe's
+would sit above S/M by them. The peak is of what a step adds: counted
 from what was held when the step began (a stage may keep its last
 micro-batch's graph until the next step replaces it, the same under
 every schedule).
 
-  meter = SavedTensorMeter(stage.parameters())
+  meter = SavedTensorMeter(stage_state(stage))
   with meter.counting():
     schedule.step(...)
   meter.peak_bytes   # the most a step added at once, over the steps
 """
 
 import contextlib
+import itertools
 import threading
 from typing import Dict, Iterable, List, Optional
 
@@ -53,6 +57,13 @@ class _Held:
     self._release()
 
 
+def stage_state(*modules: torch.nn.Module) -> List[torch.Tensor]:
+  """The tensors a meter leaves out: the modules' parameters and
+  buffers."""
+  return [t for m in modules
+          for t in itertools.chain(m.parameters(), m.buffers())]
+
+
 class SavedTensorMeter:
   """Counts the bytes of tensors saved for backward while `counting()`.
 
@@ -60,9 +71,10 @@ class SavedTensorMeter:
   device thread.
   """
 
-  def __init__(self, parameters: Iterable[torch.Tensor] = ()):
+  def __init__(self, state: Iterable[torch.Tensor] = ()):
+    """`state`: the stage's own tensors (`stage_state`), never counted."""
     self._lock = threading.Lock()
-    self._excluded = {_storage_key_and_bytes(p)[0] for p in parameters}
+    self._excluded = {_storage_key_and_bytes(t)[0] for t in state}
     # storage key -> [saved tensors holding it, its bytes]
     self._live: Dict[object, List[int]] = {}
     self.current_bytes = 0
