@@ -66,7 +66,7 @@ MEASUREMENT_SOURCES = {
         "the gradient all-reduce backward did not hide",
     "saved_activation_peak_bytes":
         "counted: bytes of tensors saved for backward (saved-tensor "
-        "hooks), parameters left out, the most held at once",
+        "hooks), parameters and buffers left out, the most held at once",
 }
 _BATCH = "_batch_p2p"
 _WAIT = "_wait_batch_p2p"
