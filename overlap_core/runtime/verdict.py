@@ -39,6 +39,7 @@ INPUT_BOUND = "input-bound"
 CHECKPOINT_BOUND = "checkpoint-bound"
 COMMUNICATION_BOUND = "communication-bound"
 BUBBLE_BOUND = "bubble-bound"
+OFFLOAD_BOUND = "offload-bound"
 CONTENTION_BOUND = "contention-bound"
 COMPUTE_BOUND = "compute-bound"
 # The phases that can bound a step besides compute, and what each is called.
@@ -47,6 +48,7 @@ BOUNDING_PHASES = (
     (ledger_lib.CHECKPOINT_STALL, CHECKPOINT_BOUND),
     (ledger_lib.EXPOSED_COMM, COMMUNICATION_BOUND),
     (pipeline_stats.BUBBLE, BUBBLE_BOUND),
+    (ledger_lib.OFFLOAD, OFFLOAD_BOUND),
 )
 VERDICTS = tuple(v for _, v in BOUNDING_PHASES) + (CONTENTION_BOUND,
                                                    COMPUTE_BOUND)

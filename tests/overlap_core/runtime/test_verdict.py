@@ -19,6 +19,7 @@ def _phases(**fractions):
     ({"exposed_comm": 0.3, "data_wait": 0.1},
      verdict.COMMUNICATION_BOUND, True),
     ({"bubble": 0.4}, verdict.BUBBLE_BOUND, True),
+    ({"offload": 0.23, "data_wait": 0.01}, verdict.OFFLOAD_BOUND, True),
     ({"contention": 0.12, "data_wait": 0.04}, verdict.CONTENTION_BOUND,
      False),
     # A wait with its own cause names the verdict before contention does.
