@@ -16,8 +16,8 @@ timed the same way:
   on, read once the step is over (`resolve_timings`); on the CPU the copy
   is synchronous and perf_counter times it;
 - the copies the training stream runs in series with compute are also
-  summed per step (`take_serial_s`), the ledger's `offload` phase: on
-  CUDA all but the side stream's prefetches, on the CPU all of them (there
+  summed per step (`take_serial_s`), the ledger's `offload` phase where
+  the step is not timed alone with and without offload: on CUDA all but the side stream's prefetches, on the CPU all of them (there
   is no side stream: a prefetch runs on the training thread at once).
 
 Usage:
@@ -137,7 +137,8 @@ class Copier:
 
   def take_serial_s(self) -> float:
     """Seconds of copies run in series with compute since the last call:
-    a step's `offload` phase, read once the step is over."""
+    a step's `offload` phase where it is not derived, read once the step
+    is over."""
     self.resolve_timings()
     with self._lock:
       serial_s, self._serial_s = self._serial_s, 0.0

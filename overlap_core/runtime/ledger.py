@@ -20,9 +20,10 @@ add up to the step. With a data-parallel all-reduce the ledger can see
 (PyTorch's DDP and Horovod), the span's end that waited for it is
 `exposed_comm` (`overlap_core.runtime.comm_stats`). With offload, the
 step's compute span is recorded as
-`offload` (the offload copies the training stream ran in series with
-compute, `overlap_core.runtime.offload_stats`) and `compute`, the rest
-(`carve_compute`). Where the step was timed alone before training, the
+`offload` (what offload adds to the step: derived from the step timed
+alone with and without it, `overlap_core.runtime.offload_cost`, or the
+copies run in series with compute, `overlap_core.runtime.offload_stats`)
+and `compute`, the rest (`carve_compute`). Where the step was timed alone before training, the
 span beyond that reference is `contention`, compute slowed by the work
 running beside it (`overlap_core.runtime.contention`). `COMPUTE_PARTS`
 names every phase that stands for part of a compute span; where one
@@ -52,7 +53,7 @@ CHECKPOINT_STALL = "checkpoint_stall"  # training blocked by a checkpoint
 PHASES = (DATA_WAIT, COMPUTE, CHECKPOINT_STALL)
 STEP = "step"  # the whole step: from the previous step's end to its own
 OTHER = "other"  # step time outside any phase: logging, bookkeeping
-OFFLOAD = offload_stats.OFFLOAD  # offload copies in series
+OFFLOAD = offload_stats.OFFLOAD  # what offload adds to the step
 EXPOSED_COMM = comm_stats.EXPOSED_COMM  # all-reduce backward did not hide
 CONTENTION = contention.CONTENTION  # compute slowed by work beside the step
 # Phases recorded in place of part or all of a step's compute span.

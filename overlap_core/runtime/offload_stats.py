@@ -3,8 +3,10 @@
 Both trainers count every offload copy here: tensors, bytes and, where the
 framework can time one copy, its duration.
 
-The copies the training stream runs in series with compute also become a
-ledger phase, `offload`, carved out of each step's compute span as a
+Where a run cannot time its step alone with and without offload
+(`overlap_core.runtime.offload_cost`, which holds everything offload
+costs), the copies the training stream runs in series with compute become
+the ledger phase `offload`, carved out of each step's compute span as a
 pipelined step's is carved into stage_compute, bubble and transfer
 (`ledger.carve_compute`): per step, the copies' summed time, capped at the
 span, is `offload`, the rest `compute`, so the phases still add up to
@@ -35,7 +37,7 @@ import statistics
 import threading
 from typing import Dict, List, Optional
 
-OFFLOAD = "offload"  # the ledger phase of copies in series
+OFFLOAD = "offload"  # the ledger phase: what offload adds to the step
 TO_HOST = "to_host"  # device -> host: forward saves, a layer's weights leave
 TO_DEVICE = "to_device"  # host -> device: backward restores, weights return
 DIRECTIONS = (TO_HOST, TO_DEVICE)

@@ -3,7 +3,7 @@
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import verdict as verdict_lib
 
-# offload under compute: it is the part of compute spent copying.
+# offload under compute: it is the part of compute offload added.
 _ROW_ORDER = (ledger_lib.DATA_WAIT, ledger_lib.COMPUTE,
               ledger_lib.CONTENTION, ledger_lib.OFFLOAD,
               ledger_lib.EXPOSED_COMM,
