@@ -26,7 +26,6 @@ so the phases still add up to the step.
 """
 
 import threading
-from typing import List
 
 EXPOSED_COMM = "exposed_comm"  # the ledger phase of all-reduce not hidden
 
