@@ -33,7 +33,7 @@ reference (the host quieter than during the calibration) records zero.
 import dataclasses
 import statistics
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 CONTENTION = "contention"  # the ledger phase: compute beyond the step alone
 DEFAULT_REFERENCE_STEPS = 5
@@ -72,6 +72,7 @@ class ReferenceStep:
       inner: the run's own split, `(start_s, end_s) -> spans` ending with
         its compute span (`ledger.carve_compute`), or None.
     """
+    reference_s = self.reference_s  # a median: taken once, not per step
 
     def split(start_s: float, end_s: float) -> List[tuple]:
       spans = (inner(start_s, end_s) if inner else
@@ -81,7 +82,7 @@ class ReferenceStep:
         raise ValueError(f"the inner split ends with {name!r}, not compute")
       # The reference is a whole step, its exposed all-reduce included,
       # so the excess is taken over the whole span.
-      excess_s = max((end_s - start_s) - self.reference_s, 0.0)
+      excess_s = max((end_s - start_s) - reference_s, 0.0)
       split_s = compute_start_s + min(excess_s,
                                       compute_end_s - compute_start_s)
       return [*parts, (CONTENTION, compute_start_s, split_s),
@@ -124,19 +125,38 @@ def time_reference(run_step: Callable[[], None], *, num_steps: int,
     restore: puts back what the calls changed (weights, optimizer state,
       random streams).
   """
+  (reference,) = time_interleaved([run_step], num_steps=num_steps,
+                                  restore=restore)
+  return reference
+
+
+def time_interleaved(run_steps: Sequence[Callable[[], None]], *,
+                     num_steps: int,
+                     restore: Callable[[], None]) -> List[ReferenceStep]:
+  """Times each of `run_steps` alone, interleaved call by call (so that a
+  change of the host's load during the calibration moves them alike),
+  each after `WARMUP_CALLS` untimed calls; then `restore()`.
+
+  Returns:
+    One `ReferenceStep` per function, in order; each `cost_s` is the
+    whole calibration's.
+  """
   if num_steps < 1:
     raise ValueError(f"Invalid value for argument `num_steps`. Received: "
                      f"{num_steps}; allowed: >= 1")
   start = time.perf_counter()
+  step_s = [[] for _ in run_steps]
   try:
     for _ in range(WARMUP_CALLS):
-      run_step()
-    step_s = []
+      for run_step in run_steps:
+        run_step()
     for _ in range(num_steps):
-      call_start = time.perf_counter()
-      run_step()
-      step_s.append(time.perf_counter() - call_start)
+      for run_step, timed in zip(run_steps, step_s):
+        call_start = time.perf_counter()
+        run_step()
+        timed.append(time.perf_counter() - call_start)
   finally:
     restore()
-  return ReferenceStep(step_s=tuple(step_s),
-                       cost_s=time.perf_counter() - start)
+  cost_s = time.perf_counter() - start
+  return [ReferenceStep(step_s=tuple(timed), cost_s=cost_s)
+          for timed in step_s]

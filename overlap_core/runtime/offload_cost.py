@@ -27,7 +27,6 @@ costs. run.json's `offload.phase_from` says which.
 """
 
 import dataclasses
-import time
 from typing import Callable, List, Optional
 
 from overlap_core.runtime import contention
@@ -74,8 +73,10 @@ class OffloadCost:
         derived cost holds the copies.
     """
 
+    offload_s = self.offload_s  # two medians: taken once, not per step
+
     def carve_offload(start_s: float, end_s: float) -> List[tuple]:
-      split_s = start_s + min(self.offload_s, max(end_s - start_s, 0.0))
+      split_s = start_s + min(offload_s, max(end_s - start_s, 0.0))
       rest = (inner(split_s, end_s) if inner else
               [(contention.COMPUTE, split_s, end_s)])
       return [(OFFLOAD, start_s, split_s), *rest]
@@ -93,11 +94,8 @@ def time_with_and_without(with_offload: Callable[[], None],
                           without_offload: Callable[[], None], *,
                           num_steps: int,
                           restore: Callable[[], None]) -> OffloadCost:
-  """Times the step alone with offload and without; then `restore()`.
-
-  The two are interleaved call by call, after `contention.WARMUP_CALLS`
-  untimed calls of each, so that a change of the host's load during the
-  calibration moves both alike.
+  """Times the step alone with offload and without, interleaved
+  (`contention.time_interleaved`); then `restore()`.
 
   Args:
     with_offload: runs one step on the resident batch and returns once it
@@ -106,29 +104,6 @@ def time_with_and_without(with_offload: Callable[[], None],
     num_steps: calls timed each way; at least 1.
     restore: puts back what the calls changed.
   """
-  if num_steps < 1:
-    raise ValueError(f"Invalid value for argument `num_steps`. Received: "
-                     f"{num_steps}; allowed: >= 1")
-  start = time.perf_counter()
-  with_s, without_s = [], []
-
-  def timed(run_step: Callable[[], None], into: list) -> None:
-    call_start = time.perf_counter()
-    run_step()
-    into.append(time.perf_counter() - call_start)
-
-  try:
-    for _ in range(contention.WARMUP_CALLS):
-      timed(with_offload, [])
-      timed(without_offload, [])
-    for _ in range(num_steps):
-      timed(with_offload, with_s)
-      timed(without_offload, without_s)
-  finally:
-    restore()
-  cost_s = time.perf_counter() - start
-  return OffloadCost(
-      with_offload=contention.ReferenceStep(step_s=tuple(with_s),
-                                            cost_s=cost_s),
-      without_offload=contention.ReferenceStep(step_s=tuple(without_s),
-                                               cost_s=cost_s))
+  timed_with, timed_without = contention.time_interleaved(
+      [with_offload, without_offload], num_steps=num_steps, restore=restore)
+  return OffloadCost(with_offload=timed_with, without_offload=timed_without)
