@@ -197,9 +197,6 @@ class PipelineRuntime:
     # The plan the stages were cut by, set when a profile predicted it:
     # run.json puts its stage times beside the measured ones.
     self.predicted_by: Optional[partition_lib.StagePlan] = None
-    # Per stage, clock(tensors) -> a timestamp on its device once the
-    # tensors exist; None: `stamp_after` (see `_stamp`).
-    self.stage_clocks: Optional[List[Callable]] = None
 
   @property
   def num_stages(self) -> int:
@@ -221,7 +218,7 @@ class PipelineRuntime:
         scaled so that the micro-batches' losses add up to the batch's.
       stamps: None, or one list per stage, to which each forward and
         backward of a micro-batch appends its (begin, end) `tf.timestamp`
-        pair, taken on the stage's device (`stamp_after`).
+        pair, taken on the stage's device (`_stamp`).
 
     Returns:
       (the batch's loss, gradients aligned with model.trainable_variables,
@@ -244,10 +241,12 @@ class PipelineRuntime:
     return loss, grads
 
   def _stamp(self, k: int, tensors) -> tf.Tensor:
-    """A timestamp on stage k's device once `tensors` exist."""
-    if self.stage_clocks is None:
-      return stamp_after(tensors)
-    return self.stage_clocks[k](tensors)
+    """A timestamp on stage k's device once `tensors` exist. These chain
+    in traced order across stages (`stamp_after`); a runtime whose stages
+    must not wait on each other's stamps gives each its own clock
+    (`pipeline_processes.ProcessPipelineRuntime`)."""
+    del k
+    return stamp_after(tensors)
 
   def _forward(self, x, y, loss_fn, stamps=None):
     """One micro-batch through every stage: (tape, input, output) per

@@ -228,8 +228,12 @@ class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
                      devices=stage_devices(len(cut_layers) + 1),
                      num_microbatches=num_microbatches)
     place_stage_variables(self.stages, self.devices)
-    self.stage_clocks = [StageClock(device) for device in self.devices]
+    self._clocks = [StageClock(device) for device in self.devices]
     self._last_stamps: Optional[List[np.ndarray]] = None
+
+  def _stamp(self, k: int, tensors) -> tf.Tensor:
+    """Stage k's stamps come from its own clock (`StageClock`)."""
+    return self._clocks[k](tensors)
 
   def make_train_step(self, optimizer: keras.optimizers.Optimizer,
                       loss_fn: Callable):
@@ -247,23 +251,23 @@ class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
       starts = []
       for k, device in enumerate(self.devices):
         with tf.device(device):
-          starts.append(self.stage_clocks[k]([]))
+          starts.append(self._stamp(k, []))
       stamps = [[] for _ in self.stages]
       loss, grads = self.forward_backward(inputs, targets, loss_fn,
                                           stamps=stamps)
       update_begins = []
       for k, device in enumerate(self.devices):
         with tf.device(device):
-          update_begins.append(self.stage_clocks[k](
-              [grads[i] for i in self._variable_index[k]]))
+          update_begins.append(self._stamp(
+              k, [grads[i] for i in self._variable_index[k]]))
       optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
       vectors = []
       for k, device in enumerate(self.devices):
         with tf.device(device):
           # Reads after the update (automatic control dependencies order
           # them after its assignments), so the stamp waits for it.
-          update_end = self.stage_clocks[k](
-              [tf.identity(v) for v in self.stages[k].trainable_variables])
+          update_end = self._stamp(
+              k, [tf.identity(v) for v in self.stages[k].trainable_variables])
           flat = [starts[k]] + [t for pair in stamps[k] for t in pair]
           vectors.append(tf.stack(flat + [update_begins[k], update_end]))
       return loss, vectors

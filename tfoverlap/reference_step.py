@@ -12,7 +12,7 @@ would without the calibration.
 """
 
 import itertools
-from typing import Callable, Iterator, Tuple, Union
+from typing import Callable, Iterator, Optional, Tuple, Union
 
 import tensorflow as tf
 
@@ -39,15 +39,16 @@ def snapshot(model, optimizer) -> Callable[[], None]:
 
 
 def calibrate(train_step, iterator: Iterator, *, model, optimizer,
-              num_steps: int, offload=None
+              num_steps: int, offloader=None,
+              make_train_step: Optional[Callable] = None
               ) -> Tuple[Union[contention.ReferenceStep,
                                offload_cost.OffloadCost], Iterator]:
   """Times `train_step` on the iterator's first batch.
 
   Args:
-    offload: None, or (the run's `offload.Offloader`, a function that
-      makes the run's step function anew); then the step is timed with
-      offload and, made and traced inside `Offloader.paused`, without.
+    offloader: the run's `offload.Offloader`, or None. With one, the step
+      is timed with offload and without: a step function made anew by
+      `make_train_step` and traced inside `Offloader.paused`.
 
   Returns:
     (the reference step, or with offload the offload's cost; an iterator
@@ -56,13 +57,12 @@ def calibrate(train_step, iterator: Iterator, *, model, optimizer,
   """
   first = next(iterator)
   restore = snapshot(model, optimizer)
-  if offload is None:
+  if offloader is None:
     reference = contention.time_reference(
         # Reading the loss waits for the step's end.
         lambda: float(train_step(first)), num_steps=num_steps,
         restore=restore)
     return reference, itertools.chain([first], iterator)
-  offloader, make_train_step = offload
   step_without_offload = make_train_step()
 
   def run_without_offload() -> None:

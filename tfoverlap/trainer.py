@@ -210,9 +210,8 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
   if _times_reference(config, built) and keep_reference is not None:
     reference, iterator = reference_step.calibrate(
         train_step, iterator, model=model, optimizer=optimizer,
-        num_steps=config.run.reference_steps,
-        offload=((built.offload, make_train_step) if built.offload
-                 else None))
+        num_steps=config.run.reference_steps, offloader=built.offload,
+        make_train_step=make_train_step)
     keep_reference(reference)
     if built.offload:
       # The derived cost replaces the copies' split.
