@@ -48,14 +48,25 @@ removed: with an input pipeline beside the steps, a synchronous save lets
 the pipeline run ahead, and the steps after it find their batches ready
 and their cores free, a saving of the input's, not of the checkpoint's.
 
+  bubble            the stages run apart (--pipeline_stages_apart against
+                    a 2-stage GPipe pipeline of 4 micro-batches, PyTorch,
+                    whose stages are processes): each stage computes the
+                    same forwards and backwards on stand-ins held resident
+                    for its neighbours' activations and gradients, so it
+                    neither waits nor transfers. Both go, so the
+                    attribution is the change in bubble and transfer
+                    together (`Removal.attributed`). What stays is the
+                    step's closing loss all-reduce, where the faster stage
+                    waits for the slower one in both runs, bubble in both.
+
 Not covered here, and why. exposed_comm in TensorFlow: the trainer derives
 the phase from its step without the all-reduce, timed before training
 (`tfoverlap.exposed_comm`), and has no run-long local step, so it refuses
 --all_reduce=off; a run-long one would check the derivation against the
 very step it derives from. Its phase stays derived, not checked by
-intervention. bubble: it needs the pipeline's stages run back to back as a
-second job, which the pipeline benchmark's stage timing
-(`benchmarks.pipeline`) approaches but does not yet pair with its runs.
+intervention. bubble in TensorFlow: its stages run in one traced step that
+hands each stage its neighbour's tensors, with no stand-in for them, so it
+refuses --pipeline_stages_apart.
 
 Verdict per cell, from the repeats: the miss |attributed - saving| over
 the tolerance max(10% of the saving, 0.3 ms), per repeat; its median's
@@ -84,6 +95,11 @@ CHECKPOINT_EVERY = 5
 # flag wins): the size that makes two replicas' all-reduce visible in
 # `tests/torch_parity/test_ledger_phases.py`.
 COMM_MODEL_FLAGS = ["--model=mlp", "--image_size=64"]
+# The bubble cell's pipeline: two stages cut at an even layer count, GPipe
+# over 4 micro-batches, whose bubble (S-1)/(M+S-1) is a fifth of the step
+# in theory.
+PIPELINE_FLAGS = ["--pipeline_stages=2", "--pipeline_microbatches=4",
+                  "--pipeline_split=even", "--pipeline_schedule=gpipe"]
 
 
 class Removal(NamedTuple):
@@ -92,6 +108,9 @@ class Removal(NamedTuple):
   removed: list  # the flags, after the job's, that remove the cause
   strategies: Tuple[str, ...]
   frameworks: Tuple[str, ...] = FRAMEWORKS
+  # The phases whose change is attributed to the removal, beside
+  # contention; () for the cell's phase alone.
+  attributed: Tuple[str, ...] = ()
 
 
 # Input made free on both sides of a cell that removes something else
@@ -109,6 +128,11 @@ PHASES = {
     "exposed_comm": Removal([*RESIDENT, *COMM_MODEL_FLAGS],
                             ["--all_reduce=off"], ("mirrored",),
                             ("pytorch",)),
+    # A pipeline's stages are the mirrored strategy's processes; TensorFlow
+    # refuses --pipeline_stages_apart (see the docstring).
+    "bubble": Removal([*RESIDENT, *PIPELINE_FLAGS],
+                      ["--pipeline_stages_apart"], ("mirrored",),
+                      ("pytorch",), attributed=("bubble", "transfer")),
 }
 JOB, REMOVED = "job", "removed"
 
@@ -181,7 +205,8 @@ def measure(args, repeats: int, scratch: str) -> harness.Measured:
                f"{_phase_ms(record, phase):.2f} ms")
     return {"side": list(side), "repeat": repeat, "flags": flags,
             "step_ms": _phase_ms(record, "step"),
-            "phase_ms": _phase_ms(record, phase),
+            "phase_ms": sum(_phase_ms(record, p)
+                            for p in removal.attributed or (phase,)),
             "contention_ms": _phase_ms(record, CONTENTION),
             "phases_measured": record["phases_measured"],
             "phases_derived": record.get("phases_derived", []),
@@ -235,8 +260,12 @@ def summarize(payload: dict) -> list:
       continue
     cell = summarize_cell(by_side[side],
                           by_side.get(side[:3] + (REMOVED,), []))
+    removal = PHASES.get(phase)  # None: a phase since renamed
     summary.append({"framework": framework, "strategy": strategy,
-                    "phase": phase, **cell})
+                    "phase": phase,
+                    "phases": list(removal and removal.attributed
+                                   or (phase,)),
+                    **cell})
   return summary
 
 

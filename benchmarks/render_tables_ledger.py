@@ -3,7 +3,8 @@
 Registered into `render_tables.TABLES` on import, like the tables there.
 Every figure is read from `benchmarks/results/ledger_fidelity.json`, which
 `python -m benchmarks.ledger_fidelity` writes, or from the offload cells'
-rerun, `ledger_fidelity_offload.json`.
+rerun, `ledger_fidelity_offload.json`, or the bubble cell's,
+`ledger_fidelity_bubble.json`.
 """
 
 from benchmarks import ledger_fidelity
@@ -28,6 +29,12 @@ def ledger_fidelity_table() -> str:
   return _fidelity_table(load(ledger_fidelity.NAME))
 
 
+@table("ledger_fidelity_bubble")
+def ledger_fidelity_bubble_table() -> str:
+  """The bubble cell: a pipeline against its stages run apart."""
+  return _fidelity_table(load(ledger_fidelity.NAME + "_bubble"))
+
+
 @table("ledger_fidelity_offload")
 def ledger_fidelity_offload_table() -> str:
   """The offload cells again, once the phase was derived from the step
@@ -43,7 +50,8 @@ def _fidelity_table(data: dict) -> str:
     # saving to the phase alone.
     attributed = cell.get("attributed_ms_all", cell["phase_ms_all"])
     rows.append([
-        cell["framework"], f"`{cell['strategy']}`", f"`{cell['phase']}`",
+        cell["framework"], f"`{cell['strategy']}`",
+        " + ".join(f"`{p}`" for p in cell.get("phases", [cell["phase"]])),
         f"`{removal}`", spread(cell["phase_ms_all"]), spread(attributed),
         spread(cell["saving_ms_all"]),
         spread([s - a for a, s in zip(attributed, cell["saving_ms_all"])]),

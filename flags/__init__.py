@@ -261,7 +261,9 @@ def _parse_pipeline(values) -> PipelineConfig:
                                  ("pipeline_overlap_all_reduce",
                                   values.pipeline_overlap_all_reduce, True),
                                  ("pipeline_runtime",
-                                  values.pipeline_runtime, "devices")):
+                                  values.pipeline_runtime, "devices"),
+                                 ("pipeline_stages_apart",
+                                  values.pipeline_stages_apart, False)):
       if value != default:
         raise ConfigError(flag, value, "applies only with "
                           "--pipeline_stages of 2 or more")
@@ -306,7 +308,8 @@ def _parse_pipeline(values) -> PipelineConfig:
                         split=split, cut_layers=cut_layers,
                         virtual_stages=virtual, profile=profile,
                         overlap_all_reduce=values.pipeline_overlap_all_reduce,
-                        runtime=values.pipeline_runtime)
+                        runtime=values.pipeline_runtime,
+                        stages_apart=values.pipeline_stages_apart)
 
 
 def _build_offload(values) -> OffloadConfig:

@@ -108,8 +108,10 @@ ONE_SIDED_NAMES = {
     # averaging; TensorFlow's stages share one process or one traced step.
     # Inside that step a stage's work is timed by timestamps on its own
     # device, ordered by control dependencies; torch's ranks time theirs
-    # on the host.
-    "pipeline": {"torch_parity": {"PipelineMesh", "average_stage_buffers",
+    # on the host. Only torch's stages, being ranks of their own, can run
+    # apart on stand-ins for their neighbours (--pipeline_stages_apart).
+    "pipeline": {"torch_parity": {"PipelineMesh", "StagesApartRuntime",
+                                  "average_stage_buffers",
                                   "average_stage_gradients",
                                   "build_mesh_groups", "build_runtime"},
                  "tfoverlap": {"after", "stamp_after"}},

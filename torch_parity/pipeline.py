@@ -283,6 +283,8 @@ class PipelineRuntime:
     (`SavedTensorMeter`), counted in steps 2 to MEMORY_STEPS + 1.
   """
 
+  STAGES_APART = False
+
   def __init__(self, stage_modules: List[nn.Module], schedule,
                mesh: PipelineMesh, stage_indices: List[int], *,
                bucket_mb: float = DEFAULT_BUCKET_MB,
@@ -349,8 +351,8 @@ class PipelineRuntime:
                 if 1 <= self._num_steps <= MEMORY_STEPS
                 else contextlib.nullcontext())
     self._num_steps += 1
-    with self.timer.timing(), counting:
-      self.schedule.step(*args, return_outputs=False, **kwargs)
+    with counting:
+      self._run_schedule(args, kwargs)
     if self.mesh.dims.data_parallel > 1:
       # The step waits here for whatever all-reduce backward did not hide:
       # with the overlap, the buckets still in flight; without it, all.
@@ -368,6 +370,12 @@ class PipelineRuntime:
     # The micro-batches' losses were divided by M: their sum is the mean.
     return torch.stack([l.detach() for l in losses]).sum()
 
+  def _run_schedule(self, args: tuple, kwargs: dict) -> None:
+    """Every micro-batch's forward and backward, by the schedule, its
+    waits and transfers timed."""
+    with self.timer.timing():
+      self.schedule.step(*args, return_outputs=False, **kwargs)
+
   def describe(self) -> dict:
     """run.json's strategy.pipeline: the split and this rank's place."""
     return {
@@ -379,8 +387,114 @@ class PipelineRuntime:
         "schedule": type(self.schedule).__name__,
         "num_microbatches": self.schedule._n_microbatches,  # pylint: disable=protected-access
         "all_reduce_overlapped": self.reducer is not None,
+        "stages_apart": self.STAGES_APART,
         "measured": {"steps": len(self.recorder.steps)},
     }
+
+
+class StagesApartRuntime(PipelineRuntime):
+  """This rank's stage run apart from its neighbours (an intervention).
+
+  The stage computes what it computes in a GPipe step, the forwards of
+  the M micro-batches and then their backwards, but on stand-ins held
+  resident instead of its neighbours' tensors: the activations it would
+  receive and the gradients it would be sent back, made once, on the
+  first step, by running every stage of the unsplit model on that
+  batch's micro-batches. No stage waits for or sends to another, so a
+  step costs the stage's own work, and set beside a pipelined job's, it
+  shows what the bubble and the transfers cost (`ledger_fidelity`). The
+  step still ends in the trainer's loss all-reduce over the world, where
+  a faster stage waits for the slowest, as every pipelined step does.
+
+  The stand-ins are made with every stage in eval mode, so that making
+  them changes no BatchNorm statistics: their values differ from the
+  training-mode ones, their shapes do not, and a step's cost depends on
+  the shapes.
+  """
+
+  STAGES_APART = True
+
+  def __init__(self, all_stages: Sequence[nn.Module], *args,
+               loss_fn: Callable, microbatch_loss: Callable, **kwargs):
+    super().__init__(*args, **kwargs)
+    if len(self.stage_indices) != 1:
+      raise ValueError(f"Invalid value for argument `stage_indices`. "
+                       f"Received: {self.stage_indices}; allowed: one stage "
+                       f"per rank (GPipe)")
+    self._all_stages = list(all_stages)
+    self._loss_fn = loss_fn
+    self._microbatch_loss = microbatch_loss
+    self._stand_in_inputs: Optional[List[torch.Tensor]] = None
+    self._stand_in_grads: Optional[List[torch.Tensor]] = None
+
+  @property
+  def _microbatches(self) -> int:
+    return self.schedule._n_microbatches  # pylint: disable=protected-access
+
+  def step(self, inputs, targets):
+    if self._stand_in_inputs is None:
+      self._make_stand_ins(inputs, targets)
+    self._targets = targets
+    return super().step(inputs, targets)
+
+  def _run_schedule(self, args: tuple, kwargs: dict) -> None:
+    del args
+    (stage,) = self.stage_modules
+    losses = kwargs.get("losses")
+    targets = self._targets.chunk(self._microbatches)
+    outputs = []
+    for mb, stand_in in enumerate(self._stand_in_inputs):
+      # A leaf of its own each step: a stage past the first computes the
+      # gradient of its input, which it would send back.
+      needs_grad = not self.holds_first_stage
+      outputs.append(stage(stand_in.detach().requires_grad_(needs_grad)))
+      if self.holds_last_stage:
+        losses.append(self._microbatch_loss(outputs[-1], targets[mb]))
+    for mb, output in enumerate(outputs):
+      if self.holds_last_stage:
+        losses[mb].backward()
+      else:
+        output.backward(self._stand_in_grads[mb])
+
+  @torch.no_grad()
+  def _stage_input(self, inputs: torch.Tensor, stage: int) -> torch.Tensor:
+    for module in self._all_stages[:stage]:
+      inputs = module(inputs)
+    return inputs
+
+  def _make_stand_ins(self, inputs: torch.Tensor,
+                      targets: torch.Tensor) -> None:
+    """The activations this stage receives, and the gradients of its
+    outputs, for each of the first batch's micro-batches."""
+    (index,) = self.stage_indices
+    device = inputs.device
+    modes = [m.training for m in self._all_stages]
+    for module in self._all_stages:
+      module.to(device).eval()
+    try:
+      self._stand_in_inputs, self._stand_in_grads = [], []
+      for mb_inputs, mb_targets in zip(inputs.chunk(self._microbatches),
+                                       targets.chunk(self._microbatches)):
+        stage_input = self._stage_input(mb_inputs, index)
+        self._stand_in_inputs.append(stage_input)
+        if self.holds_last_stage:
+          continue
+        with torch.no_grad():
+          output = self._all_stages[index](stage_input)
+        output.requires_grad_(True)
+        later = output
+        for module in self._all_stages[index + 1:]:
+          later = module(later)
+        loss = self._loss_fn(later, mb_targets) / self._microbatches
+        (grad,) = torch.autograd.grad(loss, output)
+        self._stand_in_grads.append(grad)
+    finally:
+      for module, training in zip(self._all_stages, modes):
+        module.train(training)
+      # The other stages are no part of this rank's work.
+      for i, module in enumerate(self._all_stages):
+        if i != index:
+          module.to("cpu")
 
 
 def average_stage_buffers(runtime: PipelineRuntime) -> None:
@@ -451,8 +565,12 @@ def build_runtime(stage_modules: Sequence[nn.Module], cfg: PipelineConfig,
                      else stages[0])
   schedule = schedule_class(stage_or_stages, n_microbatches=cfg.microbatches,
                             loss_fn=microbatch_loss, scale_grads=False)
-  runtime = PipelineRuntime(mine, schedule, mesh, indices,
-                            bucket_mb=bucket_mb,
-                            overlap_all_reduce=overlap_all_reduce)
+  options = dict(bucket_mb=bucket_mb, overlap_all_reduce=overlap_all_reduce)
+  if cfg.stages_apart:
+    runtime = StagesApartRuntime(stage_modules, mine, schedule, mesh,
+                                 indices, loss_fn=loss_fn,
+                                 microbatch_loss=microbatch_loss, **options)
+  else:
+    runtime = PipelineRuntime(mine, schedule, mesh, indices, **options)
   runtime_box.append(runtime)
   return runtime

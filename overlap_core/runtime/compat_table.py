@@ -135,6 +135,9 @@ FEATURES = {f.name: f for f in (
             lambda c, h: (c.pipeline.stages > 1 and
                           c.pipeline.runtime == "processes"),
             {**_PIPE, "pipeline_runtime": "processes"}),
+    Feature("stages_apart",
+            lambda c, h: c.pipeline.stages > 1 and c.pipeline.stages_apart,
+            {**_PIPE, "pipeline_stages_apart": "true"}),
     Feature("burst", lambda c, h: c.burst.enabled,
             {"burst_parallel": BURST_PLAN, "strategy": "mirrored",
              "num_devices": "2"}),
@@ -186,6 +189,7 @@ FLAG_VALUES = {
     "pipeline_schedule": lambda c: c.pipeline.schedule,
     "pipeline_overlap_all_reduce": lambda c: c.pipeline.overlap_all_reduce,
     "pipeline_runtime": lambda c: c.pipeline.runtime,
+    "pipeline_stages_apart": lambda c: c.pipeline.stages_apart,
     "burst_parallel": lambda c: c.burst.plan_path,
     "background_job": lambda c: c.burst.background_job,
     "offload": lambda c: ",".join(c.offload.targets),
@@ -210,6 +214,7 @@ _PIPELINED = "with --pipeline_stages > 1"
 _BURST = "with --burst_parallel"
 _TF_SIDE = "on the TensorFlow side"
 _NO_ALL_REDUCE = "with --all_reduce=off"
+_STAGES_APART = "with --pipeline_stages_apart"
 DATA_PARALLEL_REFUSAL = (
     "data parallelism across pipelines is not built in TensorFlow: a "
     "tf.distribute replica owns one device, so a replica cannot hold stages "
@@ -362,6 +367,24 @@ ROWS = (
         "pipeline_overlap_all_reduce",
         "the world is the stages, so no stage has replicas to all-reduce "
         "with", "true, or a world of stages x 2 or more replicas"),
+    # Stages apart are an intervention that removes what a pipeline waits
+    # for; they stand in for GPipe's order, and train on stand-ins.
+    Row(("stages_apart",), (TF,), "pipeline_stages_apart",
+        "TensorFlow's stages run in one traced step that hands each stage "
+        "its neighbour's tensors, with no stand-in for them", "false",
+        _TF_SIDE),
+    Row(("stages_apart", ("schedule=1f1b", "schedule=interleaved_1f1b",
+                          "schedule=zero_bubble")), (PT,),
+        "pipeline_stages_apart",
+        "stages apart run GPipe's order, the forwards then the backwards, "
+        "and are compared with a GPipe pipeline", "false",
+        "with a schedule other than gpipe"),
+    Row(("stages_apart", _SAVES), (PT,), "checkpoint",
+        "stages apart train on stand-ins, a model the job does not train, "
+        "which no checkpoint should hold", "none", _STAGES_APART),
+    Row(("stages_apart", "evaluate"), (PT,), "evaluate",
+        "stages apart train on stand-ins, a model the job does not train",
+        "false", _STAGES_APART),
     Row(("pipeline", "strategy=multi_worker"), (TF,), "strategy",
         DATA_PARALLEL_REFUSAL, "mirrored", _PIPELINED),
     Row(("pipeline", _NOT_DDP), (TF,), "strategy",

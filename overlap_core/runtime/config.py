@@ -224,6 +224,9 @@ class PipelineConfig:
   # or "processes" (a TensorFlow server process each, driven by one
   # client). PyTorch's stages are always processes.
   runtime: str = "devices"
+  # Each stage on resident stand-ins for its neighbours' activations and
+  # gradients: the stages' work without waits or transfers (PyTorch only).
+  stages_apart: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -82,6 +82,8 @@ def test_micro_batches_divide_each_pipelines_batch(parsed, microbatch_size):
     (dict(pipeline_overlap_all_reduce="false"),
      "--pipeline_overlap_all_reduce=False: applies only with "
      "--pipeline_stages of 2"),
+    (dict(pipeline_stages_apart="true"),
+     "--pipeline_stages_apart=True: applies only with --pipeline_stages of 2"),
     (dict(pipeline_stages="2", pipeline_microbatches="4",
           plan_profile="no/such/profile.json"),
      "--plan_profile=no/such/profile.json: no such file"),
@@ -107,6 +109,10 @@ TRAINER_REFUSALS = [
                             "--pipeline_microbatches=4",
                             "--evaluate=false", "--plan_profile=README.md"],
      "--plan_profile=README.md: not a layer profile"),
+    ("tfoverlap.train", ["--pipeline_stages=2", "--pipeline_microbatches=4",
+                         "--pipeline_stages_apart=true"],
+     "--pipeline_stages_apart=True: TensorFlow's stages run in one traced "
+     "step"),
     # The flags take a profile alone (the burst planning command reads one);
     # the trainers refuse it without stages.
     ("tfoverlap.train", ["--plan_profile=README.md"],

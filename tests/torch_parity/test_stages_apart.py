@@ -1,0 +1,65 @@
+"""A pipeline's stages run apart: the pipeline's work without its waits.
+
+`--pipeline_stages_apart` is the bubble's intervention in
+`benchmarks/ledger_fidelity.py`: each stage computes on stand-ins for its
+neighbours' tensors. These real two-rank runs check that the stand-ins are
+what the neighbours would have sent on the first batch, and that no
+transfer is left to time.
+"""
+
+import pytest
+
+from overlap_core.runtime import pipeline_stats
+from overlap_core.runtime import run_record
+
+from tests.helpers import run_module
+
+# small_cnn has neither BatchNorm nor dropout, so the stand-ins, made in
+# eval mode, are the first step's activations exactly.
+JOB = ["--model=small_cnn", "--dataset=synthetic", "--image_size=16",
+       "--batch_size=16", "--strategy=mirrored", "--num_devices=2",
+       "--pipeline_stages=2", "--pipeline_microbatches=4",
+       "--pipeline_split=even", "--synthetic_on_device", "--deterministic",
+       "--evaluate=false", "--progress=false", "--trace=false",
+       "--tensorboard=false"]
+
+
+def _train(tmp_path_factory, name, *args):
+  model_dir = tmp_path_factory.mktemp(name)
+  result = run_module("torch_parity.train", f"--model_dir={model_dir}",
+                      *JOB, *args, timeout=600)
+  assert result.returncode == 0, result.stderr[-4000:]
+  return run_record.load_run_record(str(model_dir))
+
+
+@pytest.fixture(scope="module")
+def one_step(tmp_path_factory):
+  """The pipeline and its stages apart, one step each."""
+  return (_train(tmp_path_factory, "pipeline", "--train_steps=1"),
+          _train(tmp_path_factory, "apart", "--train_steps=1",
+                 "--pipeline_stages_apart"))
+
+
+@pytest.fixture(scope="module")
+def apart_run(tmp_path_factory):
+  return _train(tmp_path_factory, "apart_steps", "--train_steps=4",
+                "--pipeline_stages_apart")
+
+
+def test_on_the_first_batch_stages_apart_do_the_pipelines_work(one_step):
+  pipelined, apart = one_step
+  # The last stage's loss came from the activations stage 0 would have
+  # sent, and stage 0's update from the gradients stage 1 would have sent
+  # back: the same loss and the same weights after the step.
+  assert apart["final"]["train_loss"] == pipelined["final"]["train_loss"]
+  assert apart["weights_digest"] == pipelined["weights_digest"]
+  assert apart["strategy"]["pipeline"]["stages_apart"] is True
+  assert pipelined["strategy"]["pipeline"]["stages_apart"] is False
+
+
+def test_stages_apart_transfer_nothing(apart_run):
+  # No stage sends or receives: what is left to wait for is the step's
+  # closing loss all-reduce, which the ledger counts as bubble.
+  assert pipeline_stats.TRANSFER not in apart_run["phases"]
+  for stage in apart_run["pipeline"]["per_stage"]:
+    assert not stage["transfer_ms"], stage
