@@ -55,9 +55,13 @@ and their cores free, a saving of the input's, not of the checkpoint's.
                     for its neighbours' activations and gradients, so it
                     neither waits nor transfers. Both go, so the
                     attribution is the change in bubble and transfer
-                    together (`Removal.attributed`). What stays is the
-                    step's closing loss all-reduce, where the faster stage
-                    waits for the slower one in both runs, bubble in both.
+                    together (`Removal.attributed`), beside contention:
+                    each stage's compute beyond the stage timed alone on
+                    the same stand-ins before training, what the sends,
+                    receives and schedule cost its work. What stays is
+                    the step's closing loss all-reduce, where the faster
+                    stage waits for the slower one in both runs, bubble
+                    in both.
 
 Not covered here, and why. exposed_comm in TensorFlow: the trainer derives
 the phase from its step without the all-reduce, timed before training

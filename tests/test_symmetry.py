@@ -76,12 +76,13 @@ ONE_SIDED_PARAMETERS = {
     # The runtimes differ in how stages meet: one TensorFlow process places
     # stage k on devices[k] and runs GPipe; each torch rank holds its own
     # stages in a mesh under the --pipeline_schedule, stage modules already
-    # cut.
+    # cut, and can run them on stand-ins for their neighbours.
     ("pipeline", "PipelineRuntime"): {
         "tfoverlap": {"model", "cut_layers", "devices", "num_microbatches"},
         "torch_parity": {"stage_modules", "schedule", "mesh",
                          "stage_indices", "bucket_mb",
-                         "overlap_all_reduce"}},
+                         "overlap_all_reduce", "stand_ins",
+                         "stages_apart"}},
 }
 
 # module -> {side: public names only that side has}. Why each:
@@ -109,8 +110,8 @@ ONE_SIDED_NAMES = {
     # Inside that step a stage's work is timed by timestamps on its own
     # device, ordered by control dependencies; torch's ranks time theirs
     # on the host. Only torch's stages, being ranks of their own, can run
-    # apart on stand-ins for their neighbours (--pipeline_stages_apart).
-    "pipeline": {"torch_parity": {"PipelineMesh", "StagesApartRuntime",
+    # on stand-ins for their neighbours' tensors (`StandIns`).
+    "pipeline": {"torch_parity": {"PipelineMesh", "StandIns",
                                   "average_stage_buffers",
                                   "average_stage_gradients",
                                   "build_mesh_groups", "build_runtime"},

@@ -268,6 +268,101 @@ def average_stage_gradients(modules: Sequence[nn.Module], group,
       size += grad.numel() * grad.element_size()
 
 
+class StandIns:
+  """Stand-ins for what one stage's neighbours send it, and the stage's
+  GPipe work on them.
+
+  The activations the stage would receive and the gradients it would be
+  sent back, for each micro-batch of one batch, made by running every
+  stage of the unsplit model on it. On them the stage computes what it
+  computes in a GPipe step, the forwards of the M micro-batches and then
+  their backwards, without waiting for or sending to a neighbour.
+
+  They are made with every stage in eval mode, so that making them
+  changes no BatchNorm statistics: their values differ from the
+  training-mode ones, their shapes do not, and a step's cost depends on
+  the shapes. On a model without BatchNorm or dropout, the first batch's
+  stand-ins are what the neighbours send on it, to the bit.
+  """
+
+  def __init__(self, all_stages: Sequence[nn.Module], index: int, *,
+               microbatches: int, loss_fn: Callable,
+               microbatch_loss: Callable):
+    self._all_stages = list(all_stages)
+    self._index = index
+    self._microbatches = microbatches
+    self._loss_fn = loss_fn
+    self._microbatch_loss = microbatch_loss
+    self._inputs: Optional[List[torch.Tensor]] = None
+    self._grads: Optional[List[torch.Tensor]] = None
+
+  @property
+  def _is_first(self) -> bool:
+    return self._index == 0
+
+  @property
+  def _is_last(self) -> bool:
+    return self._index == len(self._all_stages) - 1
+
+  def run(self, inputs: torch.Tensor, targets: torch.Tensor,
+          losses: Optional[list]) -> None:
+    """The stage's forwards, then its backwards, on the stand-ins made
+    from this batch the first time (`losses` collects the last stage's
+    micro-batch losses, as the schedule's do)."""
+    if self._inputs is None:
+      self._make(inputs, targets)
+    stage = self._all_stages[self._index]
+    targets = targets.chunk(self._microbatches)
+    outputs = []
+    for mb, stand_in in enumerate(self._inputs):
+      # A leaf of its own each step: a stage past the first computes the
+      # gradient of its input, which it would send back.
+      outputs.append(stage(stand_in.detach().requires_grad_(
+          not self._is_first)))
+      if self._is_last:
+        losses.append(self._microbatch_loss(outputs[-1], targets[mb]))
+    for mb, output in enumerate(outputs):
+      if self._is_last:
+        losses[mb].backward()
+      else:
+        output.backward(self._grads[mb])
+
+  def _make(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+    modes = [m.training for m in self._all_stages]
+    for module in self._all_stages:
+      module.to(inputs.device).eval()
+    try:
+      self._inputs, self._grads = [], []
+      for mb_inputs, mb_targets in zip(inputs.chunk(self._microbatches),
+                                       targets.chunk(self._microbatches)):
+        with torch.no_grad():
+          for module in self._all_stages[:self._index]:
+            mb_inputs = module(mb_inputs)
+        self._inputs.append(mb_inputs)
+        if not self._is_last:
+          self._grads.append(self._output_grad(mb_inputs, mb_targets))
+    finally:
+      for module, training in zip(self._all_stages, modes):
+        module.train(training)
+      # The other stages are no part of this rank's work.
+      for i, module in enumerate(self._all_stages):
+        if i != self._index:
+          module.to("cpu")
+
+  def _output_grad(self, stage_input: torch.Tensor,
+                   targets: torch.Tensor) -> torch.Tensor:
+    """The gradient of the micro-batch's loss at this stage's output."""
+    with torch.no_grad():
+      output = self._all_stages[self._index](stage_input)
+    output.requires_grad_(True)
+    later = output
+    for module in self._all_stages[self._index + 1:]:
+      later = module(later)
+    loss = self._loss_fn(later, targets) / self._microbatches
+    (grad,) = torch.autograd.grad(loss, output)
+    return grad
+
+
 class PipelineRuntime:
   """This rank's stages under one schedule, with what each step spent.
 
@@ -281,14 +376,17 @@ class PipelineRuntime:
     intervals per step, and the totals.
       memory: the bytes of tensors this rank's stages saved for backward
     (`SavedTensorMeter`), counted in steps 2 to MEMORY_STEPS + 1.
+      stages_apart: every step runs on stand-ins for the neighbours'
+    tensors (`StandIns`, --pipeline_stages_apart); otherwise only the
+    steps inside `alone()` do.
   """
-
-  STAGES_APART = False
 
   def __init__(self, stage_modules: List[nn.Module], schedule,
                mesh: PipelineMesh, stage_indices: List[int], *,
                bucket_mb: float = DEFAULT_BUCKET_MB,
-               overlap_all_reduce: bool = True):
+               overlap_all_reduce: bool = True,
+               stand_ins: Optional[StandIns] = None,
+               stages_apart: bool = False):
     self.stage_modules = stage_modules
     self.schedule = schedule
     self.mesh = mesh
@@ -302,6 +400,10 @@ class PipelineRuntime:
     self.timer = P2PTimer(self.recorder)
     self.memory = SavedTensorMeter(stage_state(*stage_modules))
     self._num_steps = 0
+    self._stand_ins = stand_ins
+    # --pipeline_stages_apart: every step on the stand-ins.
+    self.stages_apart = stages_apart
+    self._alone = False  # inside alone(): the stage timed by itself
     # With replicas, gradients are all-reduced as the last micro-batch's
     # backward makes them final (overlap_all_reduce), or after the step.
     self.reducer = None
@@ -327,6 +429,42 @@ class PipelineRuntime:
   def _virtual(self) -> int:
     return len(self.stage_indices)
 
+  @property
+  def can_run_alone(self) -> bool:
+    """Whether this rank's stage can be timed by itself (`alone`)."""
+    return self._stand_ins is not None
+
+  @property
+  def waits_for_loss(self) -> bool:
+    """Whether the step ends in the wait for the last stage's loss
+    (`steps.make_pipeline_train_step`); not while the stage is timed
+    alone, which is all its own work."""
+    return not self._alone
+
+  @contextlib.contextmanager
+  def alone(self):
+    """Runs the enclosed steps on the stand-ins, without the closing wait
+    for the loss: the stage's own work, which `reference_step` times
+    before training. What those steps recorded is dropped after, and,
+    unless every step runs apart, the stand-ins with it."""
+    if not self.can_run_alone:
+      raise RuntimeError("this pipeline's stages cannot run alone: "
+                         "stand-ins cover one stage per rank")
+    self._alone = True
+    try:
+      yield
+    finally:
+      self._alone = False
+      self.recorder.discard_pending()
+      if not self.stages_apart:
+        self.release_stand_ins()
+
+  def release_stand_ins(self) -> None:
+    """Frees the stand-ins and the other stages they were made with,
+    where no step will run apart again."""
+    if not self.stages_apart:
+      self._stand_ins = None
+
   def step(self, inputs: Optional[torch.Tensor],
              targets: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """Forward and backward of one batch over every micro-batch.
@@ -348,11 +486,16 @@ class PipelineRuntime:
     # Not the first step: torch's stages infer shapes with an extra
     # forward there, which no later step runs.
     counting = (self.memory.counting(inputs, targets)
-                if 1 <= self._num_steps <= MEMORY_STEPS
+                if 1 <= self._num_steps <= MEMORY_STEPS and not self._alone
                 else contextlib.nullcontext())
-    self._num_steps += 1
+    if not self._alone:
+      self._num_steps += 1
     with counting:
-      self._run_schedule(args, kwargs)
+      if self._alone or self.stages_apart:
+        self._stand_ins.run(inputs, targets, losses)
+      else:
+        with self.timer.timing():
+          self.schedule.step(*args, return_outputs=False, **kwargs)
     if self.mesh.dims.data_parallel > 1:
       # The step waits here for whatever all-reduce backward did not hide:
       # with the overlap, the buckets still in flight; without it, all.
@@ -370,12 +513,6 @@ class PipelineRuntime:
     # The micro-batches' losses were divided by M: their sum is the mean.
     return torch.stack([l.detach() for l in losses]).sum()
 
-  def _run_schedule(self, args: tuple, kwargs: dict) -> None:
-    """Every micro-batch's forward and backward, by the schedule, its
-    waits and transfers timed."""
-    with self.timer.timing():
-      self.schedule.step(*args, return_outputs=False, **kwargs)
-
   def describe(self) -> dict:
     """run.json's strategy.pipeline: the split and this rank's place."""
     return {
@@ -387,114 +524,9 @@ class PipelineRuntime:
         "schedule": type(self.schedule).__name__,
         "num_microbatches": self.schedule._n_microbatches,  # pylint: disable=protected-access
         "all_reduce_overlapped": self.reducer is not None,
-        "stages_apart": self.STAGES_APART,
+        "stages_apart": self.stages_apart,
         "measured": {"steps": len(self.recorder.steps)},
     }
-
-
-class StagesApartRuntime(PipelineRuntime):
-  """This rank's stage run apart from its neighbours (an intervention).
-
-  The stage computes what it computes in a GPipe step, the forwards of
-  the M micro-batches and then their backwards, but on stand-ins held
-  resident instead of its neighbours' tensors: the activations it would
-  receive and the gradients it would be sent back, made once, on the
-  first step, by running every stage of the unsplit model on that
-  batch's micro-batches. No stage waits for or sends to another, so a
-  step costs the stage's own work, and set beside a pipelined job's, it
-  shows what the bubble and the transfers cost (`ledger_fidelity`). The
-  step still ends in the trainer's loss all-reduce over the world, where
-  a faster stage waits for the slowest, as every pipelined step does.
-
-  The stand-ins are made with every stage in eval mode, so that making
-  them changes no BatchNorm statistics: their values differ from the
-  training-mode ones, their shapes do not, and a step's cost depends on
-  the shapes.
-  """
-
-  STAGES_APART = True
-
-  def __init__(self, all_stages: Sequence[nn.Module], *args,
-               loss_fn: Callable, microbatch_loss: Callable, **kwargs):
-    super().__init__(*args, **kwargs)
-    if len(self.stage_indices) != 1:
-      raise ValueError(f"Invalid value for argument `stage_indices`. "
-                       f"Received: {self.stage_indices}; allowed: one stage "
-                       f"per rank (GPipe)")
-    self._all_stages = list(all_stages)
-    self._loss_fn = loss_fn
-    self._microbatch_loss = microbatch_loss
-    self._stand_in_inputs: Optional[List[torch.Tensor]] = None
-    self._stand_in_grads: Optional[List[torch.Tensor]] = None
-
-  @property
-  def _microbatches(self) -> int:
-    return self.schedule._n_microbatches  # pylint: disable=protected-access
-
-  def step(self, inputs, targets):
-    if self._stand_in_inputs is None:
-      self._make_stand_ins(inputs, targets)
-    self._targets = targets
-    return super().step(inputs, targets)
-
-  def _run_schedule(self, args: tuple, kwargs: dict) -> None:
-    del args
-    (stage,) = self.stage_modules
-    losses = kwargs.get("losses")
-    targets = self._targets.chunk(self._microbatches)
-    outputs = []
-    for mb, stand_in in enumerate(self._stand_in_inputs):
-      # A leaf of its own each step: a stage past the first computes the
-      # gradient of its input, which it would send back.
-      needs_grad = not self.holds_first_stage
-      outputs.append(stage(stand_in.detach().requires_grad_(needs_grad)))
-      if self.holds_last_stage:
-        losses.append(self._microbatch_loss(outputs[-1], targets[mb]))
-    for mb, output in enumerate(outputs):
-      if self.holds_last_stage:
-        losses[mb].backward()
-      else:
-        output.backward(self._stand_in_grads[mb])
-
-  @torch.no_grad()
-  def _stage_input(self, inputs: torch.Tensor, stage: int) -> torch.Tensor:
-    for module in self._all_stages[:stage]:
-      inputs = module(inputs)
-    return inputs
-
-  def _make_stand_ins(self, inputs: torch.Tensor,
-                      targets: torch.Tensor) -> None:
-    """The activations this stage receives, and the gradients of its
-    outputs, for each of the first batch's micro-batches."""
-    (index,) = self.stage_indices
-    device = inputs.device
-    modes = [m.training for m in self._all_stages]
-    for module in self._all_stages:
-      module.to(device).eval()
-    try:
-      self._stand_in_inputs, self._stand_in_grads = [], []
-      for mb_inputs, mb_targets in zip(inputs.chunk(self._microbatches),
-                                       targets.chunk(self._microbatches)):
-        stage_input = self._stage_input(mb_inputs, index)
-        self._stand_in_inputs.append(stage_input)
-        if self.holds_last_stage:
-          continue
-        with torch.no_grad():
-          output = self._all_stages[index](stage_input)
-        output.requires_grad_(True)
-        later = output
-        for module in self._all_stages[index + 1:]:
-          later = module(later)
-        loss = self._loss_fn(later, mb_targets) / self._microbatches
-        (grad,) = torch.autograd.grad(loss, output)
-        self._stand_in_grads.append(grad)
-    finally:
-      for module, training in zip(self._all_stages, modes):
-        module.train(training)
-      # The other stages are no part of this rank's work.
-      for i, module in enumerate(self._all_stages):
-        if i != index:
-          module.to("cpu")
 
 
 def average_stage_buffers(runtime: PipelineRuntime) -> None:
@@ -565,12 +597,16 @@ def build_runtime(stage_modules: Sequence[nn.Module], cfg: PipelineConfig,
                      else stages[0])
   schedule = schedule_class(stage_or_stages, n_microbatches=cfg.microbatches,
                             loss_fn=microbatch_loss, scale_grads=False)
-  options = dict(bucket_mb=bucket_mb, overlap_all_reduce=overlap_all_reduce)
-  if cfg.stages_apart:
-    runtime = StagesApartRuntime(stage_modules, mine, schedule, mesh,
-                                 indices, loss_fn=loss_fn,
-                                 microbatch_loss=microbatch_loss, **options)
-  else:
-    runtime = PipelineRuntime(mine, schedule, mesh, indices, **options)
+  # Stand-ins cover one stage per rank, which every schedule but the
+  # interleaved ones has.
+  stand_ins = (StandIns(stage_modules, indices[0],
+                        microbatches=cfg.microbatches, loss_fn=loss_fn,
+                        microbatch_loss=microbatch_loss)
+               if len(indices) == 1 else None)
+  runtime = PipelineRuntime(mine, schedule, mesh, indices,
+                            bucket_mb=bucket_mb,
+                            overlap_all_reduce=overlap_all_reduce,
+                            stand_ins=stand_ins,
+                            stages_apart=cfg.stages_apart)
   runtime_box.append(runtime)
   return runtime

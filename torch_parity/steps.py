@@ -253,6 +253,8 @@ def make_pipeline_train_step(runtime, optimizer, strategy):
     runtime.recorder.record_update(start, time.perf_counter())
     if loss is None:
       loss = torch.zeros((), device=device)
+    if not runtime.waits_for_loss:
+      return loss  # a stage timed alone: its own work, nobody else's loss
     # Every rank waits here for the last stage's loss, which the last
     # backward on the first stage comes after: time spent idle on a
     # neighbour, so it counts as bubble.

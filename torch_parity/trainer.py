@@ -8,6 +8,7 @@ rank 0's weights when it wraps the model), and the optimizer is built on
 the device-resident parameters.
 """
 
+import contextlib
 import functools
 import os
 import sys
@@ -16,7 +17,7 @@ import torch
 
 from overlap_core.planning import burst_report, command
 from overlap_core.planning import split as split_lib
-from overlap_core.runtime import background, compat, contention
+from overlap_core.runtime import background, compat, contention, pipeline_stats
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import datasets, run_record, skeleton, user_code
 from overlap_core.runtime.config import TrainConfig
@@ -412,14 +413,24 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
   iterator = batches
   if (_times_reference(config, parallel) and stream is None
       and keep_reference is not None):
-    reference, iterator = reference_step.calibrate(
-        train_step, iterator, model=parallel.model,
-        optimizer=parallel.optimizer, strategy=strategy,
-        num_steps=config.run.reference_steps, offloader=parallel.offload)
+    # A pipeline's stage is timed alone on stand-ins for its neighbours.
+    alone = (parallel.pipeline.alone() if parallel.pipeline
+             else contextlib.nullcontext())
+    with alone:
+      reference, iterator = reference_step.calibrate(
+          train_step, iterator, model=parallel.model,
+          optimizer=parallel.optimizer, strategy=strategy,
+          num_steps=config.run.reference_steps, offloader=parallel.offload)
     keep_reference(reference)
-    # With offload, the derived cost replaces the copies' split.
-    split_compute = reference.split_compute(
-        inner=_split_compute(parallel, strategy, offload_derived=True))
+    if parallel.pipeline:
+      split_compute = reference.split_stage_compute(
+          split_compute, pipeline_stats.STAGE_COMPUTE)
+    else:
+      # With offload, the derived cost replaces the copies' split.
+      split_compute = reference.split_compute(
+          inner=_split_compute(parallel, strategy, offload_derived=True))
+  if parallel.pipeline:
+    parallel.pipeline.release_stand_ins()
   try:
     return loops.run_custom_loop(
         ctx, train_step=train_step, iterator=iterator,
@@ -435,7 +446,9 @@ def _times_reference(config: TrainConfig, parallel) -> bool:
   phase (`contention.times_reference`; PyTorch has one step per call and
   no loop but its own)."""
   return contention.times_reference(
-      config.run.reference_steps, pipelined=bool(parallel.pipeline),
+      config.run.reference_steps,
+      pipelined=bool(parallel.pipeline
+                     and not parallel.pipeline.can_run_alone),
       burst=bool(parallel.burst),
       fixed_offload=bool(parallel.offload
                          and not parallel.offload.can_pause))

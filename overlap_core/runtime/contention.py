@@ -90,6 +90,36 @@ class ReferenceStep:
 
     return split
 
+  def split_stage_compute(self, inner: Callable, compute: str) -> Callable:
+    """(start_s, end_s) -> a pipeline stage's spans, `inner`'s (its
+    bubble, transfer and `compute` spans in the order they ran), with the
+    stage's compute beyond the reference carved out of its first
+    `compute` spans as contention.
+
+    The reference here is the stage's own work timed alone, with no
+    neighbour to wait for, so the excess is taken over the step's
+    `compute` spans only: the waits are the bubble's and transfer's.
+    """
+    reference_s = self.reference_s  # a median: taken once, not per step
+
+    def split(start_s: float, end_s: float) -> List[tuple]:
+      spans = inner(start_s, end_s)
+      left_s = max(sum(e - b for name, b, e in spans if name == compute)
+                   - reference_s, 0.0)
+      carved = []
+      for name, begin, end in spans:
+        if name != compute or left_s <= 0.0:
+          carved.append((name, begin, end))
+          continue
+        cut_s = begin + min(left_s, end - begin)
+        left_s -= cut_s - begin
+        carved.append((CONTENTION, begin, cut_s))
+        if cut_s < end:
+          carved.append((name, cut_s, end))
+      return carved
+
+    return split
+
   def to_dict(self) -> dict:
     return {"derived_from": "the run's step on its first batch held "
                             "resident, timed alone before training",
@@ -106,7 +136,9 @@ COMPUTE = "compute"
 def times_reference(reference_steps: int, *, pipelined: bool, burst: bool,
                     fixed_offload: bool) -> bool:
   """Whether a run times its step alone before training, on both sides:
-  not asked off (`--reference_steps=0`), and not a pipeline or burst
+  not asked off (`--reference_steps=0`), and not a pipeline whose stages
+  cannot run alone (`pipelined`: PyTorch's stages can, on stand-ins for
+  their neighbours' tensors, where a rank holds one stage) or a burst
   plan, whose compute spans are split their own way, nor an offload no
   step can run without (`fixed_offload`: PyTorch's parameters offload
   keeps the weights on the host). Each trainer adds what only its

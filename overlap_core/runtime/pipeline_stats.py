@@ -163,6 +163,12 @@ class StageRecorder:
     with self._lock:
       self._pending_parts[part] = self._pending_parts.get(part, 0.0) + seconds
 
+  def discard_pending(self) -> None:
+    """Drops what was recorded since the last step closed: steps the
+    ledger does not record (the stage timed alone before training)."""
+    with self._lock:
+      self._pending, self._pending_parts = [], {}
+
   def end_step(self, start_s: float, end_s: float) -> List[Interval]:
     """Closes the step that ran from start_s to end_s; returns its spans
     (`partition_span`) and keeps their per-phase totals."""

@@ -2,14 +2,16 @@
 
 `--pipeline_stages_apart` is the bubble's intervention in
 `benchmarks/ledger_fidelity.py`: each stage computes on stand-ins for its
-neighbours' tensors. These real two-rank runs check that the stand-ins are
-what the neighbours would have sent on the first batch, and that no
-transfer is left to time.
+neighbours' tensors. The same stand-ins time each stage alone before
+training, for the pipeline's contention phase. These real two-rank runs
+check that the stand-ins are what the neighbours would have sent on the
+first batch, that no transfer is left to time, and that timing the stage
+alone changes nothing the run trains.
 """
 
 import pytest
 
-from overlap_core.runtime import pipeline_stats
+from overlap_core.runtime import contention, pipeline_stats
 from overlap_core.runtime import run_record
 
 from tests.helpers import run_module
@@ -41,6 +43,15 @@ def one_step(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def reference_pair(tmp_path_factory):
+  """The pipeline with its stages timed alone first (the default), and
+  without."""
+  return (_train(tmp_path_factory, "timed", "--train_steps=3"),
+          _train(tmp_path_factory, "untimed", "--train_steps=3",
+                 "--reference_steps=0"))
+
+
+@pytest.fixture(scope="module")
 def apart_run(tmp_path_factory):
   return _train(tmp_path_factory, "apart_steps", "--train_steps=4",
                 "--pipeline_stages_apart")
@@ -63,3 +74,15 @@ def test_stages_apart_transfer_nothing(apart_run):
   assert pipeline_stats.TRANSFER not in apart_run["phases"]
   for stage in apart_run["pipeline"]["per_stage"]:
     assert not stage["transfer_ms"], stage
+
+
+def test_timing_each_stage_alone_first_changes_nothing_it_trains(
+    reference_pair):
+  timed, untimed = reference_pair
+  assert timed["weights_digest"] == untimed["weights_digest"]
+  assert timed["final"]["train_loss"] == untimed["final"]["train_loss"]
+  # Each stage's compute beyond its work timed alone is contention, what
+  # the pipeline's sends, receives and schedule cost beside the work.
+  assert contention.CONTENTION in timed["phases_derived"]
+  assert contention.CONTENTION in timed["phases"]
+  assert contention.CONTENTION not in untimed["phases"]
