@@ -59,6 +59,8 @@ def define_flags():
       "work running beside the step (input pipeline, checkpoint persist). "
       "Weights, optimizer state and random streams are put back after. "
       "0: no calibration and no contention phase. Derived for the custom "
-      "loop at one step per call without pipeline, burst or offload, and "
-      "not in TensorFlow's multi_worker jobs.",
+      "loop at one step per call, and for a PyTorch pipeline with one "
+      "stage per rank (each stage timed alone on stand-ins for its "
+      "neighbours' tensors); not for TensorFlow's pipelines, a burst plan, "
+      "PyTorch's parameters offload or TensorFlow's multi_worker jobs.",
       lower_bound=0)
