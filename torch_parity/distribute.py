@@ -215,6 +215,17 @@ class Strategy:
     """The module the train step calls; itself without data parallelism."""
     return model
 
+  @property
+  def can_pause_all_reduce(self) -> bool:
+    """Whether `all_reduce_paused` can run a step without its gradient
+    all-reduce (DDP's no_sync)."""
+    return False
+
+  def all_reduce_paused(self):
+    """The enclosed steps all-reduce no gradient: the step's own work,
+    which `reference_step` times before training."""
+    raise RuntimeError(f"{type(self).__name__} cannot pause its all-reduce")
+
   def wrap_optimizer(self, optimizer, model: nn.Module):
     """The optimizer the train step steps; itself unless it all-reduces."""
     del model
@@ -348,6 +359,19 @@ class DDPStrategy(Strategy):
       self._no_sync.enter_context(wrapped.no_sync())
     self._wrapped.append(wrapped)
     return wrapped
+
+  @property
+  def can_pause_all_reduce(self) -> bool:
+    return bool(self._wrapped) and self.cfg.all_reduce != ALL_REDUCE_OFF
+
+  @contextlib.contextmanager
+  def all_reduce_paused(self):
+    """Every wrapped module inside no_sync (from the forward on, where
+    DDP prepares the backward's all-reduce)."""
+    with contextlib.ExitStack() as paused:
+      for wrapped in self._wrapped:
+        paused.enter_context(wrapped.no_sync())
+      yield
 
   def backward(self, loss: torch.Tensor) -> None:
     """DDP's reducer waits, at backward's end, for every bucket's

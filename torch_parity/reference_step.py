@@ -7,8 +7,11 @@ and buffers such as BatchNorm's running statistics), the optimizer's
 state, the loss scaler's and the random streams are copied first and put
 back after, so the run trains exactly as it would without the
 calibration. Under DDP or Horovod every process calibrates at the same
-point (the steps all-reduce), and what the steps left in the all-reduce
-clock is dropped.
+point (the steps all-reduce their loss), and what the steps left in the
+all-reduce clock is dropped. Under DDP the step is timed with its
+gradient all-reduce paused (no_sync): the buckets' all-reduce runs beside
+backward and slows it, which is then contention, apart from the wait
+that `exposed_comm` times.
 
   reference, iterator = reference_step.calibrate(
       train_step, iterator, model=model, optimizer=optimizer,
@@ -16,6 +19,7 @@ clock is dropped.
 """
 
 import copy
+import dataclasses
 import itertools
 from typing import Callable, Iterator, Tuple, Union
 
@@ -80,7 +84,19 @@ def calibrate(train_step, iterator: Iterator, *, model: torch.nn.Module,
   restore = snapshot(model, optimizer,
                      grad_scaler=getattr(train_step, "grad_scaler", None),
                      device=strategy.device)
-  if offloader is None:
+  if offloader is None and strategy.can_pause_all_reduce:
+    # DDP's buckets all-reduce while backward runs, on threads that take
+    # cores from it: timed without them, the slower backward is
+    # contention, beside the wait exposed_comm times (BENCHMARKS §17).
+    def run_step_alone() -> None:
+      with strategy.all_reduce_paused():
+        run_step()
+
+    reference = dataclasses.replace(
+        contention.time_reference(run_step_alone, num_steps=num_steps,
+                                  restore=restore),
+        holds_parts=False)
+  elif offloader is None:
     reference = contention.time_reference(run_step, num_steps=num_steps,
                                           restore=restore)
   else:

@@ -54,6 +54,10 @@ class ReferenceStep:
   """
   step_s: Tuple[float, ...]
   cost_s: float
+  # Whether the step was timed with the parts a run's own split carves
+  # before compute (an exposed all-reduce): False where it was timed
+  # without them (DDP's all-reduce paused), so the excess leaves them out.
+  holds_parts: bool = True
 
   @property
   def reference_s(self) -> float:
@@ -80,9 +84,11 @@ class ReferenceStep:
       *parts, (name, compute_start_s, compute_end_s) = spans
       if name != COMPUTE:
         raise ValueError(f"the inner split ends with {name!r}, not compute")
-      # The reference is a whole step, its exposed all-reduce included,
-      # so the excess is taken over the whole span.
-      excess_s = max((end_s - start_s) - reference_s, 0.0)
+      # A reference with the parts (an exposed all-reduce) is a whole step,
+      # so the excess is taken over the whole span; one without them is
+      # the step's own work, so the parts, timed apart, are left out.
+      parts_s = 0.0 if self.holds_parts else sum(e - b for _, b, e in parts)
+      excess_s = max((end_s - start_s) - reference_s - parts_s, 0.0)
       split_s = compute_start_s + min(excess_s,
                                       compute_end_s - compute_start_s)
       return [*parts, (CONTENTION, compute_start_s, split_s),
@@ -124,6 +130,7 @@ class ReferenceStep:
     return {"derived_from": "the run's step on its first batch held "
                             "resident, timed alone before training",
             "reference_ms": 1e3 * self.reference_s,
+            "with_all_reduce": self.holds_parts,
             "step_ms": [1e3 * s for s in self.step_s],
             "warmup_calls": WARMUP_CALLS, "cost_s": self.cost_s}
 

@@ -138,6 +138,7 @@ def test_timing_the_step_alone_first_changes_nothing_it_trains(
   assert timed["final"]["train_loss"] == untimed["final"]["train_loss"]
   reference = timed["strategy"]["reference_step"]
   assert len(reference["step_ms"]) == timed["flags"]["run"]["reference_steps"]
+  assert reference["with_all_reduce"] is True  # one process: none to pause
   assert timed["phases_derived"] == [ledger_lib.CONTENTION]
   assert timed["phases"][ledger_lib.CONTENTION]["mean"] >= 0.0
   # Without a reference there is nothing to measure contention against.
@@ -150,4 +151,7 @@ def test_a_ddp_step_carves_exposed_comm_then_contention(replica_runs):
   _, two = replica_runs
   assert two["phases_derived"] == [ledger_lib.CONTENTION]
   assert ledger_lib.EXPOSED_COMM in two["phases_measured"]
+  # The step alone is timed with DDP's all-reduce paused: what the
+  # buckets' all-reduce costs backward beside the wait is contention.
+  assert two["strategy"]["reference_step"]["with_all_reduce"] is False
   assert two["phases"][ledger_lib.CONTENTION]["mean"] >= 0.0

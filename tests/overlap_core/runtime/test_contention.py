@@ -51,6 +51,41 @@ def test_an_inner_split_keeps_its_parts_first_and_bounds_the_carve():
   assert all(a[2] == b[1] for a, b in zip(spans, spans[1:]))
 
 
+def test_a_reference_without_the_parts_leaves_them_out_of_the_excess():
+  # The same 10 ms step, its reference of 5 ms timed without the 4 ms
+  # all-reduce (DDP's paused): only 1 ms of compute is beyond it.
+  def inner(start_s, end_s):
+    return ledger_lib.carve_compute(start_s, end_s, ledger_lib.EXPOSED_COMM,
+                                    0.004)
+
+  reference = contention.ReferenceStep(step_s=(0.005,), cost_s=0.0,
+                                       holds_parts=False)
+  spans = reference.split_compute(inner=inner)(0.0, 0.010)
+  durations = {name: end - start for name, start, end in spans}
+  assert durations[ledger_lib.EXPOSED_COMM] == pytest.approx(0.004)
+  assert durations[ledger_lib.CONTENTION] == pytest.approx(0.001)
+  assert durations[ledger_lib.COMPUTE] == pytest.approx(0.005)
+  assert reference.to_dict()["with_all_reduce"] is False
+
+
+def test_a_stage_carves_contention_from_its_compute_spans_only():
+  # A stage's 10 ms step: 2 ms of compute, a 3 ms bubble, 5 ms of
+  # compute; alone, its work took 5 ms, so 2 ms of the 7 of compute are
+  # contention, carved from the first compute spans; the bubble stays.
+  def inner(start_s, end_s):
+    return [("stage_compute", 0.0, 0.002), ("bubble", 0.002, 0.005),
+            ("stage_compute", 0.005, 0.010)]
+
+  spans = _reference(0.005).split_stage_compute(inner, "stage_compute")(
+      0.0, 0.010)
+  assert spans == [(ledger_lib.CONTENTION, 0.0, 0.002),
+                   ("bubble", 0.002, 0.005),
+                   ("stage_compute", 0.005, 0.010)]
+  # A step at the reference has none.
+  assert _reference(0.007).split_stage_compute(inner, "stage_compute")(
+      0.0, 0.010) == inner(0.0, 0.010)
+
+
 def test_an_inner_split_must_end_with_compute():
   with pytest.raises(ValueError, match="not compute"):
     _reference(0.005).split_compute(
