@@ -3,8 +3,9 @@
 Registered into `render_tables.TABLES` on import, like the tables there.
 Every figure is read from `benchmarks/results/ledger_fidelity.json`, which
 `python -m benchmarks.ledger_fidelity` writes, or from the offload cells'
-rerun, `ledger_fidelity_offload.json`, or the bubble cell's,
-`ledger_fidelity_bubble.json`.
+rerun, `ledger_fidelity_offload.json`, the bubble cell's,
+`ledger_fidelity_bubble.json`, or the exposed_comm cell's rerun,
+`ledger_fidelity_exposed_comm.json`.
 """
 
 from benchmarks import ledger_fidelity
@@ -33,6 +34,13 @@ def ledger_fidelity_table() -> str:
 def ledger_fidelity_bubble_table() -> str:
   """The bubble cell: a pipeline against its stages run apart."""
   return _fidelity_table(load(ledger_fidelity.NAME + "_bubble"))
+
+
+@table("ledger_fidelity_exposed_comm")
+def ledger_fidelity_exposed_comm_table() -> str:
+  """The exposed_comm cell again, once DDP's step alone was timed with its
+  all-reduce paused."""
+  return _fidelity_table(load(ledger_fidelity.NAME + "_exposed_comm"))
 
 
 @table("ledger_fidelity_offload")
