@@ -17,8 +17,9 @@ timed the same way:
   is synchronous and perf_counter times it;
 - the copies the training stream runs in series with compute are also
   summed per step (`take_serial_s`), the ledger's `offload` phase where
-  the step is not timed alone with and without offload: on CUDA all but the side stream's prefetches, on the CPU all of them (there
-  is no side stream: a prefetch runs on the training thread at once).
+  the step is not timed alone with and without offload: on CUDA all but
+  the side stream's prefetches, on the CPU all of them (there is no side
+  stream: a prefetch runs on the training thread at once).
 
 Usage:
 

@@ -19,11 +19,11 @@ recorded as the three phases of `overlap_core.runtime.pipeline_stats`
 add up to the step. With a data-parallel all-reduce the ledger can see
 (PyTorch's DDP and Horovod), the span's end that waited for it is
 `exposed_comm` (`overlap_core.runtime.comm_stats`). With offload, the
-step's compute span is recorded as
-`offload` (what offload adds to the step: derived from the step timed
-alone with and without it, `overlap_core.runtime.offload_cost`, or the
-copies run in series with compute, `overlap_core.runtime.offload_stats`)
-and `compute`, the rest (`carve_compute`). Where the step was timed alone before training, the
+step's compute span is recorded as `offload` (what offload adds to the
+step: derived from the step timed alone with and without it,
+`overlap_core.runtime.offload_cost`, or the copies run in series with
+compute, `overlap_core.runtime.offload_stats`) and `compute`, the rest
+(`carve_compute`). Where the step was timed alone before training, the
 span beyond that reference is `contention`, compute slowed by the work
 running beside it (`overlap_core.runtime.contention`). `COMPUTE_PARTS`
 names every phase that stands for part of a compute span; where one
