@@ -445,8 +445,8 @@ class PipelineRuntime:
   def alone(self):
     """Runs the enclosed steps on the stand-ins, without the closing wait
     for the loss: the stage's own work, which `reference_step` times
-    before training. What those steps recorded is dropped after, and,
-    unless every step runs apart, the stand-ins with it."""
+    before training. What those steps recorded is dropped after; the
+    stand-ins stay until `release_stand_ins`."""
     if not self.can_run_alone:
       raise RuntimeError("this pipeline's stages cannot run alone: "
                          "stand-ins cover one stage per rank")
@@ -456,8 +456,6 @@ class PipelineRuntime:
     finally:
       self._alone = False
       self.recorder.discard_pending()
-      if not self.stages_apart:
-        self.release_stand_ins()
 
   def release_stand_ins(self) -> None:
     """Frees the stand-ins and the other stages they were made with,

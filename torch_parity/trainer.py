@@ -430,6 +430,7 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
       split_compute = reference.split_compute(
           inner=_split_compute(parallel, strategy, offload_derived=True))
   if parallel.pipeline:
+    # Timed or not, no step runs alone from here on.
     parallel.pipeline.release_stand_ins()
   try:
     return loops.run_custom_loop(
