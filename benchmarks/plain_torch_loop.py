@@ -38,7 +38,8 @@ How it is timed. `time.perf_counter()` after every step, and once before
 the first; a step lasts from the previous step's end to its own, as the
 trainer's ledger chains them. The first W steps (the ledger's own warm-up
 count, `default_warmup_steps`) are left out; samples/s is the samples of
-the remaining M steps over their summed time, p50 the median step. Reading
+the remaining M steps over their summed time, p50 the median step. The
+wait in `next` is timed too, as the trainer's `data_wait` is. Reading
 the clock costs well under a microsecond a step. The loss is not read back
 each step (a plain loop need not), so on a GPU the device is waited for at
 the end of the timed steps instead; on the CPU every step is synchronous.
@@ -120,6 +121,11 @@ def build_loss(task: str):
   return F.cross_entropy
 
 
+def _describe_ms(durations_s) -> dict:
+  return {"p50_ms": 1e3 * statistics.median(durations_s),
+          "mean_ms": 1e3 * statistics.fmean(durations_s)}
+
+
 def main(argv):
   del argv
   if not _RESULT_JSON.value:
@@ -174,8 +180,11 @@ def main(argv):
         f"--train_steps={total_steps}: allowed: at least 2")
 
   ends_s = [time.perf_counter()]
+  waits_s = []
   for _ in range(total_steps):
+    wait_start_s = time.perf_counter()
     inputs, targets = next(batches)
+    waits_s.append(time.perf_counter() - wait_start_s)
     inputs = inputs.to(device, non_blocking=True)
     targets = targets.to(device, non_blocking=True)
     optimizer.zero_grad()
@@ -191,11 +200,14 @@ def main(argv):
   final_loss = float(loss.detach())
 
   steps_s = [b - a for a, b in zip(ends_s, ends_s[1:])][warmup_steps:]
+  waits_s = waits_s[warmup_steps:]
   batch = config.data.batch_size
   result = {
       "samples_per_second": batch * len(steps_s) / sum(steps_s),
-      "step": {"p50_ms": 1e3 * statistics.median(steps_s),
-               "mean_ms": 1e3 * statistics.fmean(steps_s)},
+      "step": _describe_ms(steps_s),
+      # Named as the trainer's run.json names its phases, so that a driver
+      # can set the two side by side (`torch_trainer_overhead.gap`).
+      "data_wait": _describe_ms(waits_s),
       "warmup_steps": warmup_steps,
       "measured_steps": len(steps_s),
       "train_loss": final_loss,

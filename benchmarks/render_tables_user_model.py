@@ -46,4 +46,31 @@ def user_model_overhead_table() -> str:
       ["example", "framework", "steps per run", "sides (trainer / plain)",
        "measured", "plain", "trainer", "time ratio of medians",
        "per-repeat ratio: median [interval] (coverage)", "target ≤ 1.02"],
-      rows)
+      rows) + _gap_table(data)
+
+
+def _gap_table(data: dict) -> str:
+  """Where the PyTorch trainer's extra time per step goes
+  (`torch_trainer_overhead.gap`); empty for results without it."""
+  rows = []
+  for name, summary in data["summary"].items():
+    gap = summary.get("gap")
+    if not gap:
+      continue
+    plain_ms = gap["plain_step_mean_ms"]
+
+    def part(key, plain_ms=plain_ms, gap=gap):
+      ms = gap[key]["median_ms"]
+      return f"{ms:+.3f} ({100 * ms / plain_ms:+.1f}%)"
+
+    rows.append([f"`{name}`", f3(plain_ms), part("step"), part("data_wait"),
+                 part("bookkeeping"), part("step_work")])
+  if not rows:
+    return ""
+  return ("\n\nWhere the trainer's extra time goes: mean step, trainer less "
+          "plain, in ms (and % of the plain step), each the median over "
+          "repeats of the paired difference; the parts add up per repeat, "
+          "not across medians.\n\n" + markdown(
+              ["example", "plain mean step ms", "trainer − plain",
+               "wait for the batch", "trainer's bookkeeping (`other`)",
+               "step's own work (the rest)"], rows))

@@ -23,6 +23,14 @@ range and the ratio of each side's fastest repeat. The verdict comes from
 `benchmarks.harness`: the interval of the median per-repeat p50 ratio
 against 1.02 (met, missed, or noisy when it crosses).
 
+Where the difference goes (`gap`): both sides time their wait for the
+batch (the trainer's `data_wait`, the plain loop's `next`), and the
+trainer's ledger records the time between its phases, its own
+bookkeeping, as `other`. Means add up where medians do not, so the
+per-repeat difference of the mean step splits exactly into the wait's
+difference, the trainer's `other`, and the rest: the step's own work
+(forward, backward, update, and the span's clock reads).
+
 Each repeat runs both sides of every preset, through `harness`: the
 (preset, side) cell that goes first rotates from repeat to repeat. Any
 further --flag=value goes to both sides.
@@ -85,6 +93,32 @@ def step_ms(result: dict) -> dict:
   return {"p50": result["step"]["p50_ms"], "mean": result["step"]["mean_ms"]}
 
 
+def gap(runs: list):
+  """The trainer's extra mean step over the plain loop's, split into its
+  parts, each the median over repeats of the paired difference (ms): the
+  wait for the batch, the trainer's bookkeeping (`other`, which the plain
+  loop has none of) and the step's own work (what is left). None for
+  results whose plain loop did not time its wait."""
+  plain = {r["repeat"]: r["result"] for r in runs if r["side"] == "plain_loop"}
+  pairs = [(r["result"], plain[r["repeat"]]) for r in runs
+           if r["side"] == "torch_parity" and r["repeat"] in plain]
+  if not pairs or any("data_wait" not in p for _, p in pairs):
+    return None
+  parts = {"step": [], "data_wait": [], "bookkeeping": [], "step_work": []}
+  for trainer, plain_run in pairs:
+    step = trainer["step"]["mean_ms"] - plain_run["step"]["mean_ms"]
+    wait = trainer["data_wait"]["mean_ms"] - plain_run["data_wait"]["mean_ms"]
+    bookkeeping = trainer["other"]["mean_ms"]
+    parts["step"].append(step)
+    parts["data_wait"].append(wait)
+    parts["bookkeeping"].append(bookkeeping)
+    parts["step_work"].append(step - wait - bookkeeping)
+  plain_step_ms = common.median([p["step"]["mean_ms"] for _, p in pairs])
+  return {"plain_step_mean_ms": plain_step_ms,
+          **{name: {"median_ms": common.median(values), "all_ms": values}
+             for name, values in parts.items()}}
+
+
 def summarize(runs: list) -> dict:
   by_side = {s: [r for r in runs if r["side"] == s] for s in SIDES}
   summary = {"sides": {}}
@@ -126,6 +160,7 @@ def summarize(runs: list) -> dict:
   ratios["p50"]["time_ratio_of_best_repeats"] = (
       trainer_entry["step_p50_ms_best"] / plain_entry["step_p50_ms_best"])
   summary["time_ratio"] = ratios
+  summary["gap"] = gap(runs)
   judged = harness.judge(ratios["p50"]["per_repeat_interval"],
                          1.0 + TARGET_MAX_OVERHEAD_FRAC, harness.AT_MOST)
   summary["target"] = {

@@ -6,6 +6,7 @@ results file records what every one does.
 """
 
 import json
+import math
 import subprocess
 import sys
 
@@ -53,6 +54,22 @@ def test_quick_run_pairs_the_trainer_with_the_plain_loop_on_the_module(
       "torch_parity", "plain_loop")
   # One repeat gives no interval, so no verdict is declared.
   assert comparison["judged"]["verdict"] == "noisy"
+  # Both sides timed their wait for the batch, so the gap splits into the
+  # wait, the trainer's bookkeeping (its ledger's `other`) and the rest,
+  # which add up to the mean step's difference.
+  gap = payload["summary"]["torch_module"]["gap"]
+  trainer, plain = runs["torch_parity"], runs["plain_loop"]
+  assert gap["step"]["all_ms"] == [
+      trainer["step"]["mean_ms"] - plain["step"]["mean_ms"]]
+  assert gap["data_wait"]["all_ms"] == [
+      trainer["data_wait"]["mean_ms"] - plain["data_wait"]["mean_ms"]]
+  assert gap["bookkeeping"]["all_ms"] == [trainer["other"]["mean_ms"]]
+  assert 0 < plain["data_wait"]["mean_ms"] < plain["step"]["mean_ms"]
+  assert math.isclose(
+      gap["step"]["median_ms"],
+      sum(gap[p]["median_ms"]
+          for p in ("data_wait", "bookkeeping", "step_work")),
+      abs_tol=1e-9)
 
 
 def test_plain_fit_trains_the_users_regression_with_mean_squared_error(
