@@ -53,8 +53,9 @@ def define_flags():
       "library's defaults. Both frameworks; a no-op off glibc.")
   flags.DEFINE_integer(
       "reference_steps", contention.DEFAULT_REFERENCE_STEPS,
-      "Steps timed before training on the run's first batch held resident, "
-      "with nothing read beside them: the step alone. The ledger's "
+      "Steps timed before training on a resident copy of the run's first "
+      "batch, before its input pipeline starts, so nothing is read beside "
+      "them: the step alone. The ledger's "
       "contention phase is each step's compute beyond it, the cost of the "
       "work running beside the step (input pipeline, checkpoint persist). "
       "Weights, optimizer state and random streams are put back after. "

@@ -105,6 +105,28 @@ def torch_classifier(channels, num_classes):
                        nn.Linear(4, num_classes))
 
 
+def torch_classifier_noting_loader_workers(channels, num_classes):
+  """`torch_classifier` whose every forward appends to the file named by
+  $FORWARD_LOG how many worker processes (a DataLoader's) were alive:
+  what ran beside it."""
+  import multiprocessing  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  from torch import nn  # pylint: disable=g-import-not-at-top
+
+  class Noting(nn.Module):
+
+    def __init__(self):
+      super().__init__()
+      self.net = torch_classifier(channels, num_classes)
+
+    def forward(self, x):
+      with open(os.environ["FORWARD_LOG"], "a", encoding="utf-8") as log:
+        log.write(f"{len(multiprocessing.active_children())}\n")
+      return self.net(x)
+
+  return Noting()
+
+
 def torch_regression():
   from torch import nn  # pylint: disable=g-import-not-at-top
   return (nn.Sequential(nn.Linear(FEATURES, 8), nn.ReLU(), nn.Linear(8, 1)),

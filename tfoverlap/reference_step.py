@@ -1,18 +1,24 @@
 """The step timed alone before training: TensorFlow's side of
 `overlap_core.runtime.contention`.
 
-The run's own step function is called on the run's first batch, held
-resident, so no retrace and no input read; the variables of the model
-and the optimizer (Keras keeps its dropout seeds among the model's) are
-snapshotted first and put back after, so the run trains exactly as it
-would without the calibration.
+The run's own step function is called on a resident copy of the run's
+first batch (`data.make_resident_iterator`: the source's first batch
+without its pipeline), before the training iterator exists. A tf.data
+iterator starts filling its shuffle and prefetch buffers the moment it is
+made, on the host's cores; timed after it, the reference took in that
+fill, which the training steps no longer have beside them, and so hid
+their contention: the mirrored job's data wait cell of the fidelity
+benchmark (BENCHMARKS section 17) attributed less than removing the input
+saved in every repeat. The variables of the model and the optimizer
+(Keras keeps its dropout seeds among the model's) are snapshotted first
+and put back after, so the run trains exactly as it would without the
+calibration.
 
-  reference, iterator = reference_step.calibrate(
-      train_step, iterator, model=model, optimizer=optimizer, num_steps=5)
+  reference = reference_step.calibrate(
+      train_step, batch, model=model, optimizer=optimizer, num_steps=5)
 """
 
-import itertools
-from typing import Callable, Iterator, Optional, Tuple, Union
+from typing import Callable, Optional, Union
 
 import tensorflow as tf
 
@@ -38,12 +44,10 @@ def snapshot(model, optimizer) -> Callable[[], None]:
   return restore
 
 
-def calibrate(train_step, iterator: Iterator, *, model, optimizer,
-              num_steps: int, offloader=None,
-              make_train_step: Optional[Callable] = None
-              ) -> Tuple[Union[contention.ReferenceStep,
-                               offload_cost.OffloadCost], Iterator]:
-  """Times `train_step` on the iterator's first batch.
+def calibrate(train_step, batch, *, model, optimizer, num_steps: int,
+              offloader=None, make_train_step: Optional[Callable] = None
+              ) -> Union[contention.ReferenceStep, offload_cost.OffloadCost]:
+  """Times `train_step` on `batch`, a batch held resident.
 
   Args:
     offloader: the run's `offload.Offloader`, or None. With one, the step
@@ -51,27 +55,23 @@ def calibrate(train_step, iterator: Iterator, *, model, optimizer,
       `make_train_step` and traced inside `Offloader.paused`.
 
   Returns:
-    (the reference step, or with offload the offload's cost; an iterator
-    that yields that first batch again and then the rest), so the run
-    trains on every batch it would have.
+    The reference step, or with offload the offload's cost.
   """
-  first = next(iterator)
   restore = snapshot(model, optimizer)
   if offloader is None:
-    reference = contention.time_reference(
+    return contention.time_reference(
         # Reading the loss waits for the step's end.
-        lambda: float(train_step(first)), num_steps=num_steps,
+        lambda: float(train_step(batch)), num_steps=num_steps,
         restore=restore)
-    return reference, itertools.chain([first], iterator)
   step_without_offload = make_train_step()
 
   def run_without_offload() -> None:
     # Only the first call traces; the context matters to that one.
     with offloader.paused():
-      float(step_without_offload(first))
+      float(step_without_offload(batch))
 
   reference = offload_cost.time_with_and_without(
-      lambda: float(train_step(first)), run_without_offload,
+      lambda: float(train_step(batch)), run_without_offload,
       num_steps=num_steps, restore=restore)
   offloader.discard_records()
-  return reference, itertools.chain([first], iterator)
+  return reference

@@ -206,10 +206,14 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
     split_compute = timed_offload.split_compute
   elif comm:
     split_compute = comm.split_compute
-  iterator = iter(train_input)
   if _times_reference(config, built) and keep_reference is not None:
-    reference, iterator = reference_step.calibrate(
-        train_step, iterator, model=model, optimizer=optimizer,
+    # Before the training iterator exists: its pipeline would fill its
+    # buffers beside the timed steps (`reference_step`).
+    resident = next(data.make_resident_iterator(
+        strategy, config.data, task=spec.task, seed=config.run.seed,
+        upscale=spec.upscale))
+    reference = reference_step.calibrate(
+        train_step, resident, model=model, optimizer=optimizer,
         num_steps=config.run.reference_steps, offloader=built.offload,
         make_train_step=make_train_step)
     keep_reference(reference)
@@ -218,7 +222,7 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
       split_compute = comm.split_compute if comm else None
     split_compute = reference.split_compute(inner=split_compute)
   return loops.run_custom_loop(
-      ctx, train_step=train_step, iterator=iterator,
+      ctx, train_step=train_step, iterator=iter(train_input),
       split_compute=split_compute)
 
 

@@ -1,8 +1,13 @@
 """The step timed alone before training: PyTorch's side of
 `overlap_core.runtime.contention`.
 
-The run's own step function is called on the run's first batch, held
-resident, so no input is read while it runs. The model's state (weights
+The run's own step function is called on a resident copy of this rank's
+first batch (`data.make_resident_iterator`: the loader's first batch
+without its workers), before the training loader's iterator exists: its
+workers start filling their prefetch queues the moment it is made, on the
+host's cores, and timed beside that fill the reference would hide the
+training steps' contention (TensorFlow's side says where this was seen).
+The model's state (weights
 and buffers such as BatchNorm's running statistics), the optimizer's
 state, the loss scaler's and the random streams are copied first and put
 back after, so the run trains exactly as it would without the
@@ -13,15 +18,14 @@ gradient all-reduce paused (no_sync): the buckets' all-reduce runs beside
 backward and slows it, which is then contention, apart from the wait
 that `exposed_comm` times.
 
-  reference, iterator = reference_step.calibrate(
-      train_step, iterator, model=model, optimizer=optimizer,
+  reference = reference_step.calibrate(
+      train_step, batch, model=model, optimizer=optimizer,
       strategy=strategy, num_steps=5)
 """
 
 import copy
 import dataclasses
-import itertools
-from typing import Callable, Iterator, Tuple, Union
+from typing import Callable, Union
 
 import torch
 
@@ -55,11 +59,10 @@ def snapshot(model: torch.nn.Module, optimizer, *, grad_scaler=None,
   return restore
 
 
-def calibrate(train_step, iterator: Iterator, *, model: torch.nn.Module,
-              optimizer, strategy, num_steps: int, offloader=None
-              ) -> Tuple[Union[contention.ReferenceStep,
-                               offload_cost.OffloadCost], Iterator]:
-  """Times `train_step` on the iterator's first batch.
+def calibrate(train_step, batch, *, model: torch.nn.Module, optimizer,
+              strategy, num_steps: int, offloader=None
+              ) -> Union[contention.ReferenceStep, offload_cost.OffloadCost]:
+  """Times `train_step` on `batch`, a batch held resident.
 
   Args:
     train_step: `steps.make_train_step`'s function.
@@ -69,14 +72,11 @@ def calibrate(train_step, iterator: Iterator, *, model: torch.nn.Module,
       None. With one, the step is timed with offload and without.
 
   Returns:
-    (the reference step, or with an offloader the offload's cost; an
-    iterator that yields that first batch again and then the rest), so the
-    run trains on every batch it would have.
+    The reference step, or with an offloader the offload's cost.
   """
-  first = next(iterator)
 
   def run_step() -> None:
-    loss = train_step(first)
+    loss = train_step(batch)
     if strategy.device.type == "cuda":
       torch.cuda.synchronize(strategy.device)
     float(loss)
@@ -110,4 +110,4 @@ def calibrate(train_step, iterator: Iterator, *, model: torch.nn.Module,
         restore=restore)
     offloader.discard_records()
   strategy.discard_step_timings()
-  return reference, itertools.chain([first], iterator)
+  return reference

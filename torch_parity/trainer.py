@@ -73,14 +73,9 @@ def _seed(config: TrainConfig, device: torch.device) -> None:
     torch.use_deterministic_algorithms(True)
 
 
-def _build_train_batches(config: TrainConfig, spec, strategy, first_step):
-  """This process's training batches: resident, or the loader (staged on
-  the device ahead of the step with --prefetch_to_device)."""
-  # A batch per data-parallel replica: every stage of one replica reads
-  # the same batch (the first uses its inputs, the last its targets).
-  dims = strategy.dims
-  shard = {"rank": dims.coordinates(strategy.rank).data_parallel,
-           "world_size": dims.data_parallel}
+def _data_shard(config: TrainConfig, strategy) -> dict:
+  """Which share of the data this process reads: `make_loader`'s rank and
+  world_size."""
   if config.burst.enabled:
     # Every rank reads the whole global batch: which rows a rank needs
     # changes from layer to layer (and ranks beyond the first layer's width
@@ -88,7 +83,30 @@ def _build_train_batches(config: TrainConfig, spec, strategy, first_step):
     # one shared order of samples is what makes a burst run train exactly
     # like one process on the same data. Reading a batch is cheap next to
     # an exchange of its rows.
-    shard = {"rank": 0, "world_size": 1}
+    return {"rank": 0, "world_size": 1}
+  # A batch per data-parallel replica: every stage of one replica reads
+  # the same batch (the first uses its inputs, the last its targets).
+  dims = strategy.dims
+  return {"rank": dims.coordinates(strategy.rank).data_parallel,
+          "world_size": dims.data_parallel}
+
+
+def _resident_first_batch(config: TrainConfig, spec, strategy):
+  """This process's first training batch on its device, read without the
+  training loader, which does not exist yet (`reference_step`)."""
+  # Iterating a loader draws a seed from torch's generator; forked, the
+  # training loader and the dropout stream draw as they would have.
+  with torch.random.fork_rng(devices=[]):
+    return next(data.make_resident_iterator(
+        config.data, task=spec.task, seed=config.run.seed,
+        upscale=spec.upscale, device=strategy.device,
+        **_data_shard(config, strategy)))
+
+
+def _build_train_batches(config: TrainConfig, spec, strategy, first_step):
+  """This process's training batches: resident, or the loader (staged on
+  the device ahead of the step with --prefetch_to_device)."""
+  shard = _data_shard(config, strategy)
   if config.data.synthetic_on_device:
     return data.make_resident_iterator(
         config.data, task=spec.task, seed=config.run.seed,
@@ -403,24 +421,20 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
   the run times one (`reference_step`)."""
   if ctx.first_step > ctx.last_step:
     return float("nan")
-  # The loader draws its workers' seed from torch's generator; forked,
-  # the training stream (dropout) is the one a checkpoint restores.
-  with torch.random.fork_rng(devices=[]):
-    batches = _build_train_batches(config, spec, strategy, ctx.first_step)
   train_step = _make_train_step(config, spec, strategy, parallel)
   split_compute = _split_compute(parallel, strategy)
   stream = _foreground_stream(ctx.background)
-  iterator = batches
   if (_times_reference(config, parallel) and stream is None
       and keep_reference is not None):
     # A pipeline's stage is timed alone on stand-ins for its neighbours.
     alone = (parallel.pipeline.alone() if parallel.pipeline
              else contextlib.nullcontext())
     with alone:
-      reference, iterator = reference_step.calibrate(
-          train_step, iterator, model=parallel.model,
-          optimizer=parallel.optimizer, strategy=strategy,
-          num_steps=config.run.reference_steps, offloader=parallel.offload)
+      reference = reference_step.calibrate(
+          train_step, _resident_first_batch(config, spec, strategy),
+          model=parallel.model, optimizer=parallel.optimizer,
+          strategy=strategy, num_steps=config.run.reference_steps,
+          offloader=parallel.offload)
     keep_reference(reference)
     if parallel.pipeline:
       split_compute = reference.split_stage_compute(
@@ -432,9 +446,13 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
   if parallel.pipeline:
     # Timed or not, no step runs alone from here on.
     parallel.pipeline.release_stand_ins()
+  # The loader draws its workers' seed from torch's generator; forked,
+  # the training stream (dropout) is the one a checkpoint restores.
+  with torch.random.fork_rng(devices=[]):
+    batches = _build_train_batches(config, spec, strategy, ctx.first_step)
   try:
     return loops.run_custom_loop(
-        ctx, train_step=train_step, iterator=iterator,
+        ctx, train_step=train_step, iterator=batches,
         device=strategy.device, split_compute=split_compute, stream=stream)
   finally:
     # The device prefetcher stages batches on a thread of its own.

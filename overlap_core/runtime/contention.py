@@ -10,8 +10,10 @@ saves more than its wait. The fidelity benchmark measured this (BENCHMARKS
 and resident batches saved it 6.86 ms.
 
 So the trainer times the step alone before training: the run's own step
-function, on the run's first batch held resident (no input is read while
-it runs), after `WARMUP_CALLS` untimed calls. The median of
+function, on a resident copy of the run's first batch, before the
+training input pipeline exists (one made earlier fills its buffers beside
+the timed calls; each side's `reference_step`), after `WARMUP_CALLS`
+untimed calls. The median of
 `--reference_steps` timed calls is the reference step; the weights,
 optimizer state and random streams are put back afterwards (each side's
 `snapshot`), so the run trains exactly as it would without it. During
@@ -127,8 +129,9 @@ class ReferenceStep:
     return split
 
   def to_dict(self) -> dict:
-    return {"derived_from": "the run's step on its first batch held "
-                            "resident, timed alone before training",
+    return {"derived_from": "the run's step on a resident copy of its "
+                            "first batch, timed alone before training and "
+                            "before its input pipeline",
             "reference_ms": 1e3 * self.reference_s,
             "with_all_reduce": self.holds_parts,
             "step_ms": [1e3 * s for s in self.step_s],

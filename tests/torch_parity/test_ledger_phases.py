@@ -6,6 +6,7 @@ assertions about it.
 
 import pytest
 
+from overlap_core.runtime import contention
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import run_record, verdict
 
@@ -20,10 +21,10 @@ INPUT_BOUND = ["--model=mlp", "--image_size=8", "--batch_size=8",
                "--map_parallelism=1", "--preprocess_cost_ms=3"]
 
 
-def _train(tmp_path_factory, name, *args):
+def _train(tmp_path_factory, name, *args, **env):
   model_dir = tmp_path_factory.mktemp(name)
   result = run_module("torch_parity.train", f"--model_dir={model_dir}",
-                      *QUIET, *args, timeout=600)
+                      *QUIET, *args, timeout=600, **env)
   assert result.returncode == 0, result.stderr[-4000:]
   return result, run_record.load_run_record(str(model_dir))
 
@@ -43,12 +44,19 @@ def resident_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference_pair(tmp_path_factory):
   """One deterministic job with its step timed alone first (the default)
-  and without."""
-  job = ["--model=small_cnn", "--image_size=8", "--batch_size=16",
-         "--strategy=default", "--train_steps=6", "--deterministic"]
-  return (_train(tmp_path_factory, "reference", *job)[1],
-          _train(tmp_path_factory, "no_reference", *job,
-                 "--reference_steps=0")[1])
+  and without, each with what ran beside every forward:
+  (run.json, the live loader workers at each forward)."""
+  job = ["--model=tests.user_models:torch_classifier_noting_loader_workers",
+         "--image_size=8", "--batch_size=16", "--strategy=default",
+         "--train_steps=6", "--deterministic"]
+  runs = []
+  for name, extra in (("reference", []),
+                      ("no_reference", ["--reference_steps=0"])):
+    log = tmp_path_factory.mktemp("forwards") / "workers.log"
+    record = _train(tmp_path_factory, name, *job, *extra,
+                    FORWARD_LOG=str(log))[1]
+    runs.append((record, [int(n) for n in log.read_text().split()]))
+  return runs
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +139,7 @@ def test_with_the_all_reduce_off_replicas_part_and_wait_for_nothing(
 
 def test_timing_the_step_alone_first_changes_nothing_it_trains(
     reference_pair):
-  timed, untimed = reference_pair
+  (timed, _), (untimed, _) = reference_pair
   # Weights, BatchNorm statistics, optimizer state and random streams are
   # put back after the calibration's steps: the same bits.
   assert timed["weights_digest"] == untimed["weights_digest"]
@@ -145,6 +153,19 @@ def test_timing_the_step_alone_first_changes_nothing_it_trains(
   assert untimed["phases_derived"] == []
   assert ledger_lib.CONTENTION not in untimed["phases"]
   assert "reference_step" not in untimed["strategy"]
+
+
+def test_the_step_alone_is_timed_before_the_loader_starts(reference_pair):
+  (timed, timed_workers), (_, untimed_workers) = reference_pair
+  # The loader's workers run (prefetch on) through training: every
+  # training forward has them beside it.
+  assert min(timed_workers[-timed["steps"]:]) > 0
+  # The calibration's warm-up and timed forwards ran before the loader
+  # existed, so none of its workers filled its queues beside them.
+  calibration = (contention.WARMUP_CALLS
+                 + timed["flags"]["run"]["reference_steps"])
+  assert timed_workers.count(0) == untimed_workers.count(0) + calibration
+  assert timed_workers == sorted(timed_workers)
 
 
 def test_a_ddp_step_carves_exposed_comm_then_contention(replica_runs):
