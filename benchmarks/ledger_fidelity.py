@@ -212,6 +212,9 @@ def measure(args, repeats: int, scratch: str) -> harness.Measured:
             "phase_ms": sum(_phase_ms(record, p)
                             for p in removal.attributed or (phase,)),
             "contention_ms": _phase_ms(record, CONTENTION),
+            # What contention was taken against (None: no reference).
+            "reference_ms": (record["strategy"].get("reference_step")
+                             or {}).get("reference_ms"),
             "phases_measured": record["phases_measured"],
             "phases_derived": record.get("phases_derived", []),
             "verdict": record.get("verdict"),

@@ -38,11 +38,15 @@ import time
 from typing import Callable, List, Optional, Sequence, Tuple
 
 CONTENTION = "contention"  # the ledger phase: compute beyond the step alone
-DEFAULT_REFERENCE_STEPS = 5
-# The first call traces or initializes lazily; by the second's end the
-# input pipeline has filled its buffers and stopped, so the timed calls
-# run with nothing beside them.
-WARMUP_CALLS = 2
+# The reference is subtracted from every step, so its error is every
+# step's: a median of 5 calls on a 2-core host put it a millisecond or more
+# off either way from run to run, and each side of the fidelity benchmark's
+# pairs (BENCHMARKS section 17) took that into its contention. 15 calls
+# of a 15 ms step cost a quarter of a second, once.
+DEFAULT_REFERENCE_STEPS = 15
+# The first call traces or initializes lazily, and the next few still run
+# slower while the framework's thread pools and allocator settle.
+WARMUP_CALLS = 5
 
 
 @dataclasses.dataclass(frozen=True)
