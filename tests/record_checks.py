@@ -41,7 +41,7 @@ def offload_copy_spans_us(record: dict) -> list:
   return spans_us
 
 
-def derived_offload_spans_us(record: dict, *, reference_steps: int) -> list:
+def derived_offload_spans_us(record: dict) -> list:
   """The run's offload phase where it is derived from the step timed alone
   with and without offload (`overlap_core.runtime.offload_cost`), after
   checking that it is recorded as derived and partitions each step: its
@@ -52,7 +52,8 @@ def derived_offload_spans_us(record: dict, *, reference_steps: int) -> list:
   timings = record["strategy"]["reference_step"]
   with_ms = timings["with_offload"]["step_ms"]
   without_ms = timings["without_offload"]["step_ms"]
-  assert len(with_ms) == len(without_ms) == reference_steps
+  assert (len(with_ms) == len(without_ms)
+          == record["flags"]["run"]["reference_steps"])
   assert timings["offload_ms"] == pytest.approx(
       max(statistics.median(with_ms) - statistics.median(without_ms), 0.0))
   phases = record["phases"]

@@ -444,17 +444,23 @@ class PipelineRuntime:
   @contextlib.contextmanager
   def alone(self):
     """Runs the enclosed steps on the stand-ins, without the closing wait
-    for the loss: the stage's own work, which `reference_step` times
-    before training. What those steps recorded is dropped after; the
-    stand-ins stay until `release_stand_ins`."""
+    for the loss and without the replicas' gradient all-reduce: the
+    stage's own work, which `reference_step` times before training. (The
+    all-reduce's wait is `exposed_comm`; what its buckets cost backward
+    beside it is then contention, as under DDP.) What those steps recorded
+    is dropped after; the stand-ins stay until `release_stand_ins`."""
     if not self.can_run_alone:
       raise RuntimeError("this pipeline's stages cannot run alone: "
                          "stand-ins cover one stage per rank")
     self._alone = True
+    if self.reducer is not None:
+      self.reducer.paused = True
     try:
       yield
     finally:
       self._alone = False
+      if self.reducer is not None:
+        self.reducer.paused = False
       self.recorder.discard_pending()
 
   def release_stand_ins(self) -> None:
@@ -494,7 +500,7 @@ class PipelineRuntime:
       else:
         with self.timer.timing():
           self.schedule.step(*args, return_outputs=False, **kwargs)
-    if self.mesh.dims.data_parallel > 1:
+    if self.mesh.dims.data_parallel > 1 and not self._alone:
       # The step waits here for whatever all-reduce backward did not hide:
       # with the overlap, the buckets still in flight; without it, all.
       start = time.perf_counter()

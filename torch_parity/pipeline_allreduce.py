@@ -84,6 +84,9 @@ class OverlappedGradientReduce:
     self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
     self._counts = {id(p): 0 for p in params}
     self._launched: List[_Bucket] = []
+    # While True (the stage timed alone), backward hands nothing over and
+    # nothing is counted, so no collective runs and `finish()` is skipped.
+    self.paused = False
     self.last_launch_s = None  # when backward handed over its last bucket
     # Buckets the last step handed over during backward, not in finish().
     self.num_overlapped = 0
@@ -95,6 +98,8 @@ class OverlappedGradientReduce:
     return len(self._buckets)
 
   def _on_grad(self, param: nn.Parameter) -> None:
+    if self.paused:
+      return
     with self._lock:
       self._counts[id(param)] += 1
       if self._counts[id(param)] != self._num_microbatches:

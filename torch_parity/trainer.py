@@ -9,6 +9,7 @@ the device-resident parameters.
 """
 
 import contextlib
+import dataclasses
 import functools
 import os
 import sys
@@ -435,6 +436,9 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
           model=parallel.model, optimizer=parallel.optimizer,
           strategy=strategy, num_steps=config.run.reference_steps,
           offloader=parallel.offload)
+    if parallel.pipeline and parallel.pipeline.mesh.dims.data_parallel > 1:
+      # Its stage ran alone without the replicas' all-reduce.
+      reference = dataclasses.replace(reference, holds_parts=False)
     keep_reference(reference)
     if parallel.pipeline:
       split_compute = reference.split_stage_compute(

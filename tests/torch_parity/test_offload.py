@@ -258,7 +258,7 @@ def test_trainer_derives_the_offload_phase_from_the_step_timed_alone(
     tmp_path):
   _, plain = _run(tmp_path, "plain")
   _, offloaded = _run(tmp_path, "offloaded", "--offload=activations")
-  derived_offload_spans_us(offloaded, reference_steps=5)
+  derived_offload_spans_us(offloaded)
   # The calibration's steps are put back: the same training.
   assert offloaded["weights_digest"] == plain["weights_digest"]
   # Without the step timed alone the phase is the copies; either way only

@@ -85,10 +85,16 @@ def _worker(rank: int, port: int, out_dir: str):
       reducer = runtime.reducer
       overlapped.append(None if reducer is None else
                         (reducer.num_overlapped, reducer.num_buckets))
+    params = {names[id(p)]: p.detach().clone() for p in stage.parameters()}
+    # The stage timed alone (`reference_step`): its replicas' gradients
+    # are not all-reduced, so each keeps its own half's.
+    optimizer.zero_grad()
+    with runtime.alone():
+      runtime.step(inputs[rows], targets[rows])
     runs[overlap] = {
-        "losses": losses, "overlapped": overlapped,
-        "params": {names[id(p)]: p.detach().clone()
-                   for p in stage.parameters()}}
+        "losses": losses, "overlapped": overlapped, "params": params,
+        "alone_grads": {names[id(p)]: p.grad.detach().clone()
+                        for p in stage.parameters()}}
   torch.save({"stage": mesh.stage, "replica": mesh.replica, "runs": runs},
              os.path.join(out_dir, f"rank{rank}.pt"))
   dist.destroy_process_group()
@@ -160,6 +166,16 @@ def test_the_overlapped_buckets_start_during_backward(ranks):
     for name, got in rank["runs"][True]["params"].items():
       torch.testing.assert_close(got, rank["runs"][False]["params"][name],
                                  rtol=1e-6, atol=1e-9, msg=name)
+
+
+@pytest.mark.parametrize("overlap", OVERLAP,
+                         ids=["overlapped", "after_the_step"])
+def test_a_stage_alone_runs_without_its_replicas_all_reduce(ranks, overlap):
+  for stage in range(STAGES):
+    one, other = (r["runs"][overlap]["alone_grads"] for r in ranks
+                  if r["stage"] == stage)
+    # All-reduced, both replicas would hold the same mean to the bit.
+    assert any(not torch.equal(one[name], other[name]) for name in one)
 
 
 if __name__ == "__main__":

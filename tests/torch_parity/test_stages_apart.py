@@ -86,3 +86,17 @@ def test_timing_each_stage_alone_first_changes_nothing_it_trains(
   assert contention.CONTENTION in timed["phases_derived"]
   assert contention.CONTENTION in timed["phases"]
   assert contention.CONTENTION not in untimed["phases"]
+
+
+def test_stage_replicas_time_their_stage_without_the_all_reduce(
+    tmp_path_factory):
+  # 2 stages x 2 replicas: four ranks, each timing its stage alone first.
+  record = _train(tmp_path_factory, "replicas", "--train_steps=3",
+                  "--num_devices=4")
+  assert record["strategy"]["pipeline"]["data_parallel"] == 2
+  reference = record["strategy"]["reference_step"]
+  # Timed without the replicas' gradient all-reduce, whose wait is the
+  # run's exposed_comm and whose cost beside backward is contention.
+  assert reference["with_all_reduce"] is False
+  assert contention.CONTENTION in record["phases_derived"]
+  assert record["phases"][pipeline_stats.EXPOSED_COMM]["mean"] > 0.0
