@@ -14,13 +14,14 @@ Why a calibration before training, and not local steps interleaved with
 the run's own: a local step updates each replica with its own gradients,
 so the replicas part; interleaved, every one would have to be undone and
 would consume a batch, changing what the run trains on. Before training
-it costs one snapshot and restore of the variables, on a resident batch
-of zeros (a step's cost does not depend on the values), and the run then
+it costs one snapshot and restore of the variables, on a resident copy
+of the run's first batch, before its input pipeline exists (as the step
+alone is timed, `reference_step`), and the run then
 trains exactly as it would without it. The price is that the phase is
 measured once, at the start, not through the run; the pairs, their spread
 and the seconds they cost are recorded so a reader can judge it.
 
-  derivation = derive_exposed_comm(model, optimizer, strategy,
+  derivation = derive_exposed_comm(model, optimizer, strategy, batch,
                                    task=spec.task, global_batch_size=64)
   split = derivation.split_compute  # for the loops' split_compute
 """
@@ -73,24 +74,18 @@ class CommDerivation:
             "num_pairs": len(self.step_s), "cost_s": self.cost_s}
 
 
-def _resident_batch(model, strategy, *, task: str, global_batch_size: int):
-  """One distributed batch of zeros, each replica's share on its device."""
-  per_replica = global_batch_size // strategy.num_replicas_in_sync
-  return strategy.experimental_distribute_values_from_function(
-      lambda ctx: steps.example_batch(model, task, per_replica))
-
-
 def _timed(step_fn, batch) -> float:
   start = time.perf_counter()
   float(step_fn(batch))  # reading the loss waits for the step's end
   return time.perf_counter() - start
 
 
-def derive_exposed_comm(model, optimizer, strategy, *, task: str,
+def derive_exposed_comm(model, optimizer, strategy, batch, *, task: str,
                         global_batch_size: int,
                         num_pairs: int = NUM_PAIRS) -> CommDerivation:
-  """Times the step with and without its all-reduce, then restores the
-  variables, so training goes on as if it had not run.
+  """Times the step with and without its all-reduce on `batch`, a
+  distributed batch held resident (`data.make_resident_iterator`),
+  then restores the variables, so training goes on as if it had not run.
 
   Args:
     model, optimizer, strategy: the run's, built; the optimizer's
@@ -100,8 +95,6 @@ def derive_exposed_comm(model, optimizer, strategy, *, task: str,
   """
   start = time.perf_counter()
   restore = reference_step.snapshot(model, optimizer)
-  batch = _resident_batch(model, strategy, task=task,
-                          global_batch_size=global_batch_size)
   full = steps.make_train_step(model, optimizer, strategy, task=task,
                                global_batch_size=global_batch_size)
   local = steps.make_local_train_step(model, optimizer, strategy, task=task,

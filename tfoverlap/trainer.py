@@ -71,6 +71,16 @@ def _build_train_input(strategy, config: TrainConfig, spec,
   return data.distribute_input(strategy, input_fn, config.data)
 
 
+def _resident_first_batch(strategy, config: TrainConfig, spec):
+  """The run's first batch on each replica's device, read without the
+  training pipeline, for the steps timed before it exists
+  (`reference_step`, `exposed_comm`): a tf.data iterator fills its
+  buffers beside whatever runs once it is made."""
+  return next(data.make_resident_iterator(
+      strategy, config.data, task=spec.task, seed=config.run.seed,
+      upscale=spec.upscale))
+
+
 def _burst_spec(config: TrainConfig, plan):
   """What parallelize needs to run the plan, or None without one."""
   if plan is None:
@@ -207,13 +217,9 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
   elif comm:
     split_compute = comm.split_compute
   if _times_reference(config, built) and keep_reference is not None:
-    # Before the training iterator exists: its pipeline would fill its
-    # buffers beside the timed steps (`reference_step`).
-    resident = next(data.make_resident_iterator(
-        strategy, config.data, task=spec.task, seed=config.run.seed,
-        upscale=spec.upscale))
     reference = reference_step.calibrate(
-        train_step, resident, model=model, optimizer=optimizer,
+        train_step, _resident_first_batch(strategy, config, spec),
+        model=model, optimizer=optimizer,
         num_steps=config.run.reference_steps, offloader=built.offload,
         make_train_step=make_train_step)
     keep_reference(reference)
@@ -370,8 +376,9 @@ class _TensorFlowSide:
     if (ctx.first_step <= ctx.last_step and
         _derives_exposed_comm(self._strategy, config, built)):
       self._comm = exposed_comm.derive_exposed_comm(
-          built.model, built.optimizer, self._strategy, task=spec.task,
-          global_batch_size=config.data.batch_size)
+          built.model, built.optimizer, self._strategy,
+          _resident_first_batch(self._strategy, config, spec),
+          task=spec.task, global_batch_size=config.data.batch_size)
     return _run_loop(ctx, self._strategy, config, spec, built, self._comm,
                      keep_reference=self._keep_reference)
 

@@ -53,8 +53,8 @@ def test_the_derivation_leaves_the_run_as_it_found_it(mirrored):
   variables = list(model.variables) + list(optimizer.variables)
   before = [_replica_copies(v) for v in variables]
   derivation = exposed_comm.derive_exposed_comm(
-      model, optimizer, strategy, task=CLASSIFICATION, global_batch_size=4,
-      num_pairs=2)
+      model, optimizer, strategy, _batch_per_replica(strategy),
+      task=CLASSIFICATION, global_batch_size=4, num_pairs=2)
   for was, variable in zip(before, variables):
     for old, new in zip(was, _replica_copies(variable)):
       np.testing.assert_array_equal(old, new)
