@@ -39,10 +39,10 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 CONTENTION = "contention"  # the ledger phase: compute beyond the step alone
 # The reference is subtracted from every step, so its error is every
-# step's: a median of 5 calls on a 2-core host put it a millisecond or more
-# off either way from run to run, and each side of the fidelity benchmark's
-# pairs (BENCHMARKS section 17) took that into its contention. 15 calls
-# of a 15 ms step cost a quarter of a second, once.
+# step's: the median of 5 calls moved by up to a millisecond from run to
+# run on a 2-core host, and each side of the fidelity benchmark's pairs
+# (BENCHMARKS section 17) took that into its contention. With the warm-up,
+# 15 calls of a 15 ms step cost 0.3 s, once.
 DEFAULT_REFERENCE_STEPS = 15
 # The first call traces or initializes lazily, and the next few still run
 # slower while the framework's thread pools and allocator settle.
@@ -110,7 +110,10 @@ class ReferenceStep:
 
     The reference here is the stage's own work timed alone, with no
     neighbour to wait for, so the excess is taken over the step's
-    `compute` spans only: the waits are the bubble's and transfer's.
+    `compute` spans only: the waits are the bubble's and transfer's. As
+    in `split_compute`, the first compute span always starts with a
+    contention span, empty where there is no excess, so every step of a
+    run that derives the phase records it.
     """
     reference_s = self.reference_s  # a median: taken once, not per step
 
@@ -119,10 +122,12 @@ class ReferenceStep:
       left_s = max(sum(e - b for name, b, e in spans if name == compute)
                    - reference_s, 0.0)
       carved = []
+      first = True
       for name, begin, end in spans:
-        if name != compute or left_s <= 0.0:
+        if name != compute or (left_s <= 0.0 and not first):
           carved.append((name, begin, end))
           continue
+        first = False
         cut_s = begin + min(left_s, end - begin)
         left_s -= cut_s - begin
         carved.append((CONTENTION, begin, cut_s))

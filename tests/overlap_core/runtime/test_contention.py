@@ -81,9 +81,10 @@ def test_a_stage_carves_contention_from_its_compute_spans_only():
   assert spans == [(ledger_lib.CONTENTION, 0.0, 0.002),
                    ("bubble", 0.002, 0.005),
                    ("stage_compute", 0.005, 0.010)]
-  # A step at the reference has none.
+  # A step at the reference has none, recorded as an empty span, so every
+  # step of the run has the phase.
   assert _reference(0.007).split_stage_compute(inner, "stage_compute")(
-      0.0, 0.010) == inner(0.0, 0.010)
+      0.0, 0.010) == [(ledger_lib.CONTENTION, 0.0, 0.0), *inner(0.0, 0.010)]
 
 
 def test_an_inner_split_must_end_with_compute():
