@@ -159,12 +159,13 @@ def _derives_exposed_comm(strategy, config: TrainConfig,
 def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
               built: parallelize.Parallelized,
               comm: Optional[exposed_comm.CommDerivation] = None,
-              keep_reference=None) -> float:
+              keep_reference=None, resident_batch=None) -> float:
   """Runs the configured loop over the remaining steps; the last loss.
 
   `comm` is the derived exposed all-reduce to carve out of each step's
   compute, or None. `keep_reference` is given the step timed alone
-  before training, where the run times one (`reference_step`)."""
+  before training, where the run times one (`reference_step`), on
+  `resident_batch()` (`_resident_first_batch`)."""
   model, optimizer = built.model, built.optimizer
   # One global batch per step: the steps done are the batches consumed.
   train_input = _build_train_input(strategy, config, spec,
@@ -218,8 +219,7 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
     split_compute = comm.split_compute
   if _times_reference(config, built) and keep_reference is not None:
     reference = reference_step.calibrate(
-        train_step, _resident_first_batch(strategy, config, spec),
-        model=model, optimizer=optimizer,
+        train_step, resident_batch(), model=model, optimizer=optimizer,
         num_steps=config.run.reference_steps, offloader=built.offload,
         make_train_step=make_train_step)
     keep_reference(reference)
@@ -373,14 +373,17 @@ class _TensorFlowSide:
 
   def run_loop(self, ctx: LoopContext, config: TrainConfig, spec,
                built) -> float:
+    # Read once, for whichever of the timings before training run.
+    resident_batch = functools.cache(functools.partial(
+        _resident_first_batch, self._strategy, config, spec))
     if (ctx.first_step <= ctx.last_step and
         _derives_exposed_comm(self._strategy, config, built)):
       self._comm = exposed_comm.derive_exposed_comm(
-          built.model, built.optimizer, self._strategy,
-          _resident_first_batch(self._strategy, config, spec),
+          built.model, built.optimizer, self._strategy, resident_batch(),
           task=spec.task, global_batch_size=config.data.batch_size)
     return _run_loop(ctx, self._strategy, config, spec, built, self._comm,
-                     keep_reference=self._keep_reference)
+                     keep_reference=self._keep_reference,
+                     resident_batch=resident_batch)
 
   def _keep_reference(self, reference) -> None:
     self._reference = reference

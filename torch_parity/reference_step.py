@@ -23,6 +23,7 @@ that `exposed_comm` times.
       strategy=strategy, num_steps=5)
 """
 
+import contextlib
 import copy
 import dataclasses
 from typing import Callable, Union
@@ -60,7 +61,7 @@ def snapshot(model: torch.nn.Module, optimizer, *, grad_scaler=None,
 
 
 def calibrate(train_step, batch, *, model: torch.nn.Module, optimizer,
-              strategy, num_steps: int, offloader=None
+              strategy, num_steps: int, offloader=None, pipeline=None
               ) -> Union[contention.ReferenceStep, offload_cost.OffloadCost]:
   """Times `train_step` on `batch`, a batch held resident.
 
@@ -70,6 +71,9 @@ def calibrate(train_step, batch, *, model: torch.nn.Module, optimizer,
     strategy: the run's `distribute.Strategy`.
     offloader: the run's `offload.Offloader`, one that `can_pause`, or
       None. With one, the step is timed with offload and without.
+    pipeline: the run's `pipeline.PipelineRuntime`, one that
+      `can_run_alone`, or None. With one, the rank's stage is timed alone
+      (`PipelineRuntime.alone`), on stand-ins for its neighbours' tensors.
 
   Returns:
     The reference step, or with an offloader the offload's cost.
@@ -84,30 +88,37 @@ def calibrate(train_step, batch, *, model: torch.nn.Module, optimizer,
   restore = snapshot(model, optimizer,
                      grad_scaler=getattr(train_step, "grad_scaler", None),
                      device=strategy.device)
-  if offloader is None and strategy.can_pause_all_reduce:
-    # DDP's buckets all-reduce while backward runs, on threads that take
-    # cores from it: timed without them, the slower backward is
-    # contention, beside the wait exposed_comm times (BENCHMARKS §17).
-    def run_step_alone() -> None:
-      with strategy.all_reduce_paused():
-        run_step()
+  # Alone, a step leaves its gradient all-reduce out. DDP's buckets
+  # all-reduce while backward runs, on threads that take cores from it:
+  # timed without them, the slower backward is contention, beside the wait
+  # exposed_comm times (BENCHMARKS §17); a replicated stage's all-reduce,
+  # likewise, is paused by `PipelineRuntime.alone`.
+  pauses_ddp = offloader is None and strategy.can_pause_all_reduce
+  without_all_reduce = pauses_ddp or (
+      pipeline is not None and pipeline.mesh.dims.data_parallel > 1)
+  with pipeline.alone() if pipeline else contextlib.nullcontext():
+    if pauses_ddp:
 
-    reference = dataclasses.replace(
-        contention.time_reference(run_step_alone, num_steps=num_steps,
-                                  restore=restore),
-        holds_parts=False)
-  elif offloader is None:
-    reference = contention.time_reference(run_step, num_steps=num_steps,
-                                          restore=restore)
-  else:
+      def run_step_alone() -> None:
+        with strategy.all_reduce_paused():
+          run_step()
 
-    def run_step_without_offload() -> None:
-      with offloader.paused():
-        run_step()
+      reference = contention.time_reference(
+          run_step_alone, num_steps=num_steps, restore=restore)
+    elif offloader is None:
+      reference = contention.time_reference(run_step, num_steps=num_steps,
+                                            restore=restore)
+    else:
 
-    reference = offload_cost.time_with_and_without(
-        run_step, run_step_without_offload, num_steps=num_steps,
-        restore=restore)
-    offloader.discard_records()
+      def run_step_without_offload() -> None:
+        with offloader.paused():
+          run_step()
+
+      reference = offload_cost.time_with_and_without(
+          run_step, run_step_without_offload, num_steps=num_steps,
+          restore=restore)
+      offloader.discard_records()
   strategy.discard_step_timings()
+  if without_all_reduce:
+    reference = dataclasses.replace(reference, holds_parts=False)
   return reference

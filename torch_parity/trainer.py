@@ -8,8 +8,6 @@ rank 0's weights when it wraps the model), and the optimizer is built on
 the device-resident parameters.
 """
 
-import contextlib
-import dataclasses
 import functools
 import os
 import sys
@@ -427,18 +425,11 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
   stream = _foreground_stream(ctx.background)
   if (_times_reference(config, parallel) and stream is None
       and keep_reference is not None):
-    # A pipeline's stage is timed alone on stand-ins for its neighbours.
-    alone = (parallel.pipeline.alone() if parallel.pipeline
-             else contextlib.nullcontext())
-    with alone:
-      reference = reference_step.calibrate(
-          train_step, _resident_first_batch(config, spec, strategy),
-          model=parallel.model, optimizer=parallel.optimizer,
-          strategy=strategy, num_steps=config.run.reference_steps,
-          offloader=parallel.offload)
-    if parallel.pipeline and parallel.pipeline.mesh.dims.data_parallel > 1:
-      # Its stage ran alone without the replicas' all-reduce.
-      reference = dataclasses.replace(reference, holds_parts=False)
+    reference = reference_step.calibrate(
+        train_step, _resident_first_batch(config, spec, strategy),
+        model=parallel.model, optimizer=parallel.optimizer,
+        strategy=strategy, num_steps=config.run.reference_steps,
+        offloader=parallel.offload, pipeline=parallel.pipeline)
     keep_reference(reference)
     if parallel.pipeline:
       split_compute = reference.split_stage_compute(
