@@ -23,10 +23,17 @@ add up to the step. It is derived, not timed: run.json lists it in
 `phases_derived`, and the timings it came from under `strategy.
 reference_step`.
 
+Single steps jitter around the reference, by about half a millisecond
+on a 2-core host, and a span cannot be negative: carving each step's
+excess alone would keep the slow half of that jitter and drop the fast
+half, and call it contention. So a step that ran faster than the
+reference banks the difference, and the next steps' excess pays it back
+before any is carved (`ExcessBalance`): over a run, the jitter cancels
+and the phase's mean is the steps' mean excess over the reference.
+
 What it cannot see: work that runs through the calibration as through
 the run (a background job, another process on the host) is inside the
-reference too, so it is not contention. A step that ran faster than the
-reference (the host quieter than during the calibration) records zero.
+reference too, so it is not contention.
 
   reference = time_reference(lambda: train_step(batch), num_steps=5)
   split = reference.split_compute()  # or .split_compute(inner=comm_split)
@@ -39,14 +46,42 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 CONTENTION = "contention"  # the ledger phase: compute beyond the step alone
 # The reference is subtracted from every step, so its error is every
-# step's: the median of 5 calls moved by up to a millisecond from run to
-# run on a 2-core host, and each side of the fidelity benchmark's pairs
-# (BENCHMARKS section 17) took that into its contention. With the warm-up,
-# 15 calls of a 15 ms step cost 0.3 s, once.
-DEFAULT_REFERENCE_STEPS = 15
+# step's. The median of 5 calls moved by up to a millisecond from run to
+# run on a 2-core host. Of 24 runs of a 12 ms step timed with 15 calls,
+# 3 had a slow episode of the host (calls 3 to 5 ms slower, 8 to 11 in a
+# row) over more than half of them, which moved their median by 1.5 to
+# 3 ms. 31 calls keep the median out of an episode of that length. With
+# the warm-up, 31 calls of a 12 ms step cost 0.4 s, once.
+DEFAULT_REFERENCE_STEPS = 31
 # The first call traces or initializes lazily, and the next few still run
 # slower while the framework's thread pools and allocator settle.
 WARMUP_CALLS = 5
+
+
+class ExcessBalance:
+  """The excess over the reference to carve, step by step, with the time
+  steps ran below it banked and paid back first.
+
+  A step `d` below the reference adds `d` to the bank; a step `e` above it
+  pays the bank first and carves what is left. So the carve summed over a
+  run is the steps' signed excess summed, plus what the bank holds at the
+  end: where the steps only jitter around the reference, at most the
+  bank's cap over the whole run. The cap is one reference step, so that a
+  run the host made faster than the calibration (every step below the
+  reference) hides at most that much of the contention that comes after.
+  """
+
+  def __init__(self, reference_s: float):
+    self._cap_s = reference_s
+    self._bank_s = 0.0
+
+  def carve(self, signed_excess_s: float) -> float:
+    """The excess to carve from a step `signed_excess_s` beyond the
+    reference (negative: below it)."""
+    carved_s = max(signed_excess_s - self._bank_s, 0.0)
+    self._bank_s = min(max(self._bank_s - signed_excess_s, 0.0),
+                       self._cap_s)
+    return carved_s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +118,7 @@ class ReferenceStep:
         its compute span (`ledger.carve_compute`), or None.
     """
     reference_s = self.reference_s  # a median: taken once, not per step
+    balance = ExcessBalance(reference_s)
 
     def split(start_s: float, end_s: float) -> List[tuple]:
       spans = (inner(start_s, end_s) if inner else
@@ -94,7 +130,7 @@ class ReferenceStep:
       # so the excess is taken over the whole span; one without them is
       # the step's own work, so the parts, timed apart, are left out.
       parts_s = 0.0 if self.holds_parts else sum(e - b for _, b, e in parts)
-      excess_s = max((end_s - start_s) - reference_s - parts_s, 0.0)
+      excess_s = balance.carve((end_s - start_s) - reference_s - parts_s)
       split_s = compute_start_s + min(excess_s,
                                       compute_end_s - compute_start_s)
       return [*parts, (CONTENTION, compute_start_s, split_s),
@@ -116,11 +152,13 @@ class ReferenceStep:
     run that derives the phase records it.
     """
     reference_s = self.reference_s  # a median: taken once, not per step
+    balance = ExcessBalance(reference_s)
 
     def split(start_s: float, end_s: float) -> List[tuple]:
       spans = inner(start_s, end_s)
-      left_s = max(sum(e - b for name, b, e in spans if name == compute)
-                   - reference_s, 0.0)
+      left_s = balance.carve(
+          sum(e - b for name, b, e in spans if name == compute)
+          - reference_s)
       carved = []
       first = True
       for name, begin, end in spans:

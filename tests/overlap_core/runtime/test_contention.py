@@ -30,6 +30,42 @@ def test_a_step_faster_than_the_reference_has_no_contention():
   assert spans[1] == (ledger_lib.COMPUTE, 1.0, 1.010)
 
 
+def _carved_ms(split, durations_ms):
+  """The contention each step of `durations_ms` is carved, in ms."""
+  carved = []
+  for duration_ms in durations_ms:
+    spans = split(0.0, duration_ms / 1e3)
+    carved.append(1e3 * sum(end - start for name, start, end in spans
+                            if name == ledger_lib.CONTENTION))
+  return carved
+
+
+def test_a_step_below_the_reference_is_paid_back_by_the_next_excess():
+  # Steps jittering 1 ms either side of a 10 ms reference: the fast one
+  # banks its millisecond and the slow one after it pays it back, so the
+  # run's contention is the steps' mean excess, 0, not the slow half.
+  split = _reference(0.010).split_compute()
+  assert _carved_ms(split, [9.0, 11.0] * 5) == pytest.approx([0.0] * 10)
+  # A real excess beyond the bank is carved.
+  assert _carved_ms(split, [9.0, 13.0]) == pytest.approx([0.0, 2.0])
+
+
+def test_the_bank_holds_at_most_one_reference_step():
+  # Ten steps 5 ms below a 7 ms reference bank 7 ms, not 50, so a later
+  # 10 ms excess still shows 3 of them.
+  split = _reference(0.007).split_compute()
+  assert _carved_ms(split, [2.0] * 10 + [17.0])[-1] == pytest.approx(3.0)
+
+
+def test_a_stage_banks_its_time_below_the_reference_too():
+  def inner(start_s, end_s):
+    return [("stage_compute", start_s, end_s)]
+
+  split = _reference(0.010).split_stage_compute(inner, "stage_compute")
+  assert _carved_ms(split, [9.0, 11.0, 12.0]) == pytest.approx(
+      [0.0, 0.0, 2.0])
+
+
 def test_an_inner_split_keeps_its_parts_first_and_bounds_the_carve():
   # An exposed all-reduce of 4 ms first; the reference (a whole step, its
   # all-reduce included) is 5 ms of a 10 ms span, so 5 ms are contention,
