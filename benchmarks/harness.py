@@ -365,6 +365,18 @@ def verdict(summary: dict, target: float, direction: str = AT_MOST) -> str:
   return MISSED if high < target else NOISY
 
 
+def verdict_within(summary: dict, bound: float) -> str:
+  """"met", "missed" or "noisy" for a signed summary against +-bound: met
+  when the whole interval lies within [-bound, bound], missed when it lies
+  wholly beyond one end, noisy otherwise (no interval included)."""
+  low, high = summary.get("low"), summary.get("high")
+  if low is None or high is None:
+    return NOISY
+  if -bound <= low and high <= bound:
+    return MET
+  return MISSED if low > bound or high < -bound else NOISY
+
+
 def judge(summary: dict, target: float, direction: str = AT_MOST) -> dict:
   """The summary with its target, direction and verdict added (a copy)."""
   judged = dict(summary)

@@ -72,9 +72,17 @@ intervention. bubble in TensorFlow: its stages run in one traced step that
 hands each stage its neighbour's tensors, with no stand-in for them, so it
 refuses --pipeline_stages_apart.
 
-Verdict per cell, from the repeats: the miss |attributed - saving| over
-the tolerance max(10% of the saving, 0.3 ms), per repeat; its median's
-interval at most 1 is "met", wholly above 1 "missed", else "noisy".
+Verdict per cell, from the repeats: the signed miss, attributed -
+saving, per repeat, over the tolerance max(10% of the median saving,
+0.3 ms). The interval of its median within [-1, 1] is "met", wholly
+beyond one end "missed", else "noisy". The claim is about the phase's
+mean, so the verdict is on the miss's median, not on each repeat's: each
+saving is the difference of two processes' step means, and a 2-core host
+runs one process 0.5 ms faster or slower than the next, so the miss of a
+single pair moves by about a millisecond whatever the ledger says. The
+median of |miss| / tolerance, that pairing noise with any bias, is
+reported beside it (`miss_over_tolerance_all`); it does not shrink with
+more repeats, where the median's interval does.
 """
 
 import functools
@@ -235,8 +243,9 @@ def summarize_cell(job_runs: list, removed_runs: list) -> dict:
   savings = [j["step_ms"] - x["step_ms"] for j, x in pairs]
   phases = [j["phase_ms"] for j, _ in pairs]
   attributed = [attributed_ms(j, x) for j, x in pairs]
-  misses = [abs(a - s) / max(TOLERANCE_FRAC * abs(s), TOLERANCE_FLOOR_MS)
-            for a, s in zip(attributed, savings)]
+  tolerance_ms = max(TOLERANCE_FRAC * abs(common.median(savings)),
+                     TOLERANCE_FLOOR_MS)
+  signed = [(a - s) / tolerance_ms for a, s in zip(attributed, savings)]
   cell = {
       "repeats": len(pairs),
       "phase_ms": common.median(phases),
@@ -248,11 +257,12 @@ def summarize_cell(job_runs: list, removed_runs: list) -> dict:
       # save's interference with the steps around it.
       "rest_of_increase_ms": common.median(
           [s - p for p, s in zip(phases, savings)]),
-      "miss_over_tolerance_all": misses,
+      "tolerance_ms": tolerance_ms,
+      "miss_over_tolerance_all": [abs(m) for m in signed],
+      "signed_miss_over_tolerance_all": signed,
   }
-  cell["target"] = harness.judge(harness.median_interval(misses), 1.0,
-                                 harness.AT_MOST)
-  cell["target_verdict"] = cell["target"]["verdict"]
+  cell["target"] = harness.median_interval(signed)
+  cell["target_verdict"] = harness.verdict_within(cell["target"], 1.0)
   return cell
 
 

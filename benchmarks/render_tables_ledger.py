@@ -63,8 +63,10 @@ def _fidelity_table(data: dict) -> str:
         f"`{removal}`", spread(cell["phase_ms_all"]), spread(attributed),
         spread(cell["saving_ms_all"]),
         spread([s - a for a, s in zip(attributed, cell["saving_ms_all"])]),
+        spread(cell["signed_miss_over_tolerance_all"]),
         spread(cell["miss_over_tolerance_all"]), cell["target_verdict"]])
   return markdown(
       ["framework", "strategy", "phase", "removed by", "phase ms",
        "phase + contention change ms", "saving ms", "saving − attributed ms",
-       "miss / tolerance", "≤ tolerance"], rows)
+       "(attributed − saving) / tolerance", "per pair |miss| / tolerance",
+       "median within tolerance"], rows)

@@ -28,6 +28,32 @@ def test_a_phase_its_removal_saves_meets_and_one_it_does_not_misses():
   assert cell["target_verdict"] == harness.MISSED
 
 
+def test_pairing_noise_around_the_saving_is_noisy_not_missed():
+  job = ("pytorch", "default", "checkpoint_stall", ledger_fidelity.JOB)
+  removed = job[:3] + (ledger_fidelity.REMOVED,)
+  # The ledger says 5 ms each time; the pairs' savings scatter 1 ms
+  # either side of it, twice the tolerance (0.5 ms) in every pair. The
+  # median miss is 0, but 5 repeats give no interval that narrow.
+  payload = {"runs": _runs(job, [20.0, 21.0, 19.0, 19.0, 21.0], 5.0)
+                     + _runs(removed, [15.0] * 5, 0.0)}
+  (cell,) = ledger_fidelity.summarize(payload)
+  assert cell["signed_miss_over_tolerance_all"] == [0.0, -2.0, 2.0, 2.0,
+                                                    -2.0]
+  assert cell["miss_over_tolerance_all"] == [0.0, 2.0, 2.0, 2.0, 2.0]
+  assert cell["target"]["median"] == 0.0
+  assert cell["target_verdict"] == harness.NOISY
+
+
+def test_verdict_within_is_two_sided():
+  def within(low, high):
+    return harness.verdict_within({"low": low, "high": high}, 1.0)
+  assert within(-0.9, 0.8) == harness.MET
+  assert within(-1.2, 0.8) == harness.NOISY
+  assert within(1.1, 3.0) == harness.MISSED
+  assert within(-3.0, -1.1) == harness.MISSED
+  assert within(None, None) == harness.NOISY
+
+
 def test_the_contention_the_cause_made_counts_with_its_phase():
   job = ("tensorflow", "default", "data_wait", ledger_fidelity.JOB)
   removed = job[:3] + (ledger_fidelity.REMOVED,)
