@@ -220,6 +220,9 @@ def measure(args, repeats: int, scratch: str) -> harness.Measured:
             "phase_ms": sum(_phase_ms(record, p)
                             for p in removal.attributed or (phase,)),
             "contention_ms": _phase_ms(record, CONTENTION),
+            # Every phase, for what moved where the attribution misses.
+            "all_phases_ms": {p: _phase_ms(record, p)
+                              for p in record["phases"]},
             # What contention was taken against (None: no reference).
             "reference_ms": (record["strategy"].get("reference_step")
                              or {}).get("reference_ms"),
