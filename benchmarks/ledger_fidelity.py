@@ -226,6 +226,9 @@ def measure(args, repeats: int, scratch: str) -> harness.Measured:
             # What contention was taken against (None: no reference).
             "reference_ms": (record["strategy"].get("reference_step")
                              or {}).get("reference_ms"),
+            # Its timed calls: a slow spell of the host shows there.
+            "reference_calls_ms": (record["strategy"].get("reference_step")
+                                   or {}).get("step_ms"),
             "phases_measured": record["phases_measured"],
             "phases_derived": record.get("phases_derived", []),
             "verdict": record.get("verdict"),
