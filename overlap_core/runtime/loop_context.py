@@ -15,7 +15,6 @@ and the TensorBoard scalars are decided identically on both sides.
     after_step(ctx, step, loss)
 """
 
-import contextlib
 import dataclasses
 import time
 from typing import Callable, Optional, Sequence
@@ -38,7 +37,6 @@ class LoopContext:
   background: Optional[object] = None
 
 
-@contextlib.contextmanager
 def compute_phase(ledger: ledger_lib.StepLedger, split_compute=None):
   """Times the enclosed step as its compute phase, or as the phases
   `split_compute(start_s, end_s)` returns, which tile its span
@@ -46,16 +44,34 @@ def compute_phase(ledger: ledger_lib.StepLedger, split_compute=None):
   parts). The whole span's CPU time is compute's: the parts are shares of
   one span's wall time, not work of their own."""
   if split_compute is None:
-    with ledger.phase(ledger_lib.COMPUTE):
-      yield
-    return
-  start = time.perf_counter()
-  with ledger.cpu_of(ledger_lib.COMPUTE):
+    return ledger.phase(ledger_lib.COMPUTE)
+  return _SplitComputeSpan(ledger, split_compute)
+
+
+class _SplitComputeSpan:
+  """`compute_phase` with a split. A class, not a generator, for the
+  reason `ledger._Timed` is one: it is entered every step, and its time
+  is the ledger's own cost, which falls between the steps' phases."""
+  __slots__ = ("_ledger", "_split", "_cpu", "_start_s")
+
+  def __init__(self, ledger: ledger_lib.StepLedger, split_compute):
+    self._ledger = ledger
+    self._split = split_compute
+    self._cpu = ledger.cpu_of(ledger_lib.COMPUTE)
+
+  def __enter__(self) -> None:
+    self._start_s = time.perf_counter()
+    self._cpu.__enter__()
+
+  def __exit__(self, *exc_info) -> None:
+    # The split's own CPU is compute's, as the span's is; recorded even
+    # when the step raised, as a `with` block's finally would.
     try:
-      yield
+      for phase, begin, end in self._split(self._start_s,
+                                           time.perf_counter()):
+        self._ledger.add(phase, begin, end)
     finally:
-      for phase, begin, end in split_compute(start, time.perf_counter()):
-        ledger.add(phase, begin, end)
+      self._cpu.__exit__(*exc_info)
 
 
 def after_step(ctx: LoopContext, step: int, loss: float, *,
