@@ -41,7 +41,7 @@ timed elsewhere and has no CPU time.
 import dataclasses
 import math
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional
 
 from overlap_core.runtime import cpu_clock as cpu_clock_lib
 from overlap_core.runtime import (comm_stats, contention, offload_stats,
@@ -67,8 +67,10 @@ COMPUTE_PARTS = pipeline_stats.PHASES + (OFFLOAD, EXPOSED_COMM,
 APART_FROM_COMPUTE = (EXPOSED_COMM, CONTENTION)
 
 
-@dataclasses.dataclass(frozen=True)
-class Span:
+class Span(NamedTuple):
+  """One timed phase of one step. A named tuple, not a frozen dataclass:
+  a step makes three or four, and a frozen dataclass's constructor sets
+  each field through object.__setattr__, several times slower."""
   name: str
   step: int
   start_s: float
@@ -91,8 +93,8 @@ class CpuClocks:
       object.__setattr__(self, "tree", cpu_clock_lib.ProcessTreeClock())
 
 
-@dataclasses.dataclass(frozen=True)
-class StepRecord:
+class StepRecord(NamedTuple):
+  """One closed step; a named tuple for the reason `Span` is one."""
   step: int
   start_s: float
   end_s: float
@@ -100,9 +102,9 @@ class StepRecord:
   phases_s: Dict[str, float]
   # CPU seconds: the process tree and the training thread over the step,
   # and (process, thread) per phase timed with `phase()`.
-  cpu_s: float = 0.0
-  thread_cpu_s: float = 0.0
-  phases_cpu_s: Dict[str, tuple] = dataclasses.field(default_factory=dict)
+  cpu_s: float
+  thread_cpu_s: float
+  phases_cpu_s: Dict[str, tuple]
 
   @property
   def duration_s(self) -> float:
@@ -260,11 +262,12 @@ class StepLedger:
     cpu = (self._cpu.tree(), self._cpu.thread())
     start = (self._current_step_start
              if self._current_step_start is not None else end)
+    # The step's dicts go to its record as they are: new ones follow.
     record = StepRecord(step, start, end, num_samples,
-                        dict(self._current_phases),
+                        self._current_phases,
                         cpu_s=cpu[0] - self._previous_cpu[0],
                         thread_cpu_s=cpu[1] - self._previous_cpu[1],
-                        phases_cpu_s=dict(self._current_phases_cpu))
+                        phases_cpu_s=self._current_phases_cpu)
     self._steps.append(record)
     self._spans.append(Span(STEP, step, start, end))
     self._current_step_start = None
