@@ -23,7 +23,6 @@ that `exposed_comm` times.
       strategy=strategy, num_steps=5)
 """
 
-import contextlib
 import copy
 import dataclasses
 from typing import Callable, Union
@@ -58,6 +57,27 @@ def snapshot(model: torch.nn.Module, optimizer, *, grad_scaler=None,
     optimizer.zero_grad()
 
   return restore
+
+
+def _one_rank_at_a_time(time_alone: Callable[[], object]):
+  """`time_alone()` on each rank in turn, the others waiting at a barrier.
+
+  A pipeline's stages take turns in training: one computes while another
+  waits for its activations. Timed all at once, each stage shared the
+  host with the others throughout, and the stage alone came out above
+  its steps in a run of the stages apart, where each waits only for the
+  closing loss: 0.79 ms at the median of 11 runs (BENCHMARKS §17), which
+  hid as much of the pipeline's contention. So each stage is timed with
+  the host to itself, and the other stages' work beside it in training is
+  contention, in the pipeline and apart alike.
+  """
+  rank = torch.distributed.get_rank()
+  reference = None
+  for turn in range(torch.distributed.get_world_size()):
+    if turn == rank:
+      reference = time_alone()
+    torch.distributed.barrier()
+  return reference
 
 
 def calibrate(train_step, batch, *, model: torch.nn.Module, optimizer,
@@ -96,28 +116,34 @@ def calibrate(train_step, batch, *, model: torch.nn.Module, optimizer,
   pauses_ddp = offloader is None and strategy.can_pause_all_reduce
   without_all_reduce = pauses_ddp or (
       pipeline is not None and pipeline.mesh.dims.data_parallel > 1)
-  with pipeline.alone() if pipeline else contextlib.nullcontext():
+  def time_alone():
     if pauses_ddp:
 
       def run_step_alone() -> None:
         with strategy.all_reduce_paused():
           run_step()
 
-      reference = contention.time_reference(
+      return contention.time_reference(
           run_step_alone, num_steps=num_steps, restore=restore)
-    elif offloader is None:
-      reference = contention.time_reference(run_step, num_steps=num_steps,
-                                            restore=restore)
-    else:
+    if offloader is None:
+      return contention.time_reference(run_step, num_steps=num_steps,
+                                       restore=restore)
 
-      def run_step_without_offload() -> None:
-        with offloader.paused():
-          run_step()
+    def run_step_without_offload() -> None:
+      with offloader.paused():
+        run_step()
 
-      reference = offload_cost.time_with_and_without(
-          run_step, run_step_without_offload, num_steps=num_steps,
-          restore=restore)
-      offloader.discard_records()
+    reference = offload_cost.time_with_and_without(
+        run_step, run_step_without_offload, num_steps=num_steps,
+        restore=restore)
+    offloader.discard_records()
+    return reference
+
+  if pipeline is None:
+    reference = time_alone()
+  else:
+    with pipeline.alone():
+      reference = _one_rank_at_a_time(time_alone)
   strategy.discard_step_timings()
   if without_all_reduce:
     reference = dataclasses.replace(reference, holds_parts=False)
