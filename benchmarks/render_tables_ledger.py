@@ -4,8 +4,9 @@ Registered into `render_tables.TABLES` on import, like the tables there.
 Every figure is read from `benchmarks/results/ledger_fidelity.json`, which
 `python -m benchmarks.ledger_fidelity` writes, or from the offload cells'
 rerun, `ledger_fidelity_offload.json`, the bubble cell's,
-`ledger_fidelity_bubble.json`, or the exposed_comm cell's rerun,
-`ledger_fidelity_exposed_comm.json`.
+`ledger_fidelity_bubble.json`, and its rerun with the stages timed in
+turn, `ledger_fidelity_bubble_in_turn.json`, or the exposed_comm cell's
+rerun, `ledger_fidelity_exposed_comm.json`.
 """
 
 from benchmarks import ledger_fidelity
@@ -34,6 +35,13 @@ def ledger_fidelity_table() -> str:
 def ledger_fidelity_bubble_table() -> str:
   """The bubble cell: a pipeline against its stages run apart."""
   return _fidelity_table(load(ledger_fidelity.NAME + "_bubble"))
+
+
+@table("ledger_fidelity_bubble_in_turn")
+def ledger_fidelity_bubble_in_turn_table() -> str:
+  """The bubble cell again, once the stages were timed alone one rank at
+  a time."""
+  return _fidelity_table(load(ledger_fidelity.NAME + "_bubble_in_turn"))
 
 
 @table("ledger_fidelity_exposed_comm")

@@ -16,7 +16,8 @@ point (the steps all-reduce their loss), and what the steps left in the
 all-reduce clock is dropped. Under DDP the step is timed with its
 gradient all-reduce paused (no_sync): the buckets' all-reduce runs beside
 backward and slows it, which is then contention, apart from the wait
-that `exposed_comm` times.
+that `exposed_comm` times. A pipeline's stages are timed one rank at a
+time (`_one_rank_at_a_time`), each with the host to itself.
 
   reference = reference_step.calibrate(
       train_step, batch, model=model, optimizer=optimizer,
