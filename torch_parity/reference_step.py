@@ -117,6 +117,7 @@ def calibrate(train_step, batch, *, model: torch.nn.Module, optimizer,
   pauses_ddp = offloader is None and strategy.can_pause_all_reduce
   without_all_reduce = pauses_ddp or (
       pipeline is not None and pipeline.mesh.dims.data_parallel > 1)
+
   def time_alone():
     if pauses_ddp:
 
