@@ -28,7 +28,7 @@ from absl import flags as absl_flags
 from flags import (burst, checkpoint, data, distribute, help as flag_help,
                    model, offload, pipeline, run)
 from overlap_core.planning.dims import ParallelDims
-from overlap_core.runtime import user_code
+from overlap_core.runtime import ledger, paired_removal, user_code
 from overlap_core.runtime.config import (AUTOTUNE, CheckpointConfig,
                                          ConfigError, DataConfig, DistributeConfig,
                                          ModelConfig, OffloadConfig,
@@ -187,6 +187,29 @@ ZOO_DATASETS = ("digits", "synthetic", "tfds", "image_folder")
 def _check_model(values) -> None:
   """--model's form (the module is imported only by the trainer)."""
   user_code.model_kind(values.model)
+
+
+def _check_paired_removal(values) -> None:
+  """Both halves of a paired removal count steps past the warm-up."""
+  pairing = paired_removal.from_config(values.paired_removal,
+                                       values.paired_block_steps)
+  if pairing is None:
+    return
+
+  def both_counted(num_steps):
+    counts = pairing.counted_steps(num_steps,
+                                   ledger.default_warmup_steps(num_steps))
+    return all(counts.values())
+
+  if not both_counted(values.train_steps):
+    least = next(n for n in range(values.train_steps, 1 << 20)
+                 if both_counted(n))
+    raise ConfigError(
+        "train_steps", values.train_steps,
+        f"with --paired_removal={values.paired_removal} and "
+        f"--paired_block_steps={values.paired_block_steps}, one half counts "
+        "no step past the warm-up and its blocks' settling; allowed: "
+        f"{least} or more")
 
 
 def _check_data(values) -> None:
@@ -373,6 +396,7 @@ def to_config(values=FLAGS) -> TrainConfig:
   _check_model(values)
   _check_data(values)
   _check_distribute(values)
+  _check_paired_removal(values)
   return TrainConfig(
       run=_from_same_named_flags(RunConfig, values),
       model=_from_same_named_flags(ModelConfig, values, name=values.model),

@@ -2,7 +2,7 @@
 
 from absl import flags
 
-from overlap_core.runtime import contention
+from overlap_core.runtime import contention, paired_removal
 
 
 def define_flags():
@@ -65,3 +65,18 @@ def define_flags():
       "neighbours' tensors, one rank at a time); not for TensorFlow's pipelines, a burst plan, "
       "PyTorch's parameters offload or TensorFlow's multi_worker jobs.",
       lower_bound=0)
+  flags.DEFINE_enum(
+      "paired_removal", paired_removal.NONE, list(paired_removal.CAUSES),
+      "Measures what removing a cause saves within this one run: blocks "
+      "of --paired_block_steps steps alternate, with, without, without, "
+      "with, ..., between the job as configured and the job without the "
+      "cause. input: a step without it takes a resident copy of the "
+      "run's first batch instead of asking the pipeline. checkpoint: a "
+      "step without it takes no checkpoint. run.json's paired_removal "
+      "gives both halves' phases and the saving; the first half of each "
+      "block, where the previous block's work still ends, counts in "
+      "neither. The run's own phases then mix both halves. Custom loop "
+      "only for input, at one step per call.")
+  flags.DEFINE_integer(
+      "paired_block_steps", paired_removal.DEFAULT_BLOCK_STEPS,
+      "Steps per block of --paired_removal.", lower_bound=2)

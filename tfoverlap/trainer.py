@@ -18,7 +18,7 @@ from overlap_core.planning import burst_report, command
 from overlap_core.planning import split as split_lib
 from overlap_core.runtime import background, cluster, compat, contention
 from overlap_core.runtime import ledger as ledger_lib
-from overlap_core.runtime import run_record, skeleton
+from overlap_core.runtime import paired_removal, run_record, skeleton
 from overlap_core.runtime.config import ConfigError, TrainConfig
 from overlap_core.runtime.loop_context import LoopContext
 from tfoverlap import (burst, checkpoint, data, distribute, exposed_comm,
@@ -228,7 +228,10 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
       split_compute = comm.split_compute if comm else None
     split_compute = reference.split_compute(inner=split_compute)
   return loops.run_custom_loop(
-      ctx, train_step=train_step, iterator=iter(train_input),
+      ctx, train_step=train_step,
+      iterator=paired_removal.apply_input_removal(
+          iter(train_input), ctx.pairing, resident_batch,
+          first_step=ctx.first_step),
       split_compute=split_compute)
 
 

@@ -18,7 +18,8 @@ from overlap_core.planning import burst_report, command
 from overlap_core.planning import split as split_lib
 from overlap_core.runtime import background, compat, contention, pipeline_stats
 from overlap_core.runtime import ledger as ledger_lib
-from overlap_core.runtime import datasets, run_record, skeleton, user_code
+from overlap_core.runtime import datasets, paired_removal, run_record, skeleton
+from overlap_core.runtime import user_code
 from overlap_core.runtime.config import TrainConfig
 from torch_parity import (background_cuda, checkpoint, data, distribute,
                           loops, models, parallelize, pipeline,
@@ -444,7 +445,11 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
   # The loader draws its workers' seed from torch's generator; forked,
   # the training stream (dropout) is the one a checkpoint restores.
   with torch.random.fork_rng(devices=[]):
-    batches = _build_train_batches(config, spec, strategy, ctx.first_step)
+    batches = paired_removal.apply_input_removal(
+        _build_train_batches(config, spec, strategy, ctx.first_step),
+        ctx.pairing,
+        functools.partial(_resident_first_batch, config, spec, strategy),
+        first_step=ctx.first_step)
   try:
     return loops.run_custom_loop(
         ctx, train_step=train_step, iterator=batches,

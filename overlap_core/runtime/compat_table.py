@@ -62,6 +62,10 @@ def _checkpoint(mode):
   return lambda c, h: c.checkpoint.mode == mode
 
 
+def _paired(cause):
+  return lambda c, h: c.run.paired_removal == cause
+
+
 def _precision(name):
   return lambda c, h: c.model.precision == name
 
@@ -162,7 +166,20 @@ FEATURES = {f.name: f for f in (
             lambda c, h: c.run.steps_per_execution > 1,
             {"steps_per_execution": "2", "train_steps": "2",
              "checkpoint_every": "2"}),
+    Feature("checkpoint=none", _checkpoint("none"), {"checkpoint": "none"}),
+    Feature("checkpoint_every=auto",
+            lambda c, h: (c.checkpoint.mode != "none"
+                          and c.checkpoint.every_steps == 0),
+            {"checkpoint": "sync", "checkpoint_every": "auto"}),
     Feature("loop=fit", lambda c, h: c.run.loop == "fit", {"loop": "fit"}),
+    # Blocks of 2 steps over 4: one counted step in each half.
+    Feature("paired_removal=input", _paired("input"),
+            {"paired_removal": "input", "paired_block_steps": "2",
+             "train_steps": "4"}),
+    Feature("paired_removal=checkpoint", _paired("checkpoint"),
+            {"paired_removal": "checkpoint", "paired_block_steps": "2",
+             "train_steps": "4", "checkpoint": "sync",
+             "checkpoint_every": "2"}),
     Feature("precision=mixed_float16", _precision("mixed_float16"),
             {"precision": "mixed_float16"}),
     Feature("precision=mixed_bfloat16", _precision("mixed_bfloat16"),
@@ -197,6 +214,9 @@ FLAG_VALUES = {
     "offload_non_blocking": lambda c: c.offload.non_blocking,
     "offload_prefetch": lambda c: c.offload.prefetch,
     "checkpoint": lambda c: c.checkpoint.mode,
+    "checkpoint_every": lambda c: ("auto" if c.checkpoint.every_steps == 0
+                                   else c.checkpoint.every_steps),
+    "paired_removal": lambda c: c.run.paired_removal,
     "steps_per_execution": lambda c: c.run.steps_per_execution,
     "loop": lambda c: c.run.loop,
     "precision": lambda c: c.model.precision,
@@ -310,6 +330,33 @@ ROWS = (
     Row(("synthetic_on_device", "loop=fit"), (TF,), "synthetic_on_device",
         "model.fit reads a tf.data pipeline; device-resident batches need "
         "--loop=ctl", "false", "with --loop=fit"),
+    # --- A cause removed in alternate blocks of steps.
+    Row(("synthetic_on_device", "paired_removal=input"), BOTH,
+        "paired_removal", "the batches are resident already: there is no "
+        "input to remove", "none or checkpoint",
+        "with --synthetic_on_device"),
+    Row(("loop=fit", "paired_removal=input"), (TF,), "paired_removal",
+        "model.fit pulls its batches inside its compiled step, which "
+        "cannot be handed a resident batch for some steps only",
+        "none or checkpoint", "with --loop=fit"),
+    Row(("steps_per_execution>1", "paired_removal=input"), (TF,),
+        "paired_removal", "a call of K steps reads the iterator inside its "
+        "graph, which cannot be handed a resident batch for some steps "
+        "only", "none or checkpoint", "with --steps_per_execution > 1"),
+    Row(("pipeline", "paired_removal=input"), BOTH, "paired_removal",
+        "alternating the input of a pipeline's stages is not built yet",
+        "none or checkpoint", _PIPELINED),
+    Row(("burst", "paired_removal=input"), BOTH, "paired_removal",
+        "alternating the input of a burst plan's step is not built yet",
+        "none or checkpoint", _BURST),
+    Row(("paired_removal=checkpoint", "checkpoint=none"), BOTH,
+        "paired_removal", "there is no checkpoint to remove",
+        "none or input", "with --checkpoint=none"),
+    # The cadence would adapt to saves the blocks without them removed.
+    Row(("paired_removal=checkpoint", "checkpoint_every=auto"), BOTH,
+        "checkpoint_every", "the adaptive cadence tunes itself to the "
+        "saves' measured overhead, which blocks without saves would "
+        "change", "a number of steps", "with --paired_removal=checkpoint"),
     # --- Burst parallelism.
     Row(("burst", "pipeline"), BOTH, "burst_parallel",
         "burst parallelism and pipeline stages do not combine",

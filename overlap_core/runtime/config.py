@@ -10,6 +10,8 @@ import re
 from typing import Mapping, Optional, Tuple
 
 from overlap_core.runtime import contention
+from overlap_core.runtime.paired_removal import (
+    DEFAULT_BLOCK_STEPS, NONE as NO_PAIRED_REMOVAL)
 
 AUTOTUNE = -1  # the sentinel stored for "autotune" in prefetch / parallelism
 CHECKPOINT_AUTO = 0  # the `every_steps` of --checkpoint_every=auto
@@ -57,6 +59,10 @@ class RunConfig:
   # Steps timed alone before training, the reference that contention is
   # measured against (overlap_core.runtime.contention); 0 = none.
   reference_steps: int = contention.DEFAULT_REFERENCE_STEPS
+  # A cause removed in alternate blocks of steps
+  # (overlap_core.runtime.paired_removal); "none": the run as configured.
+  paired_removal: str = NO_PAIRED_REMOVAL
+  paired_block_steps: int = DEFAULT_BLOCK_STEPS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,7 @@ import time
 from typing import Callable, Optional, Sequence
 
 from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.runtime.paired_removal import PairedRemoval
 from overlap_core.runtime.progress import ProgressPrinter
 
 
@@ -35,6 +36,9 @@ class LoopContext:
   global_batch_size: int
   # on_step_end(step, step_s) after each step, e.g. a BackgroundRunner
   background: Optional[object] = None
+  # The cause removed in alternate blocks of steps, or None
+  # (overlap_core.runtime.paired_removal).
+  pairing: Optional[PairedRemoval] = None
 
 
 def compute_phase(ledger: ledger_lib.StepLedger, split_compute=None):
@@ -86,6 +90,7 @@ def after_step(ctx: LoopContext, step: int, loss: float, *,
       of a multi-step call; None: now.
   """
   if (may_checkpoint and ctx.checkpointer is not None
+      and not (ctx.pairing and ctx.pairing.skips_checkpoint(step))
       and ctx.checkpointer.is_due(step)):
     with ctx.ledger.phase(ledger_lib.CHECKPOINT_STALL):
       ctx.checkpointer.save(step)

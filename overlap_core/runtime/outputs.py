@@ -12,7 +12,7 @@ from typing import Iterable, Optional
 
 from overlap_core.runtime import dir_lock
 from overlap_core.runtime import ledger as ledger_lib
-from overlap_core.runtime import run_record, trace, user_code
+from overlap_core.runtime import paired_removal, run_record, trace, user_code
 from overlap_core.runtime.config import TrainConfig
 
 
@@ -50,7 +50,9 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
                          pipeline: Optional[dict] = None,
                          background_stats: Optional[dict] = None,
                          cpu_of_processes: Optional[tuple] = None,
-                         phases_derived: Iterable[str] = ()) -> dict:
+                         phases_derived: Iterable[str] = (),
+                         pairing: Optional[paired_removal.PairedRemoval] = None
+                         ) -> dict:
   """Writes the trace (if asked for) and run.json of this worker.
 
   Args:
@@ -74,6 +76,7 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
       mirrored replicas): the summed work replaces the ledger's own.
     phases_derived: the ledger phases derived rather than timed step by
       step (TensorFlow's exposed all-reduce).
+    pairing: the cause removed in alternate blocks of steps, or None.
 
   Returns:
     The record written to `<out_dir>/run.json`.
@@ -116,6 +119,8 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
       background=background_stats,
       steps_per_execution=config.run.steps_per_execution,
       model_source=user_code.model_origin(config.model.name).describe(),
-      data_source=user_code.data_origin(config.data.dataset).describe())
+      data_source=user_code.data_origin(config.data.dataset).describe(),
+      paired_removal=pairing and paired_removal.summarize(
+          pairing, ledger.steps, warmup_steps=summary["warmup_steps"]))
   run_record.write_run_record(out_dir, record)
   return record

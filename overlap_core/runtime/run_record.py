@@ -118,7 +118,8 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
                      background: Optional[dict] = None,
                      steps_per_execution: int = 1,
                      model_source: Optional[dict] = None,
-                     data_source: Optional[dict] = None) -> dict:
+                     data_source: Optional[dict] = None,
+                     paired_removal: Optional[dict] = None) -> dict:
   """Assembles the run.json payload; see docs/run-record.md for each field.
 
   `steps_per_execution` is the steps each traced call ran: above 1, the
@@ -139,6 +140,9 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
   `model_source` and `data_source` say where the model and the data came
   from (`user_code.Origin.describe()`: the zoo's name, the user's import
   path, or a .keras file with its sha256).
+
+  `paired_removal` is `paired_removal.summarize(...)`, both halves of a
+  run whose cause was removed in alternate blocks of steps, or None.
   """
   phases_measured = list(phases_measured)
   return {
@@ -169,6 +173,7 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
       "offload": offload,
       "pipeline": pipeline,
       "background": background,
+      "paired_removal": paired_removal,
       "outputs": outputs,
       "notes": list(notes or []),
   }

@@ -21,8 +21,8 @@ from overlap_core.checkpoint import engine as checkpoint_engine
 from overlap_core.planning import burst_report, conditions
 from overlap_core.planning import split as split_lib
 from overlap_core.runtime import ledger as ledger_lib
-from overlap_core.runtime import (offload_cost, outputs, run_record, user_code,
-                                  zoo)
+from overlap_core.runtime import (offload_cost, outputs, paired_removal,
+                                  run_record, user_code, zoo)
 from overlap_core.runtime.config import TrainConfig
 from overlap_core.runtime.loop_context import LoopContext
 from overlap_core.runtime.progress import ProgressPrinter
@@ -187,7 +187,8 @@ def _run_holding(side: Side, config: TrainConfig, world: World, out_dir: str,
       offload_stats=trained.offload_stats, pipeline=trained.pipeline_section,
       background_stats=(background_runner.stats() if background_runner
                         else None),
-      cpu_of_processes=trained.cpu_of_processes)
+      cpu_of_processes=trained.cpu_of_processes,
+      pairing=trained.ctx.pairing)
 
 
 def _train(side: Side, config: TrainConfig, world: World,
@@ -274,4 +275,6 @@ def _make_loop_context(side: Side, config: TrainConfig, world: World,
       first_step=first_step,
       last_step=last_step,
       global_batch_size=config.data.batch_size,
-      background=background_runner)
+      background=background_runner,
+      pairing=paired_removal.from_config(config.run.paired_removal,
+                                         config.run.paired_block_steps))

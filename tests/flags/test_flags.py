@@ -19,7 +19,8 @@ if not tfo_flags.FLAGS.is_parsed():
 FROZEN_SURFACE = {
     "run": ["deterministic", "evaluate", "host_allocator", "inter_op_threads",
             "intra_op_threads", "log_every_steps", "loop", "model_dir",
-            "progress", "reference_steps", "seed", "steps_per_execution",
+            "paired_block_steps", "paired_removal", "progress",
+            "reference_steps", "seed", "steps_per_execution",
             "tensorboard", "trace", "train_steps"],
     "model": ["learning_rate", "model", "optimizer", "precision"],
     "data": ["batch_size", "cache", "data_dir", "data_service", "dataset",

@@ -1,0 +1,184 @@
+"""A cause removed and restored in alternate blocks of one run's steps.
+
+What removing a phase's cause saves is usually measured with two runs, one
+with the cause and one without. On a 2-core host that difference carries
+the two processes' own speeds: one runs about half a millisecond a step
+faster or slower than the next, whatever it does (BENCHMARKS §17). Here
+one run holds both: its steps are cut into blocks of `block_steps`, and
+the blocks alternate between the job as configured ("with") and the job
+with the cause removed ("without"), in the order with, without, without,
+with, and again, so that a drift of the host over the run falls on both
+alike. The saving is then the difference of two means of the same
+process's steps, and the ledger's phases of those same steps say where
+it went (run.json's `paired_removal`).
+
+The causes, and how a step goes without them:
+
+  input       the step takes a batch resident on the device, the run's
+              first, read once without the pipeline (`--synthetic_on_device`'s
+              batch), and does not ask the pipeline for one;
+  checkpoint  the step takes no checkpoint, even where one is due.
+
+The first `settle_steps` of every block are not counted in either half:
+there the previous block's work is still ending. After a block without
+its input, the pipeline's buffers were filling beside those steps and
+hand the next steps batches at once; after a block with checkpoints, the
+last save's writes may still be reaching the disk. The run's warm-up
+steps are not counted either.
+
+  pairing = PairedRemoval(INPUT, block_steps=20)
+  pairing.removed(step)   # True in a block without the input
+  batches = apply_input_removal(pipeline_iterator, pairing,
+                                read_resident_batch, first_step=1)
+  summarize(pairing, ledger.steps, warmup_steps=10)
+"""
+
+from typing import Callable, Iterator, Optional, Sequence
+
+NONE = "none"
+INPUT = "input"
+CHECKPOINT = "checkpoint"
+CAUSES = (NONE, INPUT, CHECKPOINT)
+DEFAULT_BLOCK_STEPS = 20
+WITH, WITHOUT = "with", "without"
+# The block pattern: a block's index modulo 4 is "without" at 1 and 2.
+_WITHOUT_IN_FOUR = (1, 2)
+
+
+class PairedRemoval:
+  """Which steps go without the cause, and which are counted.
+
+  Steps are numbered from 1, as the loops number them; block b holds
+  steps b * block_steps + 1 ... (b + 1) * block_steps, the same blocks
+  after a resume.
+  """
+
+  def __init__(self, cause: str, block_steps: int = DEFAULT_BLOCK_STEPS):
+    if cause not in CAUSES[1:]:
+      raise ValueError(f"cause={cause!r}: allowed: one of {CAUSES[1:]}")
+    if block_steps < 2:
+      raise ValueError(f"block_steps={block_steps}: allowed: 2 or more")
+    self.cause = cause
+    self.block_steps = block_steps
+    # Half a block: the depth of a prefetch buffer or a save's writes,
+    # with room; the other half is counted.
+    self.settle_steps = block_steps // 2
+
+  def removed(self, step: int) -> bool:
+    """Whether `step` runs without the cause."""
+    return ((step - 1) // self.block_steps) % 4 in _WITHOUT_IN_FOUR
+
+  def counted(self, step: int) -> bool:
+    """Whether `step` counts in its half: past its block's settling."""
+    return (step - 1) % self.block_steps >= self.settle_steps
+
+  def skips_checkpoint(self, step: int) -> bool:
+    return self.cause == CHECKPOINT and self.removed(step)
+
+  def arm(self, step: int) -> str:
+    return WITHOUT if self.removed(step) else WITH
+
+  def counted_steps(self, num_steps: int, warmup_steps: int) -> dict:
+    """How many of a run's steps 1..num_steps each half counts."""
+    counts = {WITH: 0, WITHOUT: 0}
+    for step in range(warmup_steps + 1, num_steps + 1):
+      if self.counted(step):
+        counts[self.arm(step)] += 1
+    return counts
+
+  def describe(self) -> dict:
+    return {"cause": self.cause, "block_steps": self.block_steps,
+            "settle_steps": self.settle_steps,
+            "order": f"{WITH}, {WITHOUT}, {WITHOUT}, {WITH}, repeated"}
+
+
+def from_config(cause: str, block_steps: int) -> Optional[PairedRemoval]:
+  """The run's pairing, or None for --paired_removal=none."""
+  return None if cause == NONE else PairedRemoval(cause, block_steps)
+
+
+class AlternatingBatches:
+  """The pipeline's batches, or the resident one in steps without input.
+
+  The k-th `next()` is step first_step + k's batch, as the loops ask one
+  per step. A step without input does not ask the pipeline, which goes on
+  filling its buffers beside it up to their depth (the settling steps).
+  """
+
+  def __init__(self, batches: Iterator, resident_batch,
+               pairing: PairedRemoval, *, first_step: int):
+    self._batches = batches
+    self._resident = resident_batch
+    self._pairing = pairing
+    self._next_step = first_step
+
+  def __iter__(self) -> "AlternatingBatches":
+    return self
+
+  def __next__(self):
+    step = self._next_step
+    self._next_step += 1
+    if self._pairing.removed(step):
+      return self._resident
+    return next(self._batches)
+
+  def close(self) -> None:
+    """Closes the pipeline's iterator where it has threads to stop."""
+    close = getattr(self._batches, "close", None)
+    if close is not None:
+      close()
+
+
+def apply_input_removal(batches: Iterator, pairing: Optional[PairedRemoval],
+                        read_resident_batch: Callable[[], object], *,
+                        first_step: int) -> Iterator:
+  """`batches`, or `AlternatingBatches` of them where `pairing` removes
+  the input; `read_resident_batch()` is called then only."""
+  if pairing is None or pairing.cause != INPUT:
+    return batches
+  return AlternatingBatches(batches, read_resident_batch(), pairing,
+                            first_step=first_step)
+
+
+def _mean_ms(values: Sequence[float]) -> Optional[float]:
+  return 1e3 * sum(values) / len(values) if values else None
+
+
+def summarize(pairing: PairedRemoval, steps: Sequence, *,
+              warmup_steps: int, step_phase: str = "step",
+              other_phase: str = "other") -> dict:
+  """Each half's counted steps and phase means, and the saving.
+
+  Args:
+    pairing: the run's pairing.
+    steps: the ledger's step records, in order (`StepLedger.steps`).
+    warmup_steps: the leading records left out, as the ledger's summary
+      leaves them.
+
+  Returns:
+    `describe()`, and `halves`: {with, without: {steps, phases_ms}},
+    each phase's mean per counted step in ms (0 where a step did not
+    record it; `step_phase` the whole step, `other_phase` what no phase
+    holds); `saving_ms`: the step's mean with the cause less without it;
+    `change_ms`: each phase's. None where a half counted no step.
+  """
+  counted = {WITH: [], WITHOUT: []}
+  for record in steps[warmup_steps:]:
+    if pairing.counted(record.step):
+      counted[pairing.arm(record.step)].append(record)
+  names = sorted({n for records in counted.values() for r in records
+                  for n in r.phases_s})
+  halves = {}
+  for arm, records in counted.items():
+    phases_ms = {n: _mean_ms([r.phases_s.get(n, 0.0) for r in records])
+                 for n in names}
+    phases_ms[step_phase] = _mean_ms([r.duration_s for r in records])
+    phases_ms[other_phase] = _mean_ms(
+        [r.duration_s - sum(r.phases_s.values()) for r in records])
+    halves[arm] = {"steps": len(records), "phases_ms": phases_ms}
+  both = all(h["steps"] for h in halves.values())
+  change_ms = {n: (halves[WITH]["phases_ms"][n]
+                   - halves[WITHOUT]["phases_ms"][n]) if both else None
+               for n in halves[WITH]["phases_ms"]}
+  return {**pairing.describe(), "halves": halves,
+          "saving_ms": change_ms[step_phase], "change_ms": change_ms}

@@ -1,0 +1,89 @@
+"""The blocks of a paired removal: which steps go without, which count."""
+
+import pytest
+
+from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.runtime import paired_removal
+from overlap_core.runtime.paired_removal import (CHECKPOINT, INPUT, WITH,
+                                                 WITHOUT, PairedRemoval)
+
+
+def test_blocks_go_with_without_without_with():
+  pairing = PairedRemoval(INPUT, block_steps=3)
+  arms = "".join("-" if pairing.removed(s) else "+" for s in range(1, 25))
+  assert arms == "+++------++++++------+++"
+
+
+def test_the_first_half_of_every_block_settles():
+  pairing = PairedRemoval(INPUT, block_steps=4)
+  assert [s for s in range(1, 13) if pairing.counted(s)] == [3, 4, 7, 8,
+                                                            11, 12]
+  assert pairing.counted_steps(12, warmup_steps=3) == {WITH: 1, WITHOUT: 4}
+
+
+def test_only_a_checkpoint_pairing_skips_checkpoints():
+  steps = range(1, 17)
+  assert not any(PairedRemoval(INPUT, 4).skips_checkpoint(s) for s in steps)
+  pairing = PairedRemoval(CHECKPOINT, 4)
+  assert [s for s in steps if pairing.skips_checkpoint(s)] == list(
+      range(5, 13))
+
+
+@pytest.mark.parametrize("cause, block_steps", [("none", 4), ("disk", 4),
+                                                (INPUT, 1)])
+def test_a_pairing_refuses_what_it_cannot_alternate(cause, block_steps):
+  with pytest.raises(ValueError):
+    PairedRemoval(cause, block_steps)
+
+
+def test_steps_without_input_leave_the_pipeline_where_it_was():
+  pipeline = iter(range(100))
+  pairing = PairedRemoval(INPUT, block_steps=2)
+  batches = paired_removal.apply_input_removal(
+      pipeline, pairing, lambda: "resident", first_step=3)
+  # Steps 3..10: blocks 1 and 2 go without, block 3 with, block 4 with.
+  assert [next(batches) for _ in range(8)] == [
+      "resident", "resident", "resident", "resident", 0, 1, 2, 3]
+  assert next(pipeline) == 4
+
+
+def test_no_pairing_hands_the_pipeline_back_and_reads_nothing():
+  pipeline = iter(range(3))
+
+  def read_resident_batch():
+    raise AssertionError("read without a removal of the input")
+
+  for pairing in (None, PairedRemoval(CHECKPOINT, 2)):
+    assert paired_removal.apply_input_removal(
+        pipeline, pairing, read_resident_batch, first_step=1) is pipeline
+
+
+def _record(step, wait_s, compute_s):
+  return ledger_lib.StepRecord(
+      step, 0.0, wait_s + compute_s + 0.001, 8,
+      {ledger_lib.DATA_WAIT: wait_s, ledger_lib.COMPUTE: compute_s},
+      cpu_s=0.0, thread_cpu_s=0.0, phases_cpu_s={})
+
+
+def test_the_summary_holds_each_half_and_the_saving():
+  pairing = PairedRemoval(INPUT, block_steps=2)
+  # Every step computes 10 ms; a step with input waits 4 ms, and the
+  # warm-up step, left out, 100 ms.
+  records = [_record(s, 0.0 if pairing.removed(s) else 0.004, 0.010)
+             for s in range(1, 13)]
+  records[0] = _record(1, 0.1, 0.010)
+  summary = paired_removal.summarize(pairing, records, warmup_steps=1)
+  assert summary["halves"][WITH]["steps"] == 3
+  assert summary["halves"][WITHOUT]["steps"] == 3
+  assert summary["halves"][WITH]["phases_ms"]["other"] == pytest.approx(1.0)
+  assert summary["saving_ms"] == pytest.approx(4.0)
+  assert summary["change_ms"][ledger_lib.DATA_WAIT] == pytest.approx(4.0)
+  assert summary["change_ms"][ledger_lib.COMPUTE] == pytest.approx(0.0)
+
+
+def test_a_half_that_counted_nothing_gives_no_saving():
+  pairing = PairedRemoval(INPUT, block_steps=4)
+  records = [_record(s, 0.004, 0.010) for s in range(1, 5)]
+  summary = paired_removal.summarize(pairing, records, warmup_steps=0)
+  assert summary["halves"][WITHOUT]["steps"] == 0
+  assert summary["saving_ms"] is None
