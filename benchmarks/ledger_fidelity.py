@@ -7,25 +7,38 @@ The ledger splits every step into phases and says what bounds the steps
 (`overlap_core.runtime.verdict`) on the claim that each phase is time its
 removal would save. This checks the claim by intervention: per framework,
 strategy (default; mirrored, which is DDP in PyTorch) and phase, the job
-runs as it is and again with the phase's cause removed, the two paired
-within each repeat (`benchmarks.harness`: interleaved, the first side
-rotating), and the step's saving is held against what the two runs'
-ledgers attribute to the cause: the change in the phase and in
-`contention`, the compute beyond the step timed alone
-(`overlap_core.runtime.contention`), from each run's own run.json. The
-phase alone is reported beside it. What this checks is that the ledger's
+runs as it is and with the phase's cause removed, and the step's saving
+is held against what the ledger attributes to the cause: the change in
+the phase and in `contention`, the compute beyond the step timed alone
+(`overlap_core.runtime.contention`). The phase alone is reported beside
+it.
+
+Where the trainer can remove the cause for some steps only (the input,
+checkpoints: `--paired_removal`, `overlap_core.runtime.paired_removal`),
+one run holds both sides: blocks of 20 steps alternate with and without
+the cause, and its run.json gives each half's phases over the steps
+counted. That run trains twice --train_steps. Elsewhere (offload, the
+all-reduce, the bubble) the two sides are two runs, paired within each
+repeat (`benchmarks.harness`: interleaved, the first side rotating), as
+every cell was before the trainer could alternate (--two_runs still
+runs them so). Two runs differ in the processes' own speed: a 2-core
+host runs one process about half a millisecond a step faster or slower
+than the next; the two halves of one run share its process, its calibration of
+the step alone, and its host. What this checks is that the ledger's
 compute, the step's own cost, stays put when the cause goes, so that
 everything removal saves is in the phase or in the contention the
 cause's work made beside the step:
 
-  data_wait         the input made free: --synthetic_on_device keeps
-                    batches resident on the device, so no input pipeline
-                    runs. Same shapes and dtypes as the job's synthetic
-                    input, not the same values (the resident batches are
-                    drawn on the device); a step's cost does not depend on
-                    them.
-  checkpoint_stall  checkpoints off (--checkpoint=none against a
-                    synchronous save every few steps). Reported apart: the
+  data_wait         the input made free: in one run, a step without it
+                    takes a resident copy of the run's first batch and
+                    asks the pipeline for nothing; in two runs,
+                    --synthetic_on_device keeps batches resident on the
+                    device, so no input pipeline runs (same shapes and
+                    dtypes, not the same values; a step's cost does not
+                    depend on them).
+  checkpoint_stall  checkpoints off against a synchronous save every few
+                    steps (in one run, the blocks without take none; in
+                    two runs, --checkpoint=none). Reported apart: the
                     stall, and the rest of the step's increase (the save's
                     interference with the steps around it).
   offload           offload off (--offload=none against activations
@@ -76,9 +89,8 @@ Verdict per cell, from the repeats: the signed miss, attributed -
 saving, per repeat, over the tolerance max(10% of the median saving,
 0.3 ms). The interval of its median within [-1, 1] is "met", wholly
 beyond one end "missed", else "noisy". The claim is about the phase's
-mean, so the verdict is on the miss's median, not on each repeat's: each
-saving is the difference of two processes' step means, and a 2-core host
-runs one process 0.5 ms faster or slower than the next, so the miss of a
+mean, so the verdict is on the miss's median, not on each repeat's: where
+a saving is the difference of two processes' step means, the miss of a
 single pair moves by about a millisecond whatever the ledger says. The
 median of |miss| / tolerance, that pairing noise with any bias, is
 reported beside it (`miss_over_tolerance_all`); it does not shrink with
@@ -92,6 +104,7 @@ from typing import NamedTuple, Tuple
 
 from benchmarks import common
 from benchmarks import harness
+from overlap_core.runtime import paired_removal
 from overlap_core.runtime.contention import CONTENTION
 
 NAME = "ledger_fidelity"
@@ -123,17 +136,22 @@ class Removal(NamedTuple):
   # The phases whose change is attributed to the removal, beside
   # contention; () for the cell's phase alone.
   attributed: Tuple[str, ...] = ()
+  # The trainer's --paired_removal cause that removes it within one run;
+  # "": only a second run can.
+  in_run: str = ""
 
 
 # Input made free on both sides of a cell that removes something else
 # (see the docstring).
 RESIDENT = ["--synthetic_on_device"]
 PHASES = {
-    "data_wait": Removal([], RESIDENT, STRATEGIES),
+    "data_wait": Removal([], RESIDENT, STRATEGIES,
+                         in_run=paired_removal.INPUT),
     "checkpoint_stall": Removal(
         [*RESIDENT, "--checkpoint=sync",
          f"--checkpoint_every={CHECKPOINT_EVERY}"],
-        ["--checkpoint=none"], STRATEGIES),
+        ["--checkpoint=none"], STRATEGIES,
+        in_run=paired_removal.CHECKPOINT),
     "offload": Removal([*RESIDENT, "--offload=activations"],
                        ["--offload=none"], ("default",)),
     # TensorFlow refuses --all_reduce=off (see the docstring).
@@ -147,13 +165,25 @@ PHASES = {
                       ("pytorch",), attributed=("bubble", "transfer")),
 }
 JOB, REMOVED = "job", "removed"
+# A run that holds both: the cause removed in alternate blocks of steps.
+IN_RUN = "in_run"
+# Blocks of 20 steps, the first 10 settling: deeper than the input's
+# prefetch buffers, and 2 checkpoints of every 5 steps in the counted half.
+IN_RUN_BLOCK_STEPS = 20
+QUICK_IN_RUN_BLOCK_STEPS = 4
 
 
 def parse_args():
   parser = common.make_parser(__doc__, repeats=DEFAULT_REPEATS,
                               resummarize=True)
   common.add_synthetic_job_args(parser)
-  parser.add_argument("--train_steps", type=int, default=100)
+  parser.add_argument("--train_steps", type=int, default=100,
+                      help="Steps of a two-run side; a run that holds "
+                      "both sides trains twice as many.")
+  parser.add_argument("--two_runs", action="store_true",
+                      help="Every cell as two runs, one with the cause and "
+                      "one without, as before the trainer could remove "
+                      "the cause in alternate blocks of one run.")
   common.add_list_arg(parser, "frameworks", default=FRAMEWORKS,
                       allowed=FRAMEWORKS, what="frameworks")
   common.add_list_arg(parser, "strategies", default=STRATEGIES,
@@ -199,30 +229,72 @@ def attributed_ms(job: dict, removed: dict) -> float:
           - (removed["phase_ms"] + removed.get("contention_ms", 0.0)))
 
 
+def variants(args, phase: str) -> Tuple[str, ...]:
+  """The sides of a cell: one run holding both, or two runs."""
+  if PHASES[phase].in_run and not args.two_runs:
+    return (IN_RUN,)
+  return (JOB, REMOVED)
+
+
+def side_flags(args, side) -> list:
+  """The trainer flags of one side of a cell."""
+  framework, strategy, phase, variant = side
+  del framework  # both trainers take the same flags
+  removal = PHASES[phase]
+  steps = 12 if args.quick else args.train_steps
+  if variant == IN_RUN:
+    block_steps = (QUICK_IN_RUN_BLOCK_STEPS if args.quick
+                   else IN_RUN_BLOCK_STEPS)
+    return base_flags(args, strategy, 2 * steps) + removal.job + [
+        f"--paired_removal={removal.in_run}",
+        f"--paired_block_steps={block_steps}"]
+  return base_flags(args, strategy, steps) + removal.job + (
+      removal.removed if variant == REMOVED else [])
+
+
+def _half(phases_ms: dict, phase: str) -> dict:
+  """One side's figures from its phase means in ms (a run's, or one half
+  of a run that holds both)."""
+  removal = PHASES.get(phase)  # None: a phase since renamed
+  return {"step_ms": phases_ms["step"],
+          "phase_ms": sum(phases_ms.get(p, 0.0)
+                          for p in removal and removal.attributed
+                          or (phase,)),
+          "contention_ms": phases_ms.get(CONTENTION, 0.0),
+          # Every phase, for what moved where the attribution misses.
+          "all_phases_ms": phases_ms}
+
+
 def measure(args, repeats: int, scratch: str) -> harness.Measured:
   steps = 12 if args.quick else args.train_steps
   sides = [cell + (variant,) for cell in cells(args)
-           for variant in (JOB, REMOVED)]
+           for variant in variants(args, cell[2])]
 
   def run_one(side, repeat):
     framework, strategy, phase, variant = side
-    removal = PHASES[phase]
-    flags = base_flags(args, strategy, steps) + removal.job + (
-        removal.removed if variant == REMOVED else [])
+    flags = side_flags(args, side)
     record, stats = common.run_trainer_record(
         flags, os.path.join(scratch, "-".join(side) + f"-{repeat}"),
         module=common.TRAINER_MODULES[framework])
-    common.log(f"repeat {repeat + 1}/{repeats} {' '.join(side)}: step "
-               f"{_phase_ms(record, 'step'):.2f} ms, {phase} "
-               f"{_phase_ms(record, phase):.2f} ms")
-    return {"side": list(side), "repeat": repeat, "flags": flags,
-            "step_ms": _phase_ms(record, "step"),
-            "phase_ms": sum(_phase_ms(record, p)
-                            for p in removal.attributed or (phase,)),
-            "contention_ms": _phase_ms(record, CONTENTION),
-            # Every phase, for what moved where the attribution misses.
-            "all_phases_ms": {p: _phase_ms(record, p)
-                              for p in record["phases"]},
+    run = {"side": list(side), "repeat": repeat, "flags": flags}
+    if variant == IN_RUN:
+      paired = record["paired_removal"]
+      halves = paired["halves"]
+      run["halves"] = {
+          JOB: _half(halves[paired_removal.WITH]["phases_ms"], phase),
+          REMOVED: _half(halves[paired_removal.WITHOUT]["phases_ms"], phase)}
+      run["paired_removal"] = paired
+      common.log(f"repeat {repeat + 1}/{repeats} {' '.join(side)}: saving "
+                 f"{paired['saving_ms']:.2f} ms, {phase} "
+                 f"{run['halves'][JOB]['phase_ms']:.2f} ms with, "
+                 f"{run['halves'][REMOVED]['phase_ms']:.2f} ms without")
+    else:
+      run.update(_half({p: _phase_ms(record, p) for p in record["phases"]},
+                       phase))
+      common.log(f"repeat {repeat + 1}/{repeats} {' '.join(side)}: step "
+                 f"{run['step_ms']:.2f} ms, {phase} "
+                 f"{_phase_ms(record, phase):.2f} ms")
+    return {**run,
             # What contention was taken against (None: no reference).
             "reference_ms": (record["strategy"].get("reference_step")
                              or {}).get("reference_ms"),
@@ -238,14 +310,15 @@ def measure(args, repeats: int, scratch: str) -> harness.Measured:
                                    redo_busy=args.redo_busy)
   return harness.Measured.of_group(
       record, train_steps=steps, setting=base_flags(args, "STRATEGY", steps),
-      tolerance={"frac": TOLERANCE_FRAC, "floor_ms": TOLERANCE_FLOOR_MS})
+      tolerance={"frac": TOLERANCE_FRAC, "floor_ms": TOLERANCE_FLOOR_MS},
+      in_run_block_steps=(None if args.two_runs else
+                          QUICK_IN_RUN_BLOCK_STEPS if args.quick
+                          else IN_RUN_BLOCK_STEPS))
 
 
-def summarize_cell(job_runs: list, removed_runs: list) -> dict:
-  """One cell's attribution against its saving, paired by repeat."""
-  removed = {r["repeat"]: r for r in removed_runs}
-  pairs = [(r, removed[r["repeat"]]) for r in job_runs
-           if r["repeat"] in removed]
+def summarize_cell(pairs: list) -> dict:
+  """One cell's attribution against its saving, over its (job, removed)
+  pairs: the two runs of a repeat, or the two halves of one run."""
   savings = [j["step_ms"] - x["step_ms"] for j, x in pairs]
   phases = [j["phase_ms"] for j, _ in pairs]
   attributed = [attributed_ms(j, x) for j, x in pairs]
@@ -272,6 +345,16 @@ def summarize_cell(job_runs: list, removed_runs: list) -> dict:
   return cell
 
 
+def cell_pairs(by_side: dict, side: tuple) -> list:
+  """A cell's (job, removed) pairs from its job side or in-run side."""
+  if side[3] == IN_RUN:
+    return [(run["halves"][JOB], run["halves"][REMOVED])
+            for run in by_side[side]]
+  removed = {r["repeat"]: r for r in by_side.get(side[:3] + (REMOVED,), [])}
+  return [(r, removed[r["repeat"]]) for r in by_side[side]
+          if r["repeat"] in removed]
+
+
 def summarize(payload: dict) -> list:
   by_side = {}
   for run in payload["runs"]:
@@ -279,24 +362,26 @@ def summarize(payload: dict) -> list:
   summary = []
   for side in by_side:
     framework, strategy, phase, variant = side
-    if variant != JOB:
+    if variant not in (JOB, IN_RUN):
       continue
-    cell = summarize_cell(by_side[side],
-                          by_side.get(side[:3] + (REMOVED,), []))
+    cell = summarize_cell(cell_pairs(by_side, side))
     removal = PHASES.get(phase)  # None: a phase since renamed
     summary.append({"framework": framework, "strategy": strategy,
                     "phase": phase,
                     "phases": list(removal and removal.attributed
                                    or (phase,)),
+                    "pairing": "in one run" if variant == IN_RUN
+                               else "two runs",
                     **cell})
   return summary
 
 
 def format_summary(payload: dict) -> str:
-  headers = ["framework", "strategy", "phase", "phase ms",
+  headers = ["framework", "strategy", "phase", "pairing", "phase ms",
              "phase + contention change ms", "saving ms",
              "rest of increase ms", "repeats", "within tolerance"]
-  rows = [[c["framework"], c["strategy"], c["phase"], c["phase_ms"],
+  rows = [[c["framework"], c["strategy"], c["phase"],
+           c.get("pairing", "two runs"), c["phase_ms"],
            c.get("attributed_ms", c["phase_ms"]), c["saving_ms"],
            c["rest_of_increase_ms"], c["repeats"], c["target_verdict"]]
           for c in payload["summary"]]

@@ -15,13 +15,17 @@ from benchmarks.render_tables import load, markdown, spread, table
 
 def _removal(runs: list, cell: dict) -> str:
   """The flags a cell's removed side adds to its job, as the runs were
-  launched (a phase since renamed keeps its flags)."""
+  launched (a phase since renamed keeps its flags); for a cell whose
+  cause was removed within one run, the flags that asked for it."""
   flags = {}
   for run in runs:
     framework, strategy, phase, variant = run["side"]
     if (framework, strategy, phase) == (cell["framework"], cell["strategy"],
                                         cell["phase"]):
       flags[variant] = run["flags"]
+  if ledger_fidelity.IN_RUN in flags:
+    return " ".join(f for f in flags[ledger_fidelity.IN_RUN]
+                    if f.startswith("--paired_"))
   job = set(flags[ledger_fidelity.JOB])
   return " ".join(f for f in flags[ledger_fidelity.REMOVED] if f not in job)
 
@@ -68,13 +72,13 @@ def _fidelity_table(data: dict) -> str:
     rows.append([
         cell["framework"], f"`{cell['strategy']}`",
         " + ".join(f"`{p}`" for p in cell.get("phases", [cell["phase"]])),
-        f"`{removal}`", spread(cell["phase_ms_all"]), spread(attributed),
+        f"`{removal}`", cell.get("pairing", "two runs"), spread(cell["phase_ms_all"]), spread(attributed),
         spread(cell["saving_ms_all"]),
         spread([s - a for a, s in zip(attributed, cell["saving_ms_all"])]),
         spread(cell["signed_miss_over_tolerance_all"]),
         spread(cell["miss_over_tolerance_all"]), cell["target_verdict"]])
   return markdown(
-      ["framework", "strategy", "phase", "removed by", "phase ms",
+      ["framework", "strategy", "phase", "removed by", "pairs", "phase ms",
        "phase + contention change ms", "saving ms", "saving − attributed ms",
        "(attributed − saving) / tolerance", "per pair |miss| / tolerance",
        "median within tolerance"], rows)

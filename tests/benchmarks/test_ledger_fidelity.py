@@ -91,3 +91,44 @@ def test_cells_cover_each_phases_strategies():
   assert ("pytorch", "mirrored", "exposed_comm") in cells
   assert ("pytorch", "default", "exposed_comm") not in cells
   assert ("tensorflow", "mirrored", "exposed_comm") not in cells
+
+
+def test_a_run_that_holds_both_sides_is_a_pair_of_its_halves():
+  side = ("tensorflow", "mirrored", "checkpoint_stall",
+          ledger_fidelity.IN_RUN)
+
+  def half(step_ms, stall_ms, contention_ms):
+    return {"step_ms": step_ms, "phase_ms": stall_ms,
+            "contention_ms": contention_ms}
+
+  # Each run's halves: 4 ms of stall and 0.5 ms more contention with the
+  # saves, against a step 4.4 to 4.6 ms longer.
+  payload = {"runs": [
+      {"side": list(side), "repeat": r,
+       "halves": {ledger_fidelity.JOB: half(step_ms, 4.0, 0.7),
+                  ledger_fidelity.REMOVED: half(15.0, 0.0, 0.2)}}
+      for r, step_ms in enumerate([19.4, 19.5, 19.6, 19.5, 19.5])]}
+  (cell,) = ledger_fidelity.summarize(payload)
+  assert cell["pairing"] == "in one run"
+  assert cell["saving_ms"] == 4.5 and cell["attributed_ms"] == 4.5
+  assert cell["target_verdict"] == harness.MET
+
+
+def test_the_causes_the_trainer_alternates_run_in_one_run_unless_asked():
+  class Args:
+    quick = False
+    two_runs = False
+    train_steps = 100
+    model, image_size, batch_size = "cnn", 32, 64
+
+  side = ("pytorch", "default", "data_wait", ledger_fidelity.IN_RUN)
+  assert ledger_fidelity.variants(Args, "data_wait") == (
+      ledger_fidelity.IN_RUN,)
+  flags = ledger_fidelity.side_flags(Args, side)
+  assert "--paired_removal=input" in flags and "--train_steps=200" in flags
+  # The other causes only a second run can remove.
+  assert ledger_fidelity.variants(Args, "offload") == (
+      ledger_fidelity.JOB, ledger_fidelity.REMOVED)
+  Args.two_runs = True
+  assert ledger_fidelity.variants(Args, "data_wait") == (
+      ledger_fidelity.JOB, ledger_fidelity.REMOVED)
