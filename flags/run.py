@@ -72,11 +72,13 @@ def define_flags():
       "with, ..., between the job as configured and the job without the "
       "cause. input: a step without it takes a resident copy of the "
       "run's first batch instead of asking the pipeline. checkpoint: a "
-      "step without it takes no checkpoint. run.json's paired_removal "
+      "step without it takes no checkpoint. offload: a step without it "
+      "runs with offload paused, split against the step timed alone "
+      "without offload. run.json's paired_removal "
       "gives both halves' phases and the saving; the first half of each "
       "block, where the previous block's work still ends, counts in "
-      "neither. The run's own phases then mix both halves. Custom loop "
-      "only for input, at one step per call.")
+      "neither. The run's own phases then mix both halves. input and "
+      "offload: the custom loop at one step per call only.")
   flags.DEFINE_integer(
       "paired_block_steps", paired_removal.DEFAULT_BLOCK_STEPS,
       "Steps per block of --paired_removal.", lower_bound=2)

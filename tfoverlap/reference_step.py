@@ -44,6 +44,19 @@ def snapshot(model, optimizer) -> Callable[[], None]:
   return restore
 
 
+def make_step_without_offload(make_train_step: Callable, offloader):
+  """A step function made anew by `make_train_step` and traced inside
+  `Offloader.paused`, so its graph holds no offload."""
+  step = make_train_step()
+
+  def step_without_offload(batch):
+    # Only the first call traces; the context matters to that one.
+    with offloader.paused():
+      return step(batch)
+
+  return step_without_offload
+
+
 def calibrate(train_step, batch, *, model, optimizer, num_steps: int,
               offloader=None, make_train_step: Optional[Callable] = None
               ) -> Union[contention.ReferenceStep, offload_cost.OffloadCost]:
@@ -63,12 +76,11 @@ def calibrate(train_step, batch, *, model, optimizer, num_steps: int,
         # Reading the loss waits for the step's end.
         lambda: float(train_step(batch)), num_steps=num_steps,
         restore=restore)
-  step_without_offload = make_train_step()
+  step_without_offload = make_step_without_offload(make_train_step,
+                                                   offloader)
 
   def run_without_offload() -> None:
-    # Only the first call traces; the context matters to that one.
-    with offloader.paused():
-      float(step_without_offload(batch))
+    float(step_without_offload(batch))
 
   reference = offload_cost.time_with_and_without(
       lambda: float(train_step(batch)), run_without_offload,

@@ -217,6 +217,7 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
     split_compute = timed_offload.split_compute
   elif comm:
     split_compute = comm.split_compute
+  reference = None
   if _times_reference(config, built) and keep_reference is not None:
     reference = reference_step.calibrate(
         train_step, resident_batch(), model=model, optimizer=optimizer,
@@ -227,6 +228,13 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
       # The derived cost replaces the copies' split.
       split_compute = comm.split_compute if comm else None
     split_compute = reference.split_compute(inner=split_compute)
+  train_step, split_compute = paired_removal.apply_offload_removal(
+      ctx.pairing, train_step, split_compute, cost=reference,
+      # Called only where offload is removed, a run with no burst plan.
+      make_step_without=lambda: reference_step.make_step_without_offload(
+          make_train_step, built.offload),
+      inner_split=comm.split_compute if comm else None,
+      first_step=ctx.first_step)
   return loops.run_custom_loop(
       ctx, train_step=train_step,
       iterator=paired_removal.apply_input_removal(

@@ -424,6 +424,7 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
   train_step = _make_train_step(config, spec, strategy, parallel)
   split_compute = _split_compute(parallel, strategy)
   stream = _foreground_stream(ctx.background)
+  reference = None
   if (_times_reference(config, parallel) and stream is None
       and keep_reference is not None):
     reference = reference_step.calibrate(
@@ -439,6 +440,12 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
       # With offload, the derived cost replaces the copies' split.
       split_compute = reference.split_compute(
           inner=_split_compute(parallel, strategy, offload_derived=True))
+  train_step, split_compute = paired_removal.apply_offload_removal(
+      ctx.pairing, train_step, split_compute, cost=reference,
+      make_step_without=functools.partial(_step_without_offload, train_step,
+                                          parallel.offload),
+      inner_split=_split_compute(parallel, strategy, offload_derived=True),
+      first_step=ctx.first_step)
   if parallel.pipeline:
     # Timed or not, no step runs alone from here on.
     parallel.pipeline.release_stand_ins()
@@ -458,6 +465,17 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
     # The device prefetcher stages batches on a thread of its own.
     if hasattr(batches, "close"):
       batches.close()
+
+
+def _step_without_offload(train_step, offloader):
+  """`train_step` with the offload hooks off, as the step alone without
+  offload was timed (`reference_step.calibrate`)."""
+
+  def step(batch):
+    with offloader.paused():
+      return train_step(batch)
+
+  return step
 
 
 def _times_reference(config: TrainConfig, parallel) -> bool:

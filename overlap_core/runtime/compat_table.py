@@ -176,6 +176,13 @@ FEATURES = {f.name: f for f in (
     Feature("paired_removal=input", _paired("input"),
             {"paired_removal": "input", "paired_block_steps": "2",
              "train_steps": "4"}),
+    Feature("paired_removal=offload", _paired("offload"),
+            {"paired_removal": "offload", "paired_block_steps": "2",
+             "train_steps": "4", "offload": "activations"}),
+    Feature("offload=none", lambda c, h: not c.offload.targets,
+            {"offload": "none"}),
+    Feature("reference_steps=0", lambda c, h: c.run.reference_steps == 0,
+            {"reference_steps": "0"}),
     Feature("paired_removal=checkpoint", _paired("checkpoint"),
             {"paired_removal": "checkpoint", "paired_block_steps": "2",
              "train_steps": "4", "checkpoint": "sync",
@@ -217,6 +224,7 @@ FLAG_VALUES = {
     "checkpoint_every": lambda c: ("auto" if c.checkpoint.every_steps == 0
                                    else c.checkpoint.every_steps),
     "paired_removal": lambda c: c.run.paired_removal,
+    "reference_steps": lambda c: c.run.reference_steps,
     "steps_per_execution": lambda c: c.run.steps_per_execution,
     "loop": lambda c: c.run.loop,
     "precision": lambda c: c.model.precision,
@@ -333,30 +341,58 @@ ROWS = (
     # --- A cause removed in alternate blocks of steps.
     Row(("synthetic_on_device", "paired_removal=input"), BOTH,
         "paired_removal", "the batches are resident already: there is no "
-        "input to remove", "none or checkpoint",
+        "input to remove", "none, checkpoint or offload",
         "with --synthetic_on_device"),
     Row(("loop=fit", "paired_removal=input"), (TF,), "paired_removal",
         "model.fit pulls its batches inside its compiled step, which "
         "cannot be handed a resident batch for some steps only",
-        "none or checkpoint", "with --loop=fit"),
+        "none, checkpoint or offload", "with --loop=fit"),
     Row(("steps_per_execution>1", "paired_removal=input"), (TF,),
         "paired_removal", "a call of K steps reads the iterator inside its "
         "graph, which cannot be handed a resident batch for some steps "
-        "only", "none or checkpoint", "with --steps_per_execution > 1"),
+        "only", "none, checkpoint or offload", "with --steps_per_execution > 1"),
     Row(("pipeline", "paired_removal=input"), BOTH, "paired_removal",
         "alternating the input of a pipeline's stages is not built yet",
-        "none or checkpoint", _PIPELINED),
+        "none, checkpoint or offload", _PIPELINED),
     Row(("burst", "paired_removal=input"), BOTH, "paired_removal",
         "alternating the input of a burst plan's step is not built yet",
-        "none or checkpoint", _BURST),
+        "none, checkpoint or offload", _BURST),
     Row(("paired_removal=checkpoint", "checkpoint=none"), BOTH,
         "paired_removal", "there is no checkpoint to remove",
-        "none or input", "with --checkpoint=none"),
+        "none, input or offload", "with --checkpoint=none"),
     # The cadence would adapt to saves the blocks without them removed.
     Row(("paired_removal=checkpoint", "checkpoint_every=auto"), BOTH,
         "checkpoint_every", "the adaptive cadence tunes itself to the "
         "saves' measured overhead, which blocks without saves would "
         "change", "a number of steps", "with --paired_removal=checkpoint"),
+    Row(("paired_removal=offload", "offload=none"), BOTH, "paired_removal",
+        "there is no offload to remove", "none, input or checkpoint",
+        "with --offload=none"),
+    Row(("paired_removal=offload", "offload=parameters"), (PT,),
+        "paired_removal", "no step runs without parameters offload: the "
+        "weights live on the host", "none, input or checkpoint",
+        "with --offload=parameters"),
+    # A step without offload is split against the step timed alone
+    # without it, which only the custom loop at one step per call times.
+    Row(("loop=fit", "paired_removal=offload"), (TF,), "paired_removal",
+        "model.fit times no step alone, without offload or with it",
+        "none, input or checkpoint", "with --loop=fit"),
+    Row(("steps_per_execution>1", "paired_removal=offload"), (TF,),
+        "paired_removal", "a call of K steps times no step alone, without "
+        "offload or with it", "none, input or checkpoint",
+        "with --steps_per_execution > 1"),
+    Row(("strategy=multi_worker", "paired_removal=offload"), (TF,),
+        "paired_removal", "a multi_worker job times no step alone (see "
+        "--reference_steps)", "none, input or checkpoint",
+        "with --strategy=multi_worker"),
+    Row(("paired_removal=offload", "background_job", "gpu_host"), (PT,),
+        "paired_removal", "on a GPU the background job's kernels run "
+        "beside every step, so no step is timed alone",
+        "none, input or checkpoint", "with --background_job on a GPU host"),
+    Row(("paired_removal=offload", "reference_steps=0"), BOTH,
+        "reference_steps", "a step without offload is split against the "
+        "step timed alone without it", "1 or more",
+        "with --paired_removal=offload"),
     # --- Burst parallelism.
     Row(("burst", "pipeline"), BOTH, "burst_parallel",
         "burst parallelism and pipeline stages do not combine",

@@ -17,7 +17,11 @@ The causes, and how a step goes without them:
   input       the step takes a batch resident on the device, the run's
               first, read once without the pipeline (`--synthetic_on_device`'s
               batch), and does not ask the pipeline for one;
-  checkpoint  the step takes no checkpoint, even where one is due.
+  checkpoint  the step takes no checkpoint, even where one is due;
+  offload     the step runs with offload paused (the step function the
+              run timed alone without offload before training), and the
+              ledger splits its span against that step alone: no
+              `offload` phase, and `contention` beyond it.
 
 The first `settle_steps` of every block are not counted in either half:
 there the previous block's work is still ending. After a block without
@@ -38,7 +42,8 @@ from typing import Callable, Iterator, Optional, Sequence
 NONE = "none"
 INPUT = "input"
 CHECKPOINT = "checkpoint"
-CAUSES = (NONE, INPUT, CHECKPOINT)
+OFFLOAD = "offload"
+CAUSES = (NONE, INPUT, CHECKPOINT, OFFLOAD)
 DEFAULT_BLOCK_STEPS = 20
 WITH, WITHOUT = "with", "without"
 # The block pattern: a block's index modulo 4 is "without" at 1 and 2.
@@ -97,6 +102,30 @@ def from_config(cause: str, block_steps: int) -> Optional[PairedRemoval]:
   return None if cause == NONE else PairedRemoval(cause, block_steps)
 
 
+class AlternatingCalls:
+  """`with_cause(*args)`, or `without_cause(*args)` in a step without the
+  cause.
+
+  The k-th call is step first_step + k's: made for what the loops call
+  exactly once per step (the step function, its ledger split, `next` on
+  the batches).
+  """
+
+  def __init__(self, with_cause: Callable, without_cause: Callable,
+               pairing: PairedRemoval, *, first_step: int):
+    self._with = with_cause
+    self._without = without_cause
+    self._pairing = pairing
+    self._next_step = first_step
+
+  def __call__(self, *args):
+    step = self._next_step
+    self._next_step += 1
+    if self._pairing.removed(step):
+      return self._without(*args)
+    return self._with(*args)
+
+
 class AlternatingBatches:
   """The pipeline's batches, or the resident one in steps without input.
 
@@ -108,19 +137,15 @@ class AlternatingBatches:
   def __init__(self, batches: Iterator, resident_batch,
                pairing: PairedRemoval, *, first_step: int):
     self._batches = batches
-    self._resident = resident_batch
-    self._pairing = pairing
-    self._next_step = first_step
+    self._next = AlternatingCalls(lambda: next(batches),
+                                  lambda: resident_batch, pairing,
+                                  first_step=first_step)
 
   def __iter__(self) -> "AlternatingBatches":
     return self
 
   def __next__(self):
-    step = self._next_step
-    self._next_step += 1
-    if self._pairing.removed(step):
-      return self._resident
-    return next(self._batches)
+    return self._next()
 
   def close(self) -> None:
     """Closes the pipeline's iterator where it has threads to stop."""
@@ -138,6 +163,40 @@ def apply_input_removal(batches: Iterator, pairing: Optional[PairedRemoval],
     return batches
   return AlternatingBatches(batches, read_resident_batch(), pairing,
                             first_step=first_step)
+
+
+def apply_offload_removal(pairing: Optional[PairedRemoval], train_step,
+                          split_compute, *, cost,
+                          make_step_without: Callable[[], Callable],
+                          inner_split: Optional[Callable],
+                          first_step: int) -> tuple:
+  """(train_step, split_compute), each alternating with its variant
+  without offload where `pairing` removes offload.
+
+  Args:
+    cost: the run's `offload_cost.OffloadCost`, the step timed alone with
+      and without offload; a step without offload is split against the
+      latter.
+    make_step_without: () -> the step function with offload paused,
+      called only where offload is removed.
+    inner_split: the run's own split of a step's compute span beside
+      offload (an exposed all-reduce), or None.
+
+  Raises:
+    RuntimeError: the run did not time its step alone without offload
+      (the compatibility table refuses such runs first).
+  """
+  if pairing is None or pairing.cause != OFFLOAD:
+    return train_step, split_compute
+  without = getattr(cost, "without_offload", None)
+  if without is None:
+    raise RuntimeError("--paired_removal=offload without the step timed "
+                       "alone with and without offload")
+  return (AlternatingCalls(train_step, make_step_without(), pairing,
+                           first_step=first_step),
+          AlternatingCalls(split_compute,
+                           without.split_compute(inner=inner_split),
+                           pairing, first_step=first_step))
 
 
 def _mean_ms(values: Sequence[float]) -> Optional[float]:

@@ -1,7 +1,9 @@
-"""TensorFlow runs that remove their input, or their checkpoints, in
-alternate blocks of steps: real trainer processes, real saves."""
+"""TensorFlow runs that remove their input, their checkpoints or offload
+in alternate blocks of steps: real trainer processes, real saves."""
 
 import os
+
+import pytest
 
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import run_record
@@ -56,3 +58,17 @@ def test_blocks_without_checkpoints_save_nothing_and_stall_for_none(
   stall_ms = {arm: h["phases_ms"].get(ledger_lib.CHECKPOINT_STALL, 0.0)
               for arm, h in halves.items()}
   assert stall_ms[WITHOUT] == 0.0 < stall_ms[WITH], stall_ms
+
+
+def test_the_half_without_offload_records_none_of_it(tmp_path):
+  record = _train(tmp_path, "--synthetic_on_device", "--offload=activations",
+                  "--train_steps=12", "--paired_removal=offload",
+                  "--paired_block_steps=2")
+  halves = record["paired_removal"]["halves"]
+  offload_ms = {arm: h["phases_ms"].get(ledger_lib.OFFLOAD, 0.0)
+                for arm, h in halves.items()}
+  # A step with offload carries the derived cost, the same every step
+  # (capped at a span that holds it); one without carries none.
+  assert offload_ms[WITHOUT] == 0.0
+  assert offload_ms[WITH] == pytest.approx(
+      record["strategy"]["reference_step"]["offload_ms"])

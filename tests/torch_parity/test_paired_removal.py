@@ -1,8 +1,7 @@
-"""A PyTorch run that removes its input in alternate blocks of steps.
+"""PyTorch runs that remove their input, or offload, in alternate blocks
+of steps: real trainer processes."""
 
-One real trainer process, its input made slow on purpose, so that the
-half with input waits for it and the half without does not.
-"""
+import pytest
 
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import run_record
@@ -39,3 +38,25 @@ def test_the_half_without_input_waits_for_none_and_saves_the_wait(
   # half the wait, never more than the whole step with input.
   assert wait_ms[WITH] / 2 < paired["saving_ms"] < (
       paired["halves"][WITH]["phases_ms"]["step"])
+
+
+def test_the_half_without_offload_records_none_of_it(tmp_path):
+  steps = 12
+  result = run_module(
+      "torch_parity.train", "--model=mlp", "--image_size=8",
+      "--batch_size=8", "--strategy=default", "--dataset=synthetic",
+      "--synthetic_on_device", "--offload=activations",
+      f"--train_steps={steps}", "--paired_removal=offload",
+      f"--paired_block_steps={BLOCK_STEPS}", "--progress=false",
+      "--evaluate=false", "--trace=false", "--tensorboard=false",
+      f"--model_dir={tmp_path}", timeout=600)
+  assert result.returncode == 0, result.stderr[-4000:]
+  record = run_record.load_run_record(str(tmp_path))
+  halves = record["paired_removal"]["halves"]
+  offload_ms = {arm: h["phases_ms"].get(ledger_lib.OFFLOAD, 0.0)
+                for arm, h in halves.items()}
+  # A step with offload carries the derived cost, the same every step
+  # (capped at a span that holds it); one without carries none.
+  assert offload_ms[WITHOUT] == 0.0
+  assert offload_ms[WITH] == pytest.approx(
+      record["strategy"]["reference_step"]["offload_ms"])

@@ -87,3 +87,43 @@ def test_a_half_that_counted_nothing_gives_no_saving():
   summary = paired_removal.summarize(pairing, records, warmup_steps=0)
   assert summary["halves"][WITHOUT]["steps"] == 0
   assert summary["saving_ms"] is None
+
+
+def test_a_step_function_and_its_split_alternate_call_by_call():
+  pairing = PairedRemoval(paired_removal.OFFLOAD, block_steps=2)
+
+  class Cost:
+    class without_offload:  # pylint: disable=invalid-name
+      @staticmethod
+      def split_compute(inner):
+        return lambda start_s, end_s: ("without", inner)
+
+  made = []
+  step, split = paired_removal.apply_offload_removal(
+      pairing, lambda batch: ("with", batch),
+      lambda start_s, end_s: ("with", None), cost=Cost,
+      make_step_without=lambda: made.append(1) or (
+          lambda batch: ("without", batch)),
+      inner_split="inner", first_step=1)
+  assert made == [1]
+  # Steps 1-6: with, with, without x4.
+  assert [step(s)[0] for s in range(1, 7)] == [
+      "with", "with", "without", "without", "without", "without"]
+  assert [split(0.0, 1.0) for _ in range(3)] == [
+      ("with", None), ("with", None), ("without", "inner")]
+
+
+def test_offload_is_removed_only_against_the_step_timed_without_it():
+  def train_step(batch):
+    return batch
+
+  pairing = PairedRemoval(paired_removal.OFFLOAD, block_steps=2)
+  with pytest.raises(RuntimeError, match="timed alone"):
+    paired_removal.apply_offload_removal(
+        pairing, train_step, None, cost=None,
+        make_step_without=lambda: train_step, inner_split=None,
+        first_step=1)
+  assert paired_removal.apply_offload_removal(
+      PairedRemoval(INPUT, 2), train_step, None, cost=None,
+      make_step_without=lambda: train_step, inner_split=None,
+      first_step=1) == (train_step, None)
