@@ -14,11 +14,12 @@ the phase and in `contention`, the compute beyond the step timed alone
 it.
 
 Where the trainer can remove the cause for some steps only (the input,
-checkpoints: `--paired_removal`, `overlap_core.runtime.paired_removal`),
+checkpoints, offload: `--paired_removal`,
+`overlap_core.runtime.paired_removal`),
 one run holds both sides: blocks of 20 steps alternate with and without
 the cause, and its run.json gives each half's phases over the steps
-counted. That run trains twice --train_steps. Elsewhere (offload, the
-all-reduce, the bubble) the two sides are two runs, paired within each
+counted. That run trains twice --train_steps. Elsewhere (the all-reduce,
+the bubble) the two sides are two runs, paired within each
 repeat (`benchmarks.harness`: interleaved, the first side rotating), as
 every cell was before the trainer could alternate (--two_runs still
 runs them so). Two runs differ in the processes' own speed: a 2-core
@@ -41,12 +42,13 @@ cause's work made beside the step:
                     two runs, --checkpoint=none). Reported apart: the
                     stall, and the rest of the step's increase (the save's
                     interference with the steps around it).
-  offload           offload off (--offload=none against activations
-                    offloaded), default strategy only. The offloading
-                    run derives the phase from its step timed alone with
-                    and without offload before training
-                    (`overlap_core.runtime.offload_cost`); this checks
-                    that derivation against separate runs.
+  offload           offload off against activations offloaded (in one
+                    run, the blocks without run with offload paused; in
+                    two runs, --offload=none), default strategy only.
+                    The offloading steps carry the phase derived from the
+                    step timed alone with and without offload before
+                    training (`overlap_core.runtime.offload_cost`); this
+                    checks that derivation against the steps without.
   exposed_comm      the gradient all-reduce off (--all_reduce=off: every
                     DDP step under no_sync, the replicas training apart),
                     PyTorch's mirrored strategy only. Both sides train a
@@ -153,7 +155,8 @@ PHASES = {
         ["--checkpoint=none"], STRATEGIES,
         in_run=paired_removal.CHECKPOINT),
     "offload": Removal([*RESIDENT, "--offload=activations"],
-                       ["--offload=none"], ("default",)),
+                       ["--offload=none"], ("default",),
+                       in_run=paired_removal.OFFLOAD),
     # TensorFlow refuses --all_reduce=off (see the docstring).
     "exposed_comm": Removal([*RESIDENT, *COMM_MODEL_FLAGS],
                             ["--all_reduce=off"], ("mirrored",),
