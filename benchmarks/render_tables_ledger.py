@@ -5,8 +5,11 @@ Every figure is read from `benchmarks/results/ledger_fidelity.json`, which
 `python -m benchmarks.ledger_fidelity` writes, or from the offload cells'
 rerun, `ledger_fidelity_offload.json`, the bubble cell's,
 `ledger_fidelity_bubble.json`, and its rerun with the stages timed in
-turn, `ledger_fidelity_bubble_in_turn.json`, or the exposed_comm cell's
-rerun, `ledger_fidelity_exposed_comm.json`.
+turn, `ledger_fidelity_bubble_in_turn.json`, the exposed_comm cell's
+rerun, `ledger_fidelity_exposed_comm.json`, or the input and checkpoint
+cells' rerun with the cause removed within one run,
+`ledger_fidelity_in_run.json`, and the offload cells' likewise,
+`ledger_fidelity_offload_in_run.json`.
 """
 
 from benchmarks import ledger_fidelity
@@ -33,6 +36,18 @@ def _removal(runs: list, cell: dict) -> str:
 @table("ledger_fidelity")
 def ledger_fidelity_table() -> str:
   return _fidelity_table(load(ledger_fidelity.NAME))
+
+
+@table("ledger_fidelity_in_run")
+def ledger_fidelity_in_run_table() -> str:
+  """The input and checkpoint cells, each removal within one run."""
+  return _fidelity_table(load(ledger_fidelity.NAME + "_in_run"))
+
+
+@table("ledger_fidelity_offload_in_run")
+def ledger_fidelity_offload_in_run_table() -> str:
+  """The offload cells, offload paused in alternate blocks of one run."""
+  return _fidelity_table(load(ledger_fidelity.NAME + "_offload_in_run"))
 
 
 @table("ledger_fidelity_bubble")

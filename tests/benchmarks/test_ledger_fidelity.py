@@ -126,9 +126,10 @@ def test_the_causes_the_trainer_alternates_run_in_one_run_unless_asked():
       ledger_fidelity.IN_RUN,)
   flags = ledger_fidelity.side_flags(Args, side)
   assert "--paired_removal=input" in flags and "--train_steps=200" in flags
-  # The other causes only a second run can remove.
-  assert ledger_fidelity.variants(Args, "offload") == (
-      ledger_fidelity.JOB, ledger_fidelity.REMOVED)
+  # The all-reduce and the bubble only a second run can remove.
+  for phase in ("exposed_comm", "bubble"):
+    assert ledger_fidelity.variants(Args, phase) == (
+        ledger_fidelity.JOB, ledger_fidelity.REMOVED)
   Args.two_runs = True
   assert ledger_fidelity.variants(Args, "data_wait") == (
       ledger_fidelity.JOB, ledger_fidelity.REMOVED)
