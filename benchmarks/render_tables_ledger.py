@@ -8,8 +8,10 @@ rerun, `ledger_fidelity_offload.json`, the bubble cell's,
 turn, `ledger_fidelity_bubble_in_turn.json`, the exposed_comm cell's
 rerun, `ledger_fidelity_exposed_comm.json`, or the input and checkpoint
 cells' rerun with the cause removed within one run,
-`ledger_fidelity_in_run.json`, and the offload cells' likewise,
-`ledger_fidelity_offload_in_run.json`.
+`ledger_fidelity_in_run.json` (and its cells at 21 repeats,
+`ledger_fidelity_in_run_pytorch_r21.json` and
+`ledger_fidelity_in_run_tensorflow_checkpoint_r21.json`), and the offload
+cells' likewise, `ledger_fidelity_offload_in_run.json`.
 """
 
 from benchmarks import ledger_fidelity
@@ -50,6 +52,19 @@ def ledger_fidelity_offload_in_run_table() -> str:
   return _fidelity_table(load(ledger_fidelity.NAME + "_offload_in_run"))
 
 
+@table("ledger_fidelity_in_run_pytorch_r21")
+def ledger_fidelity_in_run_pytorch_r21_table() -> str:
+  """PyTorch's input and checkpoint cells in one run, at 21 repeats."""
+  return _fidelity_table(load(ledger_fidelity.NAME + "_in_run_pytorch_r21"))
+
+
+@table("ledger_fidelity_in_run_tensorflow_checkpoint_r21")
+def ledger_fidelity_in_run_tensorflow_checkpoint_r21_table() -> str:
+  """TensorFlow's checkpoint cells in one run, at 21 repeats."""
+  return _fidelity_table(
+      load(ledger_fidelity.NAME + "_in_run_tensorflow_checkpoint_r21"))
+
+
 @table("ledger_fidelity_bubble")
 def ledger_fidelity_bubble_table() -> str:
   """The bubble cell: a pipeline against its stages run apart."""
@@ -87,7 +102,8 @@ def _fidelity_table(data: dict) -> str:
     rows.append([
         cell["framework"], f"`{cell['strategy']}`",
         " + ".join(f"`{p}`" for p in cell.get("phases", [cell["phase"]])),
-        f"`{removal}`", cell.get("pairing", "two runs"), spread(cell["phase_ms_all"]), spread(attributed),
+        f"`{removal}`", cell.get("pairing", "two runs"),
+        spread(cell["phase_ms_all"]), spread(attributed),
         spread(cell["saving_ms_all"]),
         spread([s - a for a, s in zip(attributed, cell["saving_ms_all"])]),
         spread(cell["signed_miss_over_tolerance_all"]),
