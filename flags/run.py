@@ -62,8 +62,9 @@ def define_flags():
       "0: no calibration and no contention phase. Derived for the custom "
       "loop at one step per call, and for a PyTorch pipeline with one "
       "stage per rank (each stage timed alone on stand-ins for its "
-      "neighbours' tensors, one rank at a time); not for TensorFlow's pipelines, a burst plan, "
-      "PyTorch's parameters offload or TensorFlow's multi_worker jobs.",
+      "neighbours' tensors, one rank at a time); not for TensorFlow's "
+      "pipelines, a burst plan, PyTorch's parameters offload or "
+      "TensorFlow's multi_worker jobs.",
       lower_bound=0)
   flags.DEFINE_enum(
       "paired_removal", paired_removal.NONE, list(paired_removal.CAUSES),

@@ -46,7 +46,9 @@ def snapshot(model, optimizer) -> Callable[[], None]:
 
 def make_step_without_offload(make_train_step: Callable, offloader):
   """A step function made anew by `make_train_step` and traced inside
-  `Offloader.paused`, so its graph holds no offload."""
+  `Offloader.paused`, so its graph holds no offload: the step alone
+  without offload, as `calibrate` times it and a run's blocks without
+  offload (`--paired_removal=offload`) train it."""
   step = make_train_step()
 
   def step_without_offload(batch):

@@ -81,6 +81,18 @@ def _one_rank_at_a_time(time_alone: Callable[[], object]):
   return reference
 
 
+def make_step_without_offload(train_step, offloader):
+  """`train_step` with the offload hooks off: the step alone without
+  offload, as `calibrate` times it and a run's blocks without offload
+  (`--paired_removal=offload`) train it."""
+
+  def step_without_offload(batch):
+    with offloader.paused():
+      return train_step(batch)
+
+  return step_without_offload
+
+
 def calibrate(train_step, batch, *, model: torch.nn.Module, optimizer,
               strategy, num_steps: int, offloader=None, pipeline=None
               ) -> Union[contention.ReferenceStep, offload_cost.OffloadCost]:
@@ -100,8 +112,8 @@ def calibrate(train_step, batch, *, model: torch.nn.Module, optimizer,
     The reference step, or with an offloader the offload's cost.
   """
 
-  def run_step() -> None:
-    loss = train_step(batch)
+  def run_step(step=train_step) -> None:
+    loss = step(batch)
     if strategy.device.type == "cuda":
       torch.cuda.synchronize(strategy.device)
     float(loss)
@@ -131,9 +143,10 @@ def calibrate(train_step, batch, *, model: torch.nn.Module, optimizer,
       return contention.time_reference(run_step, num_steps=num_steps,
                                        restore=restore)
 
+    step_without_offload = make_step_without_offload(train_step, offloader)
+
     def run_step_without_offload() -> None:
-      with offloader.paused():
-        run_step()
+      run_step(step_without_offload)
 
     reference = offload_cost.time_with_and_without(
         run_step, run_step_without_offload, num_steps=num_steps,

@@ -442,8 +442,9 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
           inner=_split_compute(parallel, strategy, offload_derived=True))
   train_step, split_compute = paired_removal.apply_offload_removal(
       ctx.pairing, train_step, split_compute, cost=reference,
-      make_step_without=functools.partial(_step_without_offload, train_step,
-                                          parallel.offload),
+      make_step_without=functools.partial(
+          reference_step.make_step_without_offload, train_step,
+          parallel.offload),
       inner_split=_split_compute(parallel, strategy, offload_derived=True),
       first_step=ctx.first_step)
   if parallel.pipeline:
@@ -465,17 +466,6 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
     # The device prefetcher stages batches on a thread of its own.
     if hasattr(batches, "close"):
       batches.close()
-
-
-def _step_without_offload(train_step, offloader):
-  """`train_step` with the offload hooks off, as the step alone without
-  offload was timed (`reference_step.calibrate`)."""
-
-  def step(batch):
-    with offloader.paused():
-      return train_step(batch)
-
-  return step
 
 
 def _times_reference(config: TrainConfig, parallel) -> bool:

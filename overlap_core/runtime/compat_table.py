@@ -350,7 +350,8 @@ ROWS = (
     Row(("steps_per_execution>1", "paired_removal=input"), (TF,),
         "paired_removal", "a call of K steps reads the iterator inside its "
         "graph, which cannot be handed a resident batch for some steps "
-        "only", "none, checkpoint or offload", "with --steps_per_execution > 1"),
+        "only", "none, checkpoint or offload",
+        "with --steps_per_execution > 1"),
     Row(("pipeline", "paired_removal=input"), BOTH, "paired_removal",
         "alternating the input of a pipeline's stages is not built yet",
         "none, checkpoint or offload", _PIPELINED),

@@ -3,8 +3,6 @@ in alternate blocks of steps: real trainer processes, real saves."""
 
 import os
 
-import pytest
-
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import run_record
 from overlap_core.runtime.paired_removal import WITH, WITHOUT, PairedRemoval
@@ -67,8 +65,10 @@ def test_the_half_without_offload_records_none_of_it(tmp_path):
   halves = record["paired_removal"]["halves"]
   offload_ms = {arm: h["phases_ms"].get(ledger_lib.OFFLOAD, 0.0)
                 for arm, h in halves.items()}
-  # A step with offload carries the derived cost, the same every step
-  # (capped at a span that holds it); one without carries none.
+  # A step with offload carries the derived cost, capped at its compute
+  # span (a step faster than the cost, on a loaded host, carries less);
+  # one without carries none.
+  derived_ms = record["strategy"]["reference_step"]["offload_ms"]
   assert offload_ms[WITHOUT] == 0.0
-  assert offload_ms[WITH] == pytest.approx(
-      record["strategy"]["reference_step"]["offload_ms"])
+  assert offload_ms[WITH] <= derived_ms * (1 + 1e-9)
+  assert (offload_ms[WITH] > 0.0) == (derived_ms > 0.0)
