@@ -5,8 +5,10 @@ import statistics
 
 import pytest
 
-from overlap_core.runtime import offload_cost, run_record
+from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.runtime import offload_cost, paired_removal, run_record
 from overlap_core.runtime import trace
+from overlap_core.runtime.paired_removal import WITH, WITHOUT, PairedRemoval
 
 from tests.helpers import run_module
 
@@ -104,3 +106,57 @@ def check_background_job_beside_trainer(module: str, model_dir) -> None:
     bg = json.load(f)["background"]
   assert bg["policy_seen_by_foreground"] == "SCHED_IDLE"
   assert_background_beside_foreground(bg)
+
+
+# The paired removal tests' job, the same in both trainers: a tiny MLP,
+# nothing written but run.json.
+PAIRED_JOB = ["--progress=false", "--evaluate=false", "--trace=false",
+              "--tensorboard=false", "--model=mlp", "--image_size=8",
+              "--batch_size=8", "--strategy=default", "--dataset=synthetic"]
+# 3 ms of real CPU work per sample, in series with the step (no prefetch,
+# one call at a time): a step with input waits about 24 ms for its batch.
+SLOW_INPUT = ["--prefetch=0", "--map_parallelism=1",
+              "--preprocess_cost_ms=3"]
+
+
+def train_paired_job(module: str, model_dir, *args) -> dict:
+  """Runs `PAIRED_JOB` with `args` in the trainer `module`; its run.json."""
+  result = run_module(module, *PAIRED_JOB, *args,
+                      f"--model_dir={model_dir}", timeout=600)
+  assert result.returncode == 0, result.stderr[-4000:]
+  return run_record.load_run_record(str(model_dir))
+
+
+def paired_phase_ms(record: dict, phase: str) -> dict:
+  """A phase's mean per counted step in each half of a paired removal."""
+  return {arm: half["phases_ms"].get(phase, 0.0)
+          for arm, half in record["paired_removal"]["halves"].items()}
+
+
+def check_paired_input(record: dict, *, steps: int, block_steps: int):
+  """A run that removed its slow input (about 24 ms a batch) in alternate
+  blocks: each half counted the steps its blocks hold, and the half
+  without waited for none of it."""
+  halves = record["paired_removal"]["halves"]
+  assert {arm: h["steps"] for arm, h in halves.items()} == PairedRemoval(
+      paired_removal.INPUT, block_steps).counted_steps(
+          steps, ledger_lib.default_warmup_steps(steps))
+  wait_ms = paired_phase_ms(record, ledger_lib.DATA_WAIT)
+  # A resident batch is handed over without work: no wait of a
+  # millisecond, against the 24 ms the pipeline's batch costs.
+  assert wait_ms[WITHOUT] < 1.0 < 10.0 < wait_ms[WITH], wait_ms
+  # The saving is the wait, less what the steps jitter: more than half of
+  # it, never more than the whole step with input.
+  assert wait_ms[WITH] / 2 < record["paired_removal"]["saving_ms"] < (
+      halves[WITH]["phases_ms"]["step"])
+
+
+def check_paired_offload(record: dict):
+  """A run that paused offload in alternate blocks: a step with offload
+  carries the derived cost, capped at its compute span (a step faster
+  than the cost, on a loaded host, carries less); one without, none."""
+  offload_ms = paired_phase_ms(record, ledger_lib.OFFLOAD)
+  derived_ms = record["strategy"]["reference_step"]["offload_ms"]
+  assert offload_ms[WITHOUT] == 0.0
+  assert offload_ms[WITH] <= derived_ms * (1 + 1e-9)
+  assert (offload_ms[WITH] > 0.0) == (derived_ms > 0.0)
