@@ -15,20 +15,19 @@ it.
 
 Where the trainer can remove the cause for some steps only (the input,
 checkpoints, offload: `--paired_removal`,
-`overlap_core.runtime.paired_removal`),
-one run holds both sides: blocks of 20 steps alternate with and without
-the cause, and its run.json gives each half's phases over the steps
-counted. That run trains twice --train_steps. Elsewhere (the all-reduce,
-the bubble) the two sides are two runs, paired within each
-repeat (`benchmarks.harness`: interleaved, the first side rotating), as
-every cell was before the trainer could alternate (--two_runs still
-runs them so). Two runs differ in the processes' own speed: a 2-core
-host runs one process about half a millisecond a step faster or slower
-than the next; the two halves of one run share its process, its calibration of
-the step alone, and its host. What this checks is that the ledger's
-compute, the step's own cost, stays put when the cause goes, so that
-everything removal saves is in the phase or in the contention the
-cause's work made beside the step:
+`overlap_core.runtime.paired_removal`), one run holds both sides: blocks
+of 20 steps alternate with and without the cause, and its run.json gives
+each half's phases over the steps counted. That run trains twice
+--train_steps. Elsewhere (the all-reduce, the bubble) the two sides are
+two runs, paired within each repeat (`benchmarks.harness`: interleaved,
+the first side rotating), as every cell was before the trainer could
+alternate (--two_runs still runs them so). Two runs differ in the
+processes' own speed: a 2-core host runs one process about half a
+millisecond a step faster or slower than the next; the two halves of one
+run share its process, its calibration of the step alone, and its host.
+What this checks is that the ledger's compute, the step's own cost, stays
+put when the cause goes, so that everything removal saves is in the phase
+or in the contention the cause's work made beside the step:
 
   data_wait         the input made free: in one run, a step without it
                     takes a resident copy of the run's first batch and
