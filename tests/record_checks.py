@@ -135,20 +135,24 @@ def paired_phase_ms(record: dict, phase: str) -> dict:
 
 def check_paired_input(record: dict, *, steps: int, block_steps: int):
   """A run that removed its slow input (about 24 ms a batch) in alternate
-  blocks: each half counted the steps its blocks hold, and the half
-  without waited for none of it."""
+  blocks: each half counted the steps its blocks hold, the half without
+  waited for next to none of it, and the saving is the halves' step
+  means apart."""
   halves = record["paired_removal"]["halves"]
   assert {arm: h["steps"] for arm, h in halves.items()} == PairedRemoval(
       paired_removal.INPUT, block_steps).counted_steps(
           steps, ledger_lib.default_warmup_steps(steps))
   wait_ms = paired_phase_ms(record, ledger_lib.DATA_WAIT)
-  # A resident batch is handed over without work: no wait of a
-  # millisecond, against the 24 ms the pipeline's batch costs.
-  assert wait_ms[WITHOUT] < 1.0 < 10.0 < wait_ms[WITH], wait_ms
-  # The saving is the wait, less what the steps jitter: more than half of
-  # it, never more than the whole step with input.
-  assert wait_ms[WITH] / 2 < record["paired_removal"]["saving_ms"] < (
-      halves[WITH]["phases_ms"]["step"])
+  # A step without input is handed a batch it holds (microseconds of
+  # Python); one with input waits for 24 ms of preprocessing, more on a
+  # loaded host. Only preemption could bring the first near the second
+  # over 3 counted steps each: a quarter leaves it 6 ms a step.
+  assert wait_ms[WITHOUT] < wait_ms[WITH] / 4, wait_ms
+  # The saving is the difference of the halves' step means, whatever the
+  # host did to them (their values are timings, not asserted here).
+  step_ms = paired_phase_ms(record, "step")
+  assert record["paired_removal"]["saving_ms"] == pytest.approx(
+      step_ms[WITH] - step_ms[WITHOUT])
 
 
 def check_paired_offload(record: dict):

@@ -9,7 +9,7 @@ _train = functools.partial(record_checks.train_paired_job,
                            "torch_parity.train")
 
 
-def test_the_half_without_input_waits_for_none_and_saves_the_wait(
+def test_the_half_without_input_waits_for_next_to_none(
     tmp_path):
   record = _train(tmp_path, *record_checks.SLOW_INPUT, "--train_steps=12",
                   "--paired_removal=input", "--paired_block_steps=2")
