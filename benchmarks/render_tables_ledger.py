@@ -2,13 +2,11 @@
 
 Registered into `render_tables.TABLES` on import, like the tables there.
 Every figure is read from a results file of `python -m
-benchmarks.ledger_fidelity`: `ledger_fidelity.json`, its full run;
-`ledger_fidelity_two_runs.json`, the full run from before any cell ran
-in one run; and the reruns of some cells, each named after what it
-reran (`_offload`, `_bubble`, `_bubble_in_turn`, `_exposed_comm`,
-`_in_run`, `_in_run_pytorch_r21`, `_in_run_tensorflow_checkpoint_r21`,
-`_offload_in_run`).
+benchmarks.ledger_fidelity`, one table per file (`RESULTS` says what
+each holds).
 """
+
+import functools
 
 from benchmarks import ledger_fidelity
 from benchmarks.render_tables import load, markdown, spread, table
@@ -31,68 +29,38 @@ def _removal(runs: list, cell: dict) -> str:
   return " ".join(f for f in flags[ledger_fidelity.REMOVED] if f not in job)
 
 
-@table("ledger_fidelity")
-def ledger_fidelity_table() -> str:
-  return _fidelity_table(load(ledger_fidelity.NAME))
+# Every fidelity results file and what it holds: the full run, then the
+# reruns of some cells, each a block of its own name on page 17.
+RESULTS = {
+    "": "the full run",
+    "_two_runs": "every cell as two runs, the full run from before the "
+                 "trainer could remove a cause within one run",
+    "_in_run": "the input and checkpoint cells, each removal within one run",
+    "_offload_in_run": "the offload cells, offload paused in alternate "
+                       "blocks of one run",
+    "_in_run_pytorch_r21": "PyTorch's input and checkpoint cells in one "
+                           "run, at 21 repeats",
+    "_in_run_tensorflow_checkpoint_r21": "TensorFlow's checkpoint cells in "
+                                         "one run, at 21 repeats",
+    "_bubble": "the bubble cell: a pipeline against its stages run apart",
+    "_bubble_in_turn": "the bubble cell again, once the stages were timed "
+                       "alone one rank at a time",
+    "_exposed_comm": "the exposed_comm cell again, once DDP's step alone was "
+                     "timed with its all-reduce paused",
+    "_offload": "the offload cells again, once the phase was derived from "
+                "the step timed alone with and without offload",
+}
 
 
-@table("ledger_fidelity_two_runs")
-def ledger_fidelity_two_runs_table() -> str:
-  """Every cell as two runs, the full run from before the trainer could
-  remove a cause within one run."""
-  return _fidelity_table(load(ledger_fidelity.NAME + "_two_runs"))
+def fidelity_table(name: str) -> str:
+  """The table of the results file `name` (`ledger_fidelity` + a suffix
+  of `RESULTS`)."""
+  return _fidelity_table(load(name))
 
 
-@table("ledger_fidelity_in_run")
-def ledger_fidelity_in_run_table() -> str:
-  """The input and checkpoint cells, each removal within one run."""
-  return _fidelity_table(load(ledger_fidelity.NAME + "_in_run"))
-
-
-@table("ledger_fidelity_offload_in_run")
-def ledger_fidelity_offload_in_run_table() -> str:
-  """The offload cells, offload paused in alternate blocks of one run."""
-  return _fidelity_table(load(ledger_fidelity.NAME + "_offload_in_run"))
-
-
-@table("ledger_fidelity_in_run_pytorch_r21")
-def ledger_fidelity_in_run_pytorch_r21_table() -> str:
-  """PyTorch's input and checkpoint cells in one run, at 21 repeats."""
-  return _fidelity_table(load(ledger_fidelity.NAME + "_in_run_pytorch_r21"))
-
-
-@table("ledger_fidelity_in_run_tensorflow_checkpoint_r21")
-def ledger_fidelity_in_run_tensorflow_checkpoint_r21_table() -> str:
-  """TensorFlow's checkpoint cells in one run, at 21 repeats."""
-  return _fidelity_table(
-      load(ledger_fidelity.NAME + "_in_run_tensorflow_checkpoint_r21"))
-
-
-@table("ledger_fidelity_bubble")
-def ledger_fidelity_bubble_table() -> str:
-  """The bubble cell: a pipeline against its stages run apart."""
-  return _fidelity_table(load(ledger_fidelity.NAME + "_bubble"))
-
-
-@table("ledger_fidelity_bubble_in_turn")
-def ledger_fidelity_bubble_in_turn_table() -> str:
-  """The bubble cell again, once the stages were timed alone one rank at
-  a time."""
-  return _fidelity_table(load(ledger_fidelity.NAME + "_bubble_in_turn"))
-
-
-@table("ledger_fidelity_exposed_comm")
-def ledger_fidelity_exposed_comm_table() -> str:
-  """The exposed_comm cell again, once DDP's step alone was timed with its
-  all-reduce paused."""
-  return _fidelity_table(load(ledger_fidelity.NAME + "_exposed_comm"))
-
-
-@table("ledger_fidelity_offload")
-def ledger_fidelity_offload_table() -> str:
-  """The offload cells again, once the phase was derived from the step
-  timed alone with and without offload."""
-  return _fidelity_table(load(ledger_fidelity.NAME + "_offload"))
+for _suffix in RESULTS:
+  _name = ledger_fidelity.NAME + _suffix
+  table(_name)(functools.partial(fidelity_table, _name))
 
 
 def _fidelity_table(data: dict) -> str:
