@@ -39,6 +39,8 @@ steps are not counted either.
 
 from typing import Callable, Iterator, Optional, Sequence
 
+from overlap_core.runtime import ledger as ledger_lib
+
 NONE = "none"
 INPUT = "input"
 CHECKPOINT = "checkpoint"
@@ -204,8 +206,7 @@ def _mean_ms(values: Sequence[float]) -> Optional[float]:
 
 
 def summarize(pairing: PairedRemoval, steps: Sequence, *,
-              warmup_steps: int, step_phase: str = "step",
-              other_phase: str = "other") -> dict:
+              warmup_steps: int) -> dict:
   """Each half's counted steps and phase means, and the saving.
 
   Args:
@@ -217,7 +218,7 @@ def summarize(pairing: PairedRemoval, steps: Sequence, *,
   Returns:
     `describe()`, and `halves`: {with, without: {steps, phases_ms}},
     each phase's mean per counted step in ms (0 where a step did not
-    record it; `step_phase` the whole step, `other_phase` what no phase
+    record it; `ledger.STEP` the whole step, `ledger.OTHER` what no phase
     holds); `saving_ms`: the step's mean with the cause less without it;
     `change_ms`: each phase's. None where a half counted no step.
   """
@@ -231,8 +232,8 @@ def summarize(pairing: PairedRemoval, steps: Sequence, *,
   for arm, records in counted.items():
     phases_ms = {n: _mean_ms([r.phases_s.get(n, 0.0) for r in records])
                  for n in names}
-    phases_ms[step_phase] = _mean_ms([r.duration_s for r in records])
-    phases_ms[other_phase] = _mean_ms(
+    phases_ms[ledger_lib.STEP] = _mean_ms([r.duration_s for r in records])
+    phases_ms[ledger_lib.OTHER] = _mean_ms(
         [r.duration_s - sum(r.phases_s.values()) for r in records])
     halves[arm] = {"steps": len(records), "phases_ms": phases_ms}
   both = all(h["steps"] for h in halves.values())
@@ -240,4 +241,4 @@ def summarize(pairing: PairedRemoval, steps: Sequence, *,
                    - halves[WITHOUT]["phases_ms"][n]) if both else None
                for n in halves[WITH]["phases_ms"]}
   return {**pairing.describe(), "halves": halves,
-          "saving_ms": change_ms[step_phase], "change_ms": change_ms}
+          "saving_ms": change_ms[ledger_lib.STEP], "change_ms": change_ms}
