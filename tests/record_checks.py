@@ -136,12 +136,15 @@ def paired_phase_ms(record: dict, phase: str) -> dict:
 def check_paired_input(record: dict, *, steps: int, block_steps: int):
   """A run that removed its slow input (about 24 ms a batch) in alternate
   blocks: each half counted the steps its blocks hold, the half without
-  waited for next to none of it, and the saving is the halves' step
-  means apart."""
+  took a resident batch of its own each step and waited for next to none
+  of it, and the saving is the halves' step means apart."""
   halves = record["paired_removal"]["halves"]
-  assert {arm: h["steps"] for arm, h in halves.items()} == PairedRemoval(
-      paired_removal.INPUT, block_steps).counted_steps(
-          steps, ledger_lib.default_warmup_steps(steps))
+  pairing = PairedRemoval(paired_removal.INPUT, block_steps)
+  assert {arm: h["steps"] for arm, h in halves.items()} == (
+      pairing.counted_steps(steps, ledger_lib.default_warmup_steps(steps)))
+  # A batch of its own for every step without input, read ahead.
+  assert record["paired_removal"]["resident_batches"] == (
+      pairing.steps_by_arm(1, steps)[WITHOUT])
   wait_ms = paired_phase_ms(record, ledger_lib.DATA_WAIT)
   # A step without input is handed a batch it holds (microseconds of
   # Python); one with input waits for 24 ms of preprocessing, more on a

@@ -71,14 +71,21 @@ def _build_train_input(strategy, config: TrainConfig, spec,
   return data.distribute_input(strategy, input_fn, config.data)
 
 
+def _read_resident_batches(strategy, config: TrainConfig, spec, **which):
+  """Training batches on each replica's device, read without the training
+  pipeline (`data.make_resident_iterator`; `which`: its start_batch,
+  count and max_bytes)."""
+  return data.make_resident_iterator(
+      strategy, config.data, task=spec.task, seed=config.run.seed,
+      upscale=spec.upscale, **which)
+
+
 def _resident_first_batch(strategy, config: TrainConfig, spec):
   """The run's first batch on each replica's device, read without the
   training pipeline, for the steps timed before it exists
   (`reference_step`, `exposed_comm`): a tf.data iterator fills its
   buffers beside whatever runs once it is made."""
-  return next(data.make_resident_iterator(
-      strategy, config.data, task=spec.task, seed=config.run.seed,
-      upscale=spec.upscale))
+  return next(_read_resident_batches(strategy, config, spec))
 
 
 def _burst_spec(config: TrainConfig, plan):
@@ -238,8 +245,9 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
   return loops.run_custom_loop(
       ctx, train_step=train_step,
       iterator=paired_removal.apply_input_removal(
-          iter(train_input), ctx.pairing, resident_batch,
-          first_step=ctx.first_step),
+          iter(train_input), ctx.pairing,
+          functools.partial(_read_resident_batches, strategy, config, spec),
+          first_step=ctx.first_step, last_step=ctx.last_step),
       split_compute=split_compute)
 
 

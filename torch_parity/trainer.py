@@ -91,16 +91,23 @@ def _data_shard(config: TrainConfig, strategy) -> dict:
           "world_size": dims.data_parallel}
 
 
-def _resident_first_batch(config: TrainConfig, spec, strategy):
-  """This process's first training batch on its device, read without the
-  training loader, which does not exist yet (`reference_step`)."""
+def _read_resident_batches(config: TrainConfig, spec, strategy, **which):
+  """This process's training batches on its device, read without the
+  training loader (`data.make_resident_iterator`; `which`: its
+  start_batch, count and max_bytes)."""
   # Iterating a loader draws a seed from torch's generator; forked, the
   # training loader and the dropout stream draw as they would have.
   with torch.random.fork_rng(devices=[]):
-    return next(data.make_resident_iterator(
+    return data.make_resident_iterator(
         config.data, task=spec.task, seed=config.run.seed,
         upscale=spec.upscale, device=strategy.device,
-        **_data_shard(config, strategy)))
+        **_data_shard(config, strategy), **which)
+
+
+def _resident_first_batch(config: TrainConfig, spec, strategy):
+  """This process's first training batch on its device, read before the
+  training loader exists (`reference_step`)."""
+  return next(_read_resident_batches(config, spec, strategy))
 
 
 def _build_train_batches(config: TrainConfig, spec, strategy, first_step):
@@ -456,8 +463,8 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
     batches = paired_removal.apply_input_removal(
         _build_train_batches(config, spec, strategy, ctx.first_step),
         ctx.pairing,
-        functools.partial(_resident_first_batch, config, spec, strategy),
-        first_step=ctx.first_step)
+        functools.partial(_read_resident_batches, config, spec, strategy),
+        first_step=ctx.first_step, last_step=ctx.last_step)
   try:
     return loops.run_custom_loop(
         ctx, train_step=train_step, iterator=batches,

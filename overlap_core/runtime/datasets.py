@@ -12,6 +12,7 @@ how deep the device buffer is. Nothing here imports TensorFlow or PyTorch.
 import dataclasses
 import functools
 import importlib.util
+import itertools
 import math
 import os
 from typing import Callable, Dict, Iterable, Mapping, Optional, TypeVar
@@ -217,6 +218,32 @@ def per_replica_batch_size(batch_size: int, num_replicas: int) -> int:
     raise ConfigError("batch_size", batch_size,
                       f"must divide evenly over {num_replicas} replicas")
   return batch_size // num_replicas
+
+
+Batch = TypeVar("Batch")
+
+
+def take_resident(batches: Iterable[Batch], count: int, *,
+                  max_bytes: Optional[int],
+                  nbytes: Callable[[Batch], int]) -> list:
+  """The first `count` of `batches` to hold resident, or fewer where
+  holding the next would pass `max_bytes` (None: no bound): at least one.
+
+  Raises:
+    ValueError: count < 1, or `batches` holds none.
+  """
+  if count < 1:
+    raise ValueError(f"count={count}: allowed: 1 or more")
+  held, held_bytes = [], 0
+  for batch in itertools.islice(batches, count):
+    size = nbytes(batch)
+    if held and max_bytes is not None and held_bytes + size > max_bytes:
+      break
+    held.append(batch)
+    held_bytes += size
+  if not held:
+    raise ValueError("no batch to hold resident: the source is empty")
+  return held
 
 
 def device_buffer_size(prefetch: int) -> int:

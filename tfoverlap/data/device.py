@@ -5,10 +5,13 @@ staging batches on the replicas' devices ahead of the step when
 `--prefetch_to_device` is on. `make_resident_iterator` skips the input
 pipeline altogether (`--synthetic_on_device`): one batch is placed on every
 replica once and returned forever, as throughput benchmarks do, which bounds
-what any input overlap can achieve.
+what any input overlap can achieve; a run's steps without input
+(`--paired_removal=input`) take several, read once, in turn.
 """
 
 import dataclasses
+import itertools
+from typing import Optional, Sequence
 
 import tensorflow as tf
 
@@ -59,7 +62,8 @@ def distribute_input(strategy: tf.distribute.Strategy,
 
 
 class ResidentIterator:
-  """Returns the same per-replica batch, already on each device, forever.
+  """Returns per-replica batches already on each device, in turn, forever:
+  one batch (`--synthetic_on_device`), or several read once and repeated.
 
   Usage:
 
@@ -68,37 +72,44 @@ class ResidentIterator:
     images, labels = next(batches)  # PerReplica values under a strategy
   """
 
-  def __init__(self, values):
-    self._values = values
+  def __init__(self, values: Sequence):
+    self._values = itertools.cycle(values)
+    self.num_batches = len(values)
 
   def __iter__(self) -> "ResidentIterator":
     return self
 
   def __next__(self):
-    return self._values
+    return next(self._values)
 
   def get_next(self):
     """Same as next(), as `tf.distribute.DistributedIterator` spells it."""
-    return self._values
+    return next(self._values)
 
 
 def make_resident_iterator(strategy: tf.distribute.Strategy, cfg: DataConfig,
-                           *, task: str, seed: int,
-                           upscale: int = 1) -> ResidentIterator:
-  """One batch per replica, placed on the replica's device once.
+                           *, task: str, seed: int, upscale: int = 1,
+                           start_batch: int = 0, count: int = 1,
+                           max_bytes: Optional[int] = None
+                           ) -> ResidentIterator:
+  """Training batches from `start_batch` on, `count` of them (fewer where
+  they would hold more than `max_bytes`), each placed on every replica
+  once.
 
-  The batch is the first training batch of the source (shuffled with
-  `seed`), without preprocessing cost, cache, data service or prefetch:
-  there is no input pipeline left to run while training.
+  The batches are the source's training batches (shuffled with `seed`),
+  without preprocessing cost, cache, data service or prefetch: there is no
+  input pipeline left to run while training.
 
   Args:
     strategy: the run's strategy (or the default strategy).
     cfg: the data configuration; batch_size is global.
     task, seed, upscale: as for `make_input_fn`.
+    start_batch, count, max_bytes: which batches to hold
+      (`datasets.take_resident`).
 
   Returns:
-    An iterator whose next() is `strategy`'s distributed value of that
-    batch (a plain tuple of tensors for the default strategy).
+    An iterator whose next() is `strategy`'s distributed value of a batch
+    (a plain tuple of tensors for the default strategy).
 
   Raises:
     ConfigError: batch_size does not divide over the replicas, or the
@@ -109,19 +120,26 @@ def make_resident_iterator(strategy: tf.distribute.Strategy, cfg: DataConfig,
   bare = dataclasses.replace(cfg, preprocess_cost_ms=0.0, data_service="",
                              cache=False, prefetch=0, prefetch_to_device=False)
   input_fn = pipeline.make_input_fn(bare, split="train", task=task, seed=seed,
-                                    upscale=upscale)
+                                    upscale=upscale, start_batch=start_batch)
   context = tf.distribute.InputContext(num_input_pipelines=1,
                                        input_pipeline_id=0,
                                        num_replicas_in_sync=num_replicas)
-  batch = next(iter(input_fn(context)))
+  held = datasets.take_resident(
+      iter(input_fn(context)), count, max_bytes=max_bytes,
+      nbytes=lambda batch: sum(t.numpy().nbytes
+                               for t in tf.nest.flatten(batch)))
   devices = distribute.replica_devices(strategy)
 
-  def place_on_replica(value_context):
-    # The strategy calls this once per local replica but not under that
-    # replica's device scope, so the copy is placed here.
-    device = devices[value_context.replica_id_in_sync_group % len(devices)]
-    with tf.device(device):
-      return tf.nest.map_structure(tf.identity, batch)
+  def place_on_replicas(batch):
 
-  return ResidentIterator(
-      strategy.experimental_distribute_values_from_function(place_on_replica))
+    def place_on_replica(value_context):
+      # The strategy calls this once per local replica but not under that
+      # replica's device scope, so the copy is placed here.
+      device = devices[value_context.replica_id_in_sync_group % len(devices)]
+      with tf.device(device):
+        return tf.nest.map_structure(tf.identity, batch)
+
+    return strategy.experimental_distribute_values_from_function(
+        place_on_replica)
+
+  return ResidentIterator([place_on_replicas(batch) for batch in held])

@@ -6,18 +6,21 @@ page-locked memory with non-blocking copies on a side stream; elsewhere a
 background thread prepares (and moves) the next batches.
 `make_resident_iterator` is `--synthetic_on_device`: one batch placed on the
 device once and returned forever, which bounds what any input overlap can
-achieve.
+achieve; a run's steps without input (`--paired_removal=input`) take
+several, read once, in turn.
 """
 
 import collections
 import dataclasses
+import itertools
 import queue
 import threading
 import time
-from typing import Iterable, Iterator, Tuple
+from typing import Iterable, Iterator, Optional, Sequence, Tuple
 
 import torch
 
+from overlap_core.runtime import datasets
 from overlap_core.runtime.config import DataConfig
 from torch_parity.data import pipeline
 
@@ -235,7 +238,8 @@ def _produce(batches: Iterator[Batch], device: torch.device,
 
 
 class ResidentIterator:
-  """Returns the same batch, already on the device, forever.
+  """Returns batches already on the device, in turn, forever: one batch
+  (`--synthetic_on_device`), or several read once and repeated.
 
   Usage:
 
@@ -244,31 +248,39 @@ class ResidentIterator:
     images, labels = next(batches)
   """
 
-  def __init__(self, batch: Batch):
-    self._batch = batch
+  def __init__(self, batches: Sequence[Batch]):
+    self._batches = itertools.cycle(batches)
+    self.num_batches = len(batches)
 
   def __iter__(self) -> "ResidentIterator":
     return self
 
   def __next__(self) -> Batch:
-    return self._batch
+    return next(self._batches)
 
 
 def make_resident_iterator(cfg: DataConfig, *, task: str, seed: int,
                            upscale: int, device, rank: int = 0,
-                           world_size: int = 1) -> ResidentIterator:
-  """This rank's first training batch, placed on `device` once.
+                           world_size: int = 1, start_batch: int = 0,
+                           count: int = 1,
+                           max_bytes: Optional[int] = None
+                           ) -> ResidentIterator:
+  """This rank's training batches from `start_batch` on, `count` of them
+  (fewer where they would hold more than `max_bytes`), each placed on
+  `device` once.
 
-  The batch is the first one `make_loader` would yield this rank (shuffled
-  with `seed`), without preprocessing cost, cache or prefetch: there is no
+  The batches are those `make_loader` would yield this rank (shuffled with
+  `seed`), without preprocessing cost, cache or prefetch: there is no
   input pipeline left to run while training. Unlike TensorFlow's, where
-  every replica gets pipeline 0's batch, each rank gets a batch of its own
+  every replica gets pipeline 0's batch, each rank gets batches of its own
   shard.
 
   Args:
     cfg: the data configuration; batch_size is global.
     task, seed, upscale, rank, world_size: as for `make_loader`.
     device: where the step runs.
+    start_batch, count, max_bytes: which batches to hold
+      (`datasets.take_resident`).
 
   Raises:
     ConfigError: as `make_loader`.
@@ -278,6 +290,10 @@ def make_resident_iterator(cfg: DataConfig, *, task: str, seed: int,
                              map_parallelism=1)
   loader = pipeline.make_loader(bare, split="train", task=task, seed=seed,
                                 upscale=upscale, rank=rank,
-                                world_size=world_size)
-  batch = next(iter(loader))
-  return ResidentIterator(tuple(t.to(device) for t in batch))
+                                world_size=world_size,
+                                skip_batches=start_batch)
+  held = datasets.take_resident(
+      iter(loader), count, max_bytes=max_bytes,
+      nbytes=lambda batch: sum(t.nbytes for t in batch))
+  return ResidentIterator([tuple(t.to(device) for t in batch)
+                           for batch in held])

@@ -2,6 +2,7 @@
 
 import pytest
 
+from overlap_core.runtime import datasets
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import paired_removal
 from overlap_core.runtime.paired_removal import (CHECKPOINT, INPUT, WITH,
@@ -36,26 +37,63 @@ def test_a_pairing_refuses_what_it_cannot_alternate(cause, block_steps):
     PairedRemoval(cause, block_steps)
 
 
-def test_steps_without_input_leave_the_pipeline_where_it_was():
-  pipeline = iter(range(100))
+class _Resident:
+  """Stands in for `make_resident_iterator`: batches named by their index,
+  and what it was asked for."""
+
+  def __init__(self, start_batch, count, max_bytes):
+    self.asked = (start_batch, count, max_bytes)
+    self.num_batches = count
+    self._batches = iter(range(start_batch, start_batch + count))
+
+  def __next__(self):
+    return next(self._batches)
+
+
+def test_steps_without_input_take_the_batches_after_the_pipelines():
+  pipeline = iter(range(2, 100))  # a run resumed after step 2
   pairing = PairedRemoval(INPUT, block_steps=2)
+  read = []
+
+  def read_resident_batches(**which):
+    read.append(_Resident(**which))
+    return read[-1]
+
   batches = paired_removal.apply_input_removal(
-      pipeline, pairing, lambda: "resident", first_step=3)
+      pipeline, pairing, read_resident_batches, first_step=3, last_step=10)
   # Steps 3..10: blocks 1 and 2 go without, block 3 with, block 4 with.
-  assert [next(batches) for _ in range(8)] == [
-      "resident", "resident", "resident", "resident", 0, 1, 2, 3]
-  assert next(pipeline) == 4
+  # The pipeline serves the 4 steps with input from batch 2 on, so the 4
+  # without take batches 6 to 9: each batch trains once.
+  assert [next(batches) for _ in range(8)] == [6, 7, 8, 9, 2, 3, 4, 5]
+  assert next(pipeline) == 6
+  assert read[0].asked == (6, 4, paired_removal.RESIDENT_BATCHES_MAX_BYTES)
+  assert pairing.describe()["resident_batches"] == 4
 
 
 def test_no_pairing_hands_the_pipeline_back_and_reads_nothing():
   pipeline = iter(range(3))
 
-  def read_resident_batch():
+  def read_resident_batches(**_):
     raise AssertionError("read without a removal of the input")
 
   for pairing in (None, PairedRemoval(CHECKPOINT, 2)):
     assert paired_removal.apply_input_removal(
-        pipeline, pairing, read_resident_batch, first_step=1) is pipeline
+        pipeline, pairing, read_resident_batches, first_step=1,
+        last_step=8) is pipeline
+    assert "resident_batches" not in (pairing.describe() if pairing else {})
+
+
+def test_resident_batches_stop_at_the_bytes_they_may_hold():
+  held = datasets.take_resident(iter(range(10)), 6, max_bytes=25,
+                                nbytes=lambda _: 10)
+  assert held == [0, 1]
+  # One batch is always held, whatever it weighs.
+  assert datasets.take_resident(iter([0]), 6, max_bytes=5,
+                                nbytes=lambda _: 10) == [0]
+  assert datasets.take_resident(iter(range(10)), 3, max_bytes=None,
+                                nbytes=lambda _: 10) == [0, 1, 2]
+  with pytest.raises(ValueError):
+    datasets.take_resident(iter([]), 3, max_bytes=None, nbytes=len)
 
 
 def _record(step, wait_s, compute_s):
