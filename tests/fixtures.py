@@ -172,6 +172,24 @@ def check_nothing_prepared_ahead(batches, num_prepared, batch_size: int):
     assert num_prepared() == taken * batch_size
 
 
+def check_resident_batches_in_turn(read_resident, expected, *,
+                                   batch_bytes: int) -> None:
+  """`read_resident(**which)`, a side's `make_resident_iterator` with all
+  but its start_batch, count and max_bytes given, holds the batches from
+  start_batch 2 on (`expected`: batches 2, 3, 4 of the pipeline, as NumPy
+  pairs), reads them once and serves them in turn; a byte bound of two
+  batches holds two."""
+  batches = read_resident(start_batch=2, count=3)
+  assert batches.num_batches == 3
+  held = [next(batches) for _ in range(4)]
+  for batch, want in zip(held, expected):
+    np.testing.assert_array_equal(np.asarray(batch[0]), want[0])
+    np.testing.assert_array_equal(np.asarray(batch[1]), want[1])
+  assert held[3] is held[0]  # read once, then taken in turn
+  assert read_resident(count=3,
+                       max_bytes=2 * batch_bytes).num_batches == 2
+
+
 def check_cost_iterations_scale(preprocess_cost) -> None:
   """The side's preprocess_cost calibrates once and scales with the cost."""
   per_ms = preprocess_cost.iterations_per_ms()

@@ -7,6 +7,7 @@ runs MirroredStrategy over the two logical CPUs that conftest.py creates.
 
 import collections
 import dataclasses
+import functools
 import os
 import threading
 
@@ -563,21 +564,12 @@ def test_resident_batches_from_a_start_are_the_sources_in_turn():
   cfg = make_cfg(dataset="synthetic", batch_size=8)
   source = data.make_input_fn(cfg, split="train", task="classification",
                               seed=0)(None)
-  expected = first_batches(source, 5)[2:5]
-  batches = data.make_resident_iterator(tf.distribute.get_strategy(), cfg,
-                                        task="classification", seed=0,
-                                        start_batch=2, count=3)
-  assert batches.num_batches == 3
-  held = [next(batches) for _ in range(4)]
-  for batch, want in zip(held, expected):
-    np.testing.assert_array_equal(batch[0].numpy(), want[0])
-    np.testing.assert_array_equal(batch[1].numpy(), want[1])
-  assert held[3] is held[0]  # read once, then taken in turn
   # 8 images of 8 x 8 x 3 float32 and 8 int32 labels: 6176 bytes a batch.
-  bounded = data.make_resident_iterator(
-      tf.distribute.get_strategy(), cfg, task="classification", seed=0,
-      count=3, max_bytes=2 * 6176)
-  assert bounded.num_batches == 2
+  fixtures.check_resident_batches_in_turn(
+      functools.partial(data.make_resident_iterator,
+                        tf.distribute.get_strategy(), cfg,
+                        task="classification", seed=0),
+      first_batches(source, 5)[2:5], batch_bytes=6176)
 
 # --- errors ------------------------------------------------------------------
 

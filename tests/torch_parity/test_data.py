@@ -9,6 +9,7 @@ processes are real DataLoader workers.
 
 import collections
 import dataclasses
+import functools
 import multiprocessing
 import os
 import resource
@@ -533,21 +534,12 @@ def test_resident_batches_are_the_same_tensors_every_step():
 
 def test_resident_batches_from_a_start_are_the_loaders_in_turn():
   cfg = make_cfg(dataset="synthetic", batch_size=8)
-  expected = take(loader(cfg), 5)[2:5]
-  batches = data.make_resident_iterator(cfg, task="classification", seed=0,
-                                        upscale=1, device="cpu",
-                                        start_batch=2, count=3)
-  assert batches.num_batches == 3
-  held = [next(batches) for _ in range(4)]
-  for batch, want in zip(held, expected):
-    np.testing.assert_array_equal(batch[0].numpy(), want[0])
-    np.testing.assert_array_equal(batch[1].numpy(), want[1])
-  assert held[3] is held[0]  # read once, then taken in turn
   # 8 images of 3 x 8 x 8 float32 and 8 int64 labels: 6208 bytes a batch.
-  bounded = data.make_resident_iterator(
-      cfg, task="classification", seed=0, upscale=1, device="cpu", count=3,
-      max_bytes=2 * 6208)
-  assert bounded.num_batches == 2
+  fixtures.check_resident_batches_in_turn(
+      functools.partial(data.make_resident_iterator, cfg,
+                        task="classification", seed=0, upscale=1,
+                        device="cpu"),
+      take(loader(cfg), 5)[2:5], batch_bytes=6208)
 
 # --- errors ------------------------------------------------------------------
 
