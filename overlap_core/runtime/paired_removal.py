@@ -55,10 +55,10 @@ WITH, WITHOUT = "with", "without"
 _WITHOUT_IN_FOUR = (1, 2)
 # The most the batches of the steps without input may hold; past it they
 # are taken in turn. They once were the run's first batch alone, trained
-# on a hundred times: the model came to fit it, and its steps, on any
-# batch, ran faster than the step timed alone before training, by 0.49 ms
-# at the median of 11 PyTorch runs and 1.22 ms under TensorFlow's
-# MirroredStrategy (BENCHMARKS §17). Contention, carved against that
+# on a hundred times: the model came to fit it, and the PyTorch job's
+# steps without input ran below the step timed alone before training in
+# 10 of 11 runs, by 0.49 ms at the median; with batches of their own, in
+# 17 of 21, by 0.21 ms (BENCHMARKS §17). Contention, carved against that
 # step, cannot be negative, so the ledger lost the difference.
 RESIDENT_BATCHES_MAX_BYTES = 1 << 30
 
