@@ -33,6 +33,12 @@ def _removal(runs: list, cell: dict) -> str:
 # reruns of some cells, each a block of its own name on page 17.
 RESULTS = {
     "": "the full run",
+    "_first_batch": "the full run from when the steps without input took "
+                    "the run's first batch, repeated",
+    "_input_distinct": "the input cells, once the steps without input took "
+                       "batches of their own",
+    "_input_distinct_r21": "the input cells with batches of their own, at "
+                           "21 repeats",
     "_two_runs": "every cell as two runs, the full run from before the "
                  "trainer could remove a cause within one run",
     "_in_run": "the input and checkpoint cells, each removal within one run",
