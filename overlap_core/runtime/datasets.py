@@ -5,8 +5,9 @@ The TensorFlow pipeline (`tfoverlap.data`) and the PyTorch one
 the same sizes and the same refusals. Everything that decides that without
 touching a tensor lives here, once: the `DatasetInfo` both `describe()`s
 return, the digits train/eval split, the synthetic pool's sizes, which TFDS
-split counts as the evaluation split, the checks on a pipeline request, and
-how deep the device buffer is. Nothing here imports TensorFlow or PyTorch.
+split counts as the evaluation split, the checks on a pipeline request, how
+many batches a resident iterator holds, and how deep the device buffer
+is. Nothing here imports TensorFlow or PyTorch.
 """
 
 import dataclasses
