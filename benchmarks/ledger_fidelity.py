@@ -30,12 +30,13 @@ put when the cause goes, so that everything removal saves is in the phase
 or in the contention the cause's work made beside the step:
 
   data_wait         the input made free: in one run, a step without it
-                    takes a resident copy of the run's first batch and
-                    asks the pipeline for nothing; in two runs,
-                    --synthetic_on_device keeps batches resident on the
-                    device, so no input pipeline runs (same shapes and
-                    dtypes, not the same values; a step's cost does not
-                    depend on them).
+                    takes one of the run's own batches, held resident, a
+                    distinct one each such step, and asks the pipeline
+                    for nothing; in two runs, --synthetic_on_device keeps
+                    one batch resident on the device, so no input
+                    pipeline runs (the same batch every step: a model
+                    that comes to fit it steps faster, which is why the
+                    one-run cells take batches of their own).
   checkpoint_stall  checkpoints off against a synchronous save every few
                     steps (in one run, the blocks without take none; in
                     two runs, --checkpoint=none). Reported apart: the

@@ -9,8 +9,7 @@ _train = functools.partial(record_checks.train_paired_job,
                            "torch_parity.train")
 
 
-def test_the_half_without_input_waits_for_next_to_none(
-    tmp_path):
+def test_the_half_without_input_waits_for_next_to_none(tmp_path):
   record = _train(tmp_path, *record_checks.SLOW_INPUT, "--train_steps=12",
                   "--paired_removal=input", "--paired_block_steps=2")
   record_checks.check_paired_input(record, steps=12, block_steps=2)
