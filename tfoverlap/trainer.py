@@ -234,7 +234,10 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
     if built.offload:
       # The derived cost replaces the copies' split.
       split_compute = comm.split_compute if comm else None
-    split_compute = reference.split_compute(inner=split_compute)
+    split_compute = paired_removal.split_per_arm(
+        ctx.pairing,
+        functools.partial(reference.split_compute, inner=split_compute),
+        first_step=ctx.first_step)
   train_step, split_compute = paired_removal.apply_offload_removal(
       ctx.pairing, train_step, split_compute, cost=reference,
       # Called only where offload is removed, a run with no burst plan.

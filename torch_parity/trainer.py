@@ -441,12 +441,16 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
         offloader=parallel.offload, pipeline=parallel.pipeline)
     keep_reference(reference)
     if parallel.pipeline:
-      split_compute = reference.split_stage_compute(
-          split_compute, pipeline_stats.STAGE_COMPUTE)
+      make_split = functools.partial(reference.split_stage_compute,
+                                     split_compute,
+                                     pipeline_stats.STAGE_COMPUTE)
     else:
       # With offload, the derived cost replaces the copies' split.
-      split_compute = reference.split_compute(
+      make_split = functools.partial(
+          reference.split_compute,
           inner=_split_compute(parallel, strategy, offload_derived=True))
+    split_compute = paired_removal.split_per_arm(
+        ctx.pairing, make_split, first_step=ctx.first_step)
   train_step, split_compute = paired_removal.apply_offload_removal(
       ctx.pairing, train_step, split_compute, cost=reference,
       make_step_without=functools.partial(

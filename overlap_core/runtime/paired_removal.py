@@ -208,6 +208,29 @@ def apply_input_removal(batches: Iterator, pairing: Optional[PairedRemoval],
                             first_step=first_step)
 
 
+def split_per_arm(pairing: Optional[PairedRemoval],
+                  make_split: Callable[[], Callable], *,
+                  first_step: int) -> Callable:
+  """The ledger's split of a step's compute span against the step timed
+  alone, one for each arm where `pairing` removes the input or
+  checkpoints.
+
+  Contention's balance (`contention.ExcessBalance`) carries the time steps
+  ran below the reference into the steps after. One balance for the run
+  would carry the arm without the cause's fast steps into the next block
+  with it, and call that arm's contention compute. Offload's arms each
+  have a split already (`apply_offload_removal`).
+
+  Args:
+    make_split: () -> a new split, with a balance of its own (each side's
+      `ReferenceStep.split_compute`).
+  """
+  if pairing is None or pairing.cause == OFFLOAD:
+    return make_split()
+  return AlternatingCalls(make_split(), make_split(), pairing,
+                          first_step=first_step)
+
+
 def apply_offload_removal(pairing: Optional[PairedRemoval], train_step,
                           split_compute, *, cost,
                           make_step_without: Callable[[], Callable],

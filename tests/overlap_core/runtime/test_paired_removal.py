@@ -165,3 +165,39 @@ def test_offload_is_removed_only_against_the_step_timed_without_it():
       PairedRemoval(INPUT, 2), train_step, None, cost=None,
       make_step_without=lambda: train_step, inner_split=None,
       first_step=1) == (train_step, None)
+
+
+@pytest.mark.parametrize("cause", [INPUT, CHECKPOINT])
+def test_each_arm_splits_against_the_reference_with_a_balance_of_its_own(
+    cause):
+  made = []
+
+  def make_split():
+    # A split that counts its own calls, as a balance keeps its own bank.
+    calls = []
+    made.append(calls)
+    number = len(made)
+    return lambda start_s, end_s: calls.append(start_s) or number
+
+  pairing = PairedRemoval(cause, block_steps=2)
+  split = paired_removal.split_per_arm(pairing, make_split, first_step=1)
+  # Steps 1-8: with, with, without x4, with, with.
+  arms = [split(float(step), 0.0) for step in range(1, 9)]
+  assert arms == [1, 1, 2, 2, 2, 2, 1, 1]
+  assert made == [[1.0, 2.0, 7.0, 8.0], [3.0, 4.0, 5.0, 6.0]]
+
+
+def test_without_a_pairing_or_with_offload_the_split_is_one():
+  made = []
+
+  def make_split():
+    made.append(1)
+    return "split"
+
+  assert paired_removal.split_per_arm(None, make_split, first_step=1) == (
+      "split")
+  # Offload's arms are split apart by apply_offload_removal.
+  assert paired_removal.split_per_arm(
+      PairedRemoval(paired_removal.OFFLOAD, 2), make_split,
+      first_step=1) == "split"
+  assert made == [1, 1]
