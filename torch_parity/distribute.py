@@ -333,6 +333,7 @@ class DDPStrategy(Strategy):
     # --all_reduce=off: every wrapped module stays inside no_sync until
     # close(), so every step, whatever calls it, reduces nothing.
     self._no_sync = contextlib.ExitStack()
+    self._replicas_apart = False  # inside all_reduce_paused()
 
   def wrap_model(self, model: nn.Module, process_group=None) -> nn.Module:
     """DDP all-reduces gradient buckets while backward still runs, over
@@ -367,11 +368,20 @@ class DDPStrategy(Strategy):
   @contextlib.contextmanager
   def all_reduce_paused(self):
     """Every wrapped module inside no_sync (from the forward on, where
-    DDP prepares the backward's all-reduce)."""
+    DDP prepares the backward's all-reduce), and the step's loss this
+    replica's own: no collective in the step, where a replica would wait
+    for a slower one."""
     with contextlib.ExitStack() as paused:
       for wrapped in self._wrapped:
         paused.enter_context(wrapped.no_sync())
+      self._replicas_apart = True
+      paused.callback(setattr, self, "_replicas_apart", False)
       yield
+
+  def mean_over_replicas(self, tensor: torch.Tensor) -> torch.Tensor:
+    if self._replicas_apart:
+      return tensor
+    return super().mean_over_replicas(tensor)
 
   def backward(self, loss: torch.Tensor) -> None:
     """DDP's reducer waits, at backward's end, for every bucket's

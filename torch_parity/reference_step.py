@@ -138,7 +138,8 @@ def calibrate(train_step, batch, *, model: torch.nn.Module, optimizer,
           run_step()
 
       return contention.time_reference(
-          run_step_alone, num_steps=num_steps, restore=restore)
+          run_step_alone, num_steps=num_steps, restore=restore,
+          before_call=torch.distributed.barrier)
     if offloader is None:
       return contention.time_reference(run_step, num_steps=num_steps,
                                        restore=restore)

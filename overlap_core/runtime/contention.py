@@ -204,7 +204,9 @@ def times_reference(reference_steps: int, *, pipelined: bool, burst: bool,
 
 
 def time_reference(run_step: Callable[[], None], *, num_steps: int,
-                   restore: Callable[[], None]) -> ReferenceStep:
+                   restore: Callable[[], None],
+                   before_call: Optional[Callable[[], None]] = None
+                   ) -> ReferenceStep:
   """Times `run_step` alone; then `restore()`.
 
   Args:
@@ -213,18 +215,23 @@ def time_reference(run_step: Callable[[], None], *, num_steps: int,
     num_steps: calls timed after `WARMUP_CALLS` untimed ones; at least 1.
     restore: puts back what the calls changed (weights, optimizer state,
       random streams).
+    before_call: run before each call, untimed (replicas meeting at a
+      barrier, so that their calls start together as their steps do).
   """
   (reference,) = time_interleaved([run_step], num_steps=num_steps,
-                                  restore=restore)
+                                  restore=restore, before_call=before_call)
   return reference
 
 
 def time_interleaved(run_steps: Sequence[Callable[[], None]], *,
                      num_steps: int,
-                     restore: Callable[[], None]) -> List[ReferenceStep]:
+                     restore: Callable[[], None],
+                     before_call: Optional[Callable[[], None]] = None
+                     ) -> List[ReferenceStep]:
   """Times each of `run_steps` alone, interleaved call by call (so that a
   change of the host's load during the calibration moves them alike),
-  each after `WARMUP_CALLS` untimed calls; then `restore()`.
+  each after `WARMUP_CALLS` untimed calls; then `restore()`. `before_call`
+  as in `time_reference`.
 
   Returns:
     One `ReferenceStep` per function, in order; each `cost_s` is the
@@ -238,9 +245,13 @@ def time_interleaved(run_steps: Sequence[Callable[[], None]], *,
   try:
     for _ in range(WARMUP_CALLS):
       for run_step in run_steps:
+        if before_call:
+          before_call()
         run_step()
     for _ in range(num_steps):
       for run_step, timed in zip(run_steps, step_s):
+        if before_call:
+          before_call()
         call_start = time.perf_counter()
         run_step()
         timed.append(time.perf_counter() - call_start)

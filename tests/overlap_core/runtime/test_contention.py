@@ -177,3 +177,23 @@ def test_a_run_times_its_reference_unless_off_or_split_its_own_way():
   assert not contention.times_reference(0, **plain)
   for own_split in plain:
     assert not contention.times_reference(5, **{**plain, own_split: True})
+
+
+def test_time_reference_runs_before_call_untimed_before_every_call():
+  clock = [0.0]
+  order = []
+
+  def before_call():
+    order.append("barrier")
+    clock[0] += 5.0  # a wait for the slower replica: never timed
+
+  def run_step():
+    order.append("step")
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(contention.time, "perf_counter", lambda: clock[0])
+    reference = contention.time_reference(
+        run_step, num_steps=2, restore=lambda: None, before_call=before_call)
+  calls = contention.WARMUP_CALLS + 2
+  assert order == ["barrier", "step"] * calls
+  assert reference.step_s == (0.0, 0.0)
