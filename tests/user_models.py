@@ -162,6 +162,31 @@ def torch_images(split, image_size, num_classes):
       torch.from_numpy(labels).long())
 
 
+def torch_images_slow_on_rank_1(split, image_size, num_classes):
+  """`torch_images`, each training sample costing rank 1 (the
+  `SLOW_RANK_COST_MS` environment variable, in ms) of real CPU work and
+  every other rank nothing: one replica waits for its input, the others
+  for it."""
+  import os  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  from torch_parity.data import preprocess_cost  # pylint: disable=g-import-not-at-top
+  images = torch_images(split, image_size, num_classes)
+  slow = split == "train" and os.environ.get("RANK") == "1"
+  rounds = preprocess_cost.iterations_for_cost(
+      float(os.environ["SLOW_RANK_COST_MS"])) if slow else 0
+
+  class SlowOnRank1(torch.utils.data.Dataset):
+
+    def __len__(self):
+      return len(images)
+
+    def __getitem__(self, index):
+      image, label = images[index]
+      return preprocess_cost.apply_cost(image, rounds), label
+
+  return SlowOnRank1()
+
+
 def torch_regression_stream(split):
   """An iterable dataset of (x [FEATURES], y [1])."""
   import torch  # pylint: disable=g-import-not-at-top

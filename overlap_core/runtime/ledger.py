@@ -277,6 +277,40 @@ class StepLedger:
     self._previous_cpu = cpu
     return record
 
+  def relabel(self, seconds_by_index: Dict[int, float], source: str,
+              target: str) -> None:
+    """Counts part of some steps' `source` phase as `target` instead.
+
+    For what only the whole run shows (`overlap_core.runtime.peer_wait`):
+    the step records' phases, and the trace's spans, whose first `source`
+    span of each step gives its leading seconds to `target`. The steps'
+    durations, and so the phases' sum, are unchanged.
+
+    Args:
+      seconds_by_index: {index into `steps`: seconds}, each at most that
+        step's `source` time (more is clipped to it).
+      source, target: phase names.
+    """
+    moved = {}
+    for index, seconds in seconds_by_index.items():
+      phases = self._steps[index].phases_s
+      seconds = min(seconds, phases.get(source, 0.0))
+      if seconds <= 0.0:
+        continue
+      phases[source] -= seconds
+      phases[target] = phases.get(target, 0.0) + seconds
+      moved[index + 1] = seconds  # spans number the steps from 1
+    spans = []
+    for span in self._spans:
+      seconds = moved.pop(span.step, None) if span.name == source else None
+      if seconds is None:
+        spans.append(span)
+        continue
+      split_s = span.start_s + seconds
+      spans += [Span(target, span.step, span.start_s, split_s),
+                Span(source, span.step, split_s, span.end_s)]
+    self._spans = spans
+
   def window(self, since_step: int) -> List[StepRecord]:
     """The steps numbered above `since_step`."""
     return [r for r in self._steps if r.step > since_step]

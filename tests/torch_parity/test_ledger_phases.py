@@ -80,6 +80,23 @@ def no_all_reduce_run(tmp_path_factory):
                 "--synthetic_on_device")
 
 
+# Rank 1's batch of 4 samples costs it 20 ms of CPU, in series with its
+# step (no prefetch, no loader workers); rank 0's costs nothing.
+SLOW_RANK_COST_MS = 5.0
+SLOW_RANK_BATCH_MS = 4 * SLOW_RANK_COST_MS
+
+
+@pytest.fixture(scope="module")
+def slow_rank_run(tmp_path_factory):
+  """Two DDP replicas, only the second waiting for its input."""
+  return _train(tmp_path_factory, "slow_rank", "--model=mlp",
+                "--image_size=8", "--batch_size=8", "--train_steps=8",
+                "--strategy=mirrored", "--num_devices=2",
+                "--dataset=tests.user_models:torch_images_slow_on_rank_1",
+                "--prefetch=0", "--map_parallelism=1",
+                SLOW_RANK_COST_MS=str(SLOW_RANK_COST_MS))[1]
+
+
 def test_a_job_made_input_bound_is_called_input_bound(input_bound_run):
   result, record = input_bound_run
   assert record["verdict"]["verdict"] == verdict.INPUT_BOUND
@@ -176,3 +193,37 @@ def test_a_ddp_step_carves_exposed_comm_then_contention(replica_runs):
   # buckets' all-reduce costs backward beside the wait is contention.
   assert two["strategy"]["reference_step"]["with_all_reduce"] is False
   assert two["phases"][ledger_lib.CONTENTION]["mean"] >= 0.0
+
+
+def test_a_replica_waiting_for_a_peers_input_counts_it_as_data_wait(
+    slow_rank_run):
+  phases = slow_rank_run["phases"]
+  moved = slow_rank_run["strategy"]["data_wait_over_replicas"]
+  # Rank 0 (its record) had its own batches at once, reached the
+  # all-reduce first and waited there for rank 1's: exposed_comm in its
+  # own ledger, data wait once the replicas' waits are exchanged. The
+  # step would shorten by rank 1's wait less how much slower rank 0's
+  # compute ran: a millisecond-sized MLP's, against 20 ms of input, so
+  # half of it is a floor that a busy host's jitter does not reach, and
+  # rank 0's own wait alone (a tenth of a millisecond) is far below it.
+  floor_ms = SLOW_RANK_BATCH_MS / 2
+  assert moved["into_data_wait_ms_mean"] >= floor_ms
+  assert 1e3 * phases[ledger_lib.DATA_WAIT]["mean"] >= floor_ms
+  assert (phases[ledger_lib.DATA_WAIT]["mean"]
+          > phases[ledger_lib.EXPOSED_COMM]["mean"])
+  # What moved left exposed_comm: the phases still add up to the step.
+  parts = sum(phases[p]["mean"] for p in phases if p != ledger_lib.STEP)
+  assert parts == pytest.approx(phases[ledger_lib.STEP]["mean"], rel=1e-6)
+
+
+def test_one_replica_moves_nothing_between_its_phases(replica_runs):
+  one, two = replica_runs
+  # One replica has no peer to wait for: nothing to exchange.
+  assert "data_wait_over_replicas" not in one["strategy"]
+  # Two with resident batches wait for no input, theirs or a peer's. The
+  # replicas' wait is never more than the longer of their own (max of
+  # wait + compute is at most max wait + max compute), which here is a
+  # resident batch's hand-over: well under a millisecond.
+  moved = two["strategy"]["data_wait_over_replicas"]
+  assert moved["into_data_wait_ms_mean"] < 1.0
+
