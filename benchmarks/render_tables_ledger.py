@@ -39,6 +39,14 @@ RESULTS = {
                        "batches of their own",
     "_input_distinct_r21": "the input cells with batches of their own, at "
                            "21 repeats",
+    "_one_bank": "the full run from before each half of a paired run "
+                 "carved its contention with a bank of its own, DDP's step "
+                 "alone was timed in lockstep and a DDP step's data wait "
+                 "became the replicas'",
+    "_input_replicas_r21": "the input cells at 21 repeats, once each half "
+                           "had a bank of its own, DDP's step alone was "
+                           "timed in lockstep and a DDP step's data wait "
+                           "was the replicas'",
     "_two_runs": "every cell as two runs, the full run from before the "
                  "trainer could remove a cause within one run",
     "_in_run": "the input and checkpoint cells, each removal within one run",

@@ -15,7 +15,9 @@ what a replica's step waits for is not its own batch alone:
 
 The fidelity benchmark saw the first (BENCHMARKS page 17): in PyTorch's
 DDP cell, the step that resident batches saved beyond the data wait
-followed the change in `exposed_comm`, run by run.
+followed the change in `exposed_comm`, run by run. What this does not
+see: with the input free every step, the `exposed_comm` that stays grew
+(in 18 of 21 runs of that cell), which no exchange of waits can tell.
 
 So after training the replicas exchange, per step, the time each took to
 reach the all-reduce (its data wait and its compute but the all-reduce's
