@@ -205,7 +205,7 @@ def test_a_replica_waiting_for_a_peers_input_counts_it_as_data_wait(
   # step would shorten by rank 1's wait less how much slower rank 0's
   # compute ran: a millisecond-sized MLP's, against 20 ms of input, so
   # half of it is a floor that a busy host's jitter does not reach, and
-  # rank 0's own wait alone (a tenth of a millisecond) is far below it.
+  # rank 0's own wait alone (a fraction of a millisecond) is far below it.
   floor_ms = SLOW_RANK_BATCH_MS / 2
   assert moved["into_data_wait_ms_mean"] >= floor_ms
   assert 1e3 * phases[ledger_lib.DATA_WAIT]["mean"] >= floor_ms
