@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import processes
 from overlap_core.runtime import run_record
 from torch_parity import launch
@@ -243,6 +244,15 @@ def test_two_horovod_ranks_train_like_ddp_and_need_no_writable_home(
   assert chief["strategy"]["num_replicas"] == 2
   assert "fusion threshold 1 MB" in chief["notes"][0]
   assert chief["weights_digest"] == other["weights_digest"]
+  # Horovod times its synchronize as DDP times its buckets' wait, so its
+  # replicas exchange their data waits too (`peer_wait`), and the phases
+  # they moved between still add up to each worker's step.
+  for record in (chief, other):
+    assert "into_data_wait_ms_mean" in record["strategy"][
+        "data_wait_over_replicas"]
+    phases = record["phases"]
+    parts = sum(phases[p]["mean"] for p in phases if p != ledger_lib.STEP)
+    assert parts == pytest.approx(phases[ledger_lib.STEP]["mean"], rel=1e-6)
   # Same data, same averaged gradients, BatchNorm statistics averaged over
   # ranks at the end: the same training as DDP's.
   for key in ("train_loss", "eval_loss", "eval_accuracy"):
