@@ -16,6 +16,7 @@ peer never leaves the job waiting in a collective.
 import ctypes
 import dataclasses
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -44,14 +45,70 @@ class ProcessSpec:
   record_path: Optional[str] = None
 
 
-def free_ports(count: int) -> list:
-  """Ports free on localhost now (held open together so they differ)."""
+# Where Linux says which ports it hands out itself: to `bind(port 0)` and
+# to every outgoing connection (32768-60999 by default).
+EPHEMERAL_RANGE_PATH = "/proc/sys/net/ipv4/ip_local_port_range"
+# Ports picked below that range, at most this many below its start.
+_PICK_SPAN = 12000
+_LOWEST_PICK = 1024
+
+
+def ephemeral_port_range(path: str = EPHEMERAL_RANGE_PATH) -> Optional[tuple]:
+  """(low, high) of the ports the kernel hands out itself, or None where
+  the system does not say."""
+  try:
+    with open(path, encoding="ascii") as f:
+      low, high = (int(v) for v in f.read().split()[:2])
+  except (OSError, ValueError):
+    return None
+  return low, high
+
+
+def free_ports(count: int, *, ephemeral=None) -> list:
+  """`count` different ports that nothing is bound to now, on any address.
+
+  A port the kernel picked (`bind` to port 0) is in its ephemeral range,
+  which every outgoing connection also draws from: between the pick and
+  the server's own bind, another process's connection could take it, and
+  a TensorFlow stage server then failed with "Could not start gRPC
+  server". So where the kernel says its range, ports are drawn at random
+  below it, where only an explicit bind takes a port; elsewhere the
+  kernel picks.
+
+  Args:
+    count: how many.
+    ephemeral: (low, high) of the kernel's range; None reads it.
+  """
+  ephemeral = ephemeral or ephemeral_port_range()
+  if not ephemeral or ephemeral[0] - _PICK_SPAN < _LOWEST_PICK:
+    return _ports_the_kernel_picks(count)
+  draw = random.SystemRandom()
+  ports = []
+  while len(ports) < count:
+    port = draw.randrange(ephemeral[0] - _PICK_SPAN, ephemeral[0])
+    if port not in ports and _nothing_bound_to(port):
+      ports.append(port)
+  return ports
+
+
+def _nothing_bound_to(port: int) -> bool:
+  # Bound on every address for a moment, never listening: it fails where
+  # any address has the port (a listener, or a connection still closing).
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    try:
+      probe.bind(("", port))
+    except OSError:
+      return False
+  return True
+
+
+def _ports_the_kernel_picks(count: int) -> list:
   sockets = []
   try:
     for _ in range(count):
       s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
       s.bind(("localhost", 0))
-      sockets.append(s)
+      sockets.append(s)  # held open together so that they differ
     return [s.getsockname()[1] for s in sockets]
   finally:
     for s in sockets:
