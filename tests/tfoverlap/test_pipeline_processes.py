@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -59,11 +60,7 @@ def test_two_stage_processes_train_like_the_unsplit_model(hosts):
   stages = [f"{host}:{port}" for host, port in zip(hosts, ports[1:])]
   servers = _start_stage_servers(client, stages)
   try:
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.tfoverlap.test_pipeline_processes",
-         client, ",".join(stages)],
-        cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True,
-        timeout=TIMEOUT_S, check=False)
+    result = _run_client(client, stages, servers)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "pipelined like the unsplit model" in result.stdout
     # The client gone, each stage server ends by itself, successfully.
@@ -71,6 +68,37 @@ def test_two_stage_processes_train_like_the_unsplit_model(hosts):
       assert server.wait(timeout=30) == 0
   finally:
     processes.stop_processes(servers, grace_s=2)
+
+
+def _run_client(client: str, stages: list, servers: list):
+  """This file run as the cluster's client, to its end; a stage server
+  that dies first (its port taken before it bound it, say) fails the test
+  at once, where the client would wait for the cluster until the timeout.
+
+  Returns:
+    The client's subprocess.CompletedProcess.
+  """
+  with tempfile.TemporaryFile("w+") as out, \
+      tempfile.TemporaryFile("w+") as err:
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "tests.tfoverlap.test_pipeline_processes",
+         client, ",".join(stages)],
+        cwd=REPO_ROOT, env=subprocess_env(), stdout=out, stderr=err,
+        text=True)
+    try:
+      wait_until(lambda: runner.poll() is not None or any(
+          server.poll() not in (None, 0) for server in servers),
+                 "the client's end", timeout_s=TIMEOUT_S)
+      dead = [server.returncode for server in servers
+              if server.poll() not in (None, 0)]
+      assert runner.poll() is not None or not dead, (
+          f"a stage server exited {dead[0]} before the client ended")
+    finally:
+      processes.stop_processes([runner], grace_s=2)
+    out.seek(0)
+    err.seek(0)
+    return subprocess.CompletedProcess(runner.args, runner.returncode,
+                                       out.read(), err.read())
 
 
 def _launch(model_dir, *flags) -> subprocess.Popen:
