@@ -18,7 +18,7 @@ from overlap_core.planning import burst_report, command
 from overlap_core.planning import split as split_lib
 from overlap_core.runtime import background, compat, contention, pipeline_stats
 from overlap_core.runtime import ledger as ledger_lib
-from overlap_core.runtime import datasets, paired_removal, peer_wait
+from overlap_core.runtime import datasets, paired_removal, replica_data_wait
 from overlap_core.runtime import run_record, skeleton
 from overlap_core.runtime import user_code
 from overlap_core.runtime.config import TrainConfig
@@ -278,7 +278,8 @@ class _TorchSide:
     self._replica_digests = None
     self._example_shape = None  # one example's inputs, of the user's data
     self._reference = None  # the step timed alone, once timed
-    # What the replicas' data wait moved in this one's ledger (`peer_wait`).
+    # What the replicas' data wait moved in this one's ledger
+    # (`replica_data_wait`).
     self._data_wait_moved = None
 
   def check_supported(self, config: TrainConfig) -> None:
@@ -374,8 +375,9 @@ class _TorchSide:
     else:
       if self._strategy.world_size > 1 and _times_all_reduce(
           self._strategy, built):
-        self._data_wait_moved = peer_wait.count_data_wait_over_replicas(
-            ledger, self._strategy.max_over_processes)
+        self._data_wait_moved = (
+            replica_data_wait.count_data_wait_over_replicas(
+                ledger, self._strategy.max_over_processes))
       self._strategy.average_buffers(built.model)
       if config.distribute.all_reduce == distribute.ALL_REDUCE_OFF:
         # Replicas that trained apart: run.json shows how far (equal

@@ -281,10 +281,11 @@ class StepLedger:
               target: str) -> None:
     """Counts part of some steps' `source` phase as `target` instead.
 
-    For what only the whole run shows (`overlap_core.runtime.peer_wait`):
-    the step records' phases, and the trace's spans, whose first `source`
-    span of each step gives its leading seconds to `target`. The steps'
-    durations, and so the phases' sum, are unchanged.
+    For what only the whole run shows (`overlap_core.runtime.
+    replica_data_wait`): the step records' phases, and the trace's spans,
+    whose first `source` span of each step gives its leading seconds to
+    `target`. The steps' durations, and so the phases' sum, are
+    unchanged.
 
     Args:
       seconds_by_index: {index into `steps`: seconds}, each at most that

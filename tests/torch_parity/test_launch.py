@@ -245,7 +245,7 @@ def test_two_horovod_ranks_train_like_ddp_and_need_no_writable_home(
   assert "fusion threshold 1 MB" in chief["notes"][0]
   assert chief["weights_digest"] == other["weights_digest"]
   # Horovod times its synchronize as DDP times its buckets' wait, so its
-  # replicas exchange their data waits too (`peer_wait`), and the phases
+  # replicas exchange their data waits too (`replica_data_wait`), and the phases
   # they moved between still add up to each worker's step.
   for record in (chief, other):
     assert "into_data_wait_ms_mean" in record["strategy"][

@@ -4,7 +4,7 @@ arithmetic, on ledgers driven by a fake clock."""
 import pytest
 
 from overlap_core.runtime import ledger as ledger_lib
-from overlap_core.runtime import peer_wait
+from overlap_core.runtime import replica_data_wait
 from overlap_core.runtime.comm_stats import EXPOSED_COMM
 
 from tests.overlap_core.runtime.test_runtime import FakeClock
@@ -46,10 +46,10 @@ def _phases_ms(ledger, index):
 def test_the_replicas_wait_is_what_the_last_arrival_would_save():
   # Step: [max arrival 10+5, max compute 5] -> 10 ms; own wait 0 (the
   # peer's input was what the all-reduce waited for).
-  assert peer_wait.data_wait_over_replicas([0.015], [0.005]) == [
+  assert replica_data_wait.data_wait_over_replicas([0.015], [0.005]) == [
       pytest.approx(0.010)]
   # A wait that a slower peer's compute would have filled anyway: none.
-  assert peer_wait.data_wait_over_replicas([0.012], [0.012]) == [0.0]
+  assert replica_data_wait.data_wait_over_replicas([0.012], [0.012]) == [0.0]
 
 
 def test_a_peers_input_wait_moves_from_exposed_comm_to_data_wait():
@@ -57,7 +57,8 @@ def test_a_peers_input_wait_moves_from_exposed_comm_to_data_wait():
   # peer waited 10 ms for its batch and computed 5.
   ledger = _replica([(0.0, 5.0, 10.5)] * 3)
   peer = [[3.0], [10.0 + 5.0] * 3, [5.0] * 3]  # length, arrivals, compute
-  moved = peer_wait.count_data_wait_over_replicas(ledger, _max_with(peer))
+  moved = replica_data_wait.count_data_wait_over_replicas(
+      ledger, _max_with(peer))
   assert _phases_ms(ledger, 0) == {DATA_WAIT: 10.0, COMPUTE: 5.0,
                                    EXPOSED_COMM: 0.5}
   assert moved["into_data_wait_ms_mean"] == pytest.approx(10.0)
@@ -73,7 +74,8 @@ def test_an_own_wait_a_slower_peer_would_have_hidden_moves_out():
   # longer: the all-reduce would have waited for the peer anyway.
   ledger = _replica([(4.0, 5.0, 2.5)] * 2)
   peer = [[2.0], [11.0] * 2, [11.0] * 2]
-  moved = peer_wait.count_data_wait_over_replicas(ledger, _max_with(peer))
+  moved = replica_data_wait.count_data_wait_over_replicas(
+      ledger, _max_with(peer))
   assert _phases_ms(ledger, 1) == {DATA_WAIT: 0.0, COMPUTE: 5.0,
                                    EXPOSED_COMM: 6.5}
   assert moved["out_of_data_wait_ms_mean"] == pytest.approx(4.0)
@@ -82,7 +84,7 @@ def test_an_own_wait_a_slower_peer_would_have_hidden_moves_out():
 def test_no_more_moves_in_than_the_step_waited_at_the_all_reduce():
   ledger = _replica([(0.0, 5.0, 1.0)])
   peer = [[1.0], [20.0], [5.0]]
-  peer_wait.count_data_wait_over_replicas(ledger, _max_with(peer))
+  replica_data_wait.count_data_wait_over_replicas(ledger, _max_with(peer))
   assert _phases_ms(ledger, 0) == {DATA_WAIT: 1.0, COMPUTE: 5.0,
                                    EXPOSED_COMM: 0.0}
 
@@ -95,5 +97,5 @@ def test_a_replica_with_fewer_steps_still_matches_its_peers_shapes():
     seen.append(len(values))
     return [max(v, 2.0) for v in values]
 
-  peer_wait.count_data_wait_over_replicas(ledger, max_over_processes)
+  replica_data_wait.count_data_wait_over_replicas(ledger, max_over_processes)
   assert seen == [1, 2, 2]  # the lengths, then two lists of the longest
