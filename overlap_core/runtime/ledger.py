@@ -33,7 +33,8 @@ added back to it.
 Beside each wall time the ledger keeps CPU time (`overlap_core.runtime.
 cpu_clock`): per step, the CPU of the whole process tree (every thread,
 and children such as DataLoader workers) and of the training thread; per
-phase timed with `phase()`, the CPU of this process's threads and of the
+phase timed with `phase()`, on a sample of the steps
+(`samples_phase_cpu`), the CPU of this process's threads and of the
 training thread while the phase lasted. A phase added with `add()` was
 timed elsewhere and has no CPU time.
 """
@@ -65,6 +66,23 @@ COMPUTE_PARTS = pipeline_stats.PHASES + (OFFLOAD, EXPOSED_COMM,
 # persist). Comparisons still add them back, so the ideal's compute is
 # what it was before they were measured.
 APART_FROM_COMPUTE = (EXPOSED_COMM, CONTENTION)
+# The phases' CPU clocks are read on every step up to this one (every
+# step of a short run; the warm-up is at most 10) and on one step in
+# PHASE_CPU_EVERY_STEPS after it; a phase's CPU is the mean over the
+# steps that read it. Each read is a system call, eight a step for two
+# phases: on a 2-core host, a loop of empty phases spent 16 us a step in
+# the ledger reading them every step and 10 us sampling them (between
+# real steps, whose kernels leave the caches cold, the same work takes
+# longer). The step's own readings (the process tree, the training
+# thread) stay on every step.
+PHASE_CPU_EVERY_STEP_UNTIL = 16
+PHASE_CPU_EVERY_STEPS = 8
+
+
+def samples_phase_cpu(step_index: int) -> bool:
+  """Whether the step at this 0-based index reads its phases' CPU."""
+  return (step_index < PHASE_CPU_EVERY_STEP_UNTIL
+          or step_index % PHASE_CPU_EVERY_STEPS == 0)
 
 
 class Span(NamedTuple):
@@ -101,10 +119,12 @@ class StepRecord(NamedTuple):
   num_samples: int
   phases_s: Dict[str, float]
   # CPU seconds: the process tree and the training thread over the step,
-  # and (process, thread) per phase timed with `phase()`.
+  # and (process, thread) per phase timed with `phase()` where the step
+  # read them (`phase_cpu_sampled`; else {}).
   cpu_s: float
   thread_cpu_s: float
   phases_cpu_s: Dict[str, tuple]
+  phase_cpu_sampled: bool = True
 
   @property
   def duration_s(self) -> float:
@@ -181,7 +201,8 @@ class _Timed:
 
   def __exit__(self, *exc_info) -> None:
     # CPU first, then the wall clock: the order the nested form had.
-    self._ledger._add_cpu(self._name, self._cpu_start)
+    if self._cpu_start is not None:
+      self._ledger._add_cpu(self._name, self._cpu_start)
     if self._wall:
       self._ledger.add(self._name, self._start_s, self._ledger._clock())
 
@@ -199,6 +220,7 @@ class StepLedger:
     self._clock = clock
     self._cpu = cpu_clocks or CpuClocks()
     self._current_phases_cpu: Dict[str, tuple] = {}
+    self._sampling_phase_cpu = samples_phase_cpu(0)
     # CPU readings at the previous step's end (tree, thread).
     self._previous_cpu = (self._cpu.tree(), self._cpu.thread())
     self._spans: List[Span] = []
@@ -230,7 +252,11 @@ class StepLedger:
     the whole span's, counted as compute's)."""
     return _Timed(self, name, wall=False)
 
-  def _start_cpu(self) -> tuple:
+  def _start_cpu(self) -> Optional[tuple]:
+    """The phase's CPU readings at its start; None on a step that does
+    not read them (`samples_phase_cpu`)."""
+    if not self._sampling_phase_cpu:
+      return None
     return self._cpu.process(), self._cpu.thread()
 
   def _add_cpu(self, name: str, started: tuple) -> None:
@@ -267,12 +293,14 @@ class StepLedger:
                         self._current_phases,
                         cpu_s=cpu[0] - self._previous_cpu[0],
                         thread_cpu_s=cpu[1] - self._previous_cpu[1],
-                        phases_cpu_s=self._current_phases_cpu)
+                        phases_cpu_s=self._current_phases_cpu,
+                        phase_cpu_sampled=self._sampling_phase_cpu)
     self._steps.append(record)
     self._spans.append(Span(STEP, step, start, end))
     self._current_step_start = None
     self._current_phases = {}
     self._current_phases_cpu = {}
+    self._sampling_phase_cpu = samples_phase_cpu(len(self._steps))
     self._previous_step_end = end
     self._previous_cpu = cpu
     return record
@@ -326,7 +354,8 @@ class StepLedger:
       plus `step` and `other`; a phase never entered has zeros. A phase
       timed with `phase()` also has `cpu_mean` and `thread_cpu_mean` (CPU
       seconds per step of this process's threads, and of the training
-      thread, while it lasted), and `step` has them for the whole step,
+      thread, while it lasted: the mean over the measured steps that read
+      them, `samples_phase_cpu`), and `step` has them for the whole step,
       `cpu_mean` there including child processes. And `cpu`: see
       `cpu_summary`.
     """
@@ -348,12 +377,14 @@ class StepLedger:
     phases[STEP] = describe_durations([r.duration_s for r in measured])
     phases[STEP]["fraction"] = 1.0
     count = len(measured) or 1
+    sampled = [r for r in measured if r.phase_cpu_sampled]
     for name in names:
-      timed = [r.phases_cpu_s[name] for r in measured
+      timed = [r.phases_cpu_s[name] for r in sampled
                if name in r.phases_cpu_s]
       if timed:
-        phases[name]["cpu_mean"] = sum(p for p, _ in timed) / count
-        phases[name]["thread_cpu_mean"] = sum(t for _, t in timed) / count
+        phases[name]["cpu_mean"] = sum(p for p, _ in timed) / len(sampled)
+        phases[name]["thread_cpu_mean"] = (sum(t for _, t in timed)
+                                           / len(sampled))
     phases[STEP]["cpu_mean"] = sum(r.cpu_s for r in measured) / count
     phases[STEP]["thread_cpu_mean"] = sum(
         r.thread_cpu_s for r in measured) / count

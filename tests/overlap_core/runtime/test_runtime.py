@@ -101,6 +101,55 @@ def test_cpu_time_is_kept_beside_wall_time_per_phase_and_step():
   assert cpu["work_bound_s"] == pytest.approx(0.044 / cpu["cores"])
 
 
+def test_phase_cpu_is_read_on_the_sampled_steps_only():
+  """The phases' CPU clocks are read on the first steps and one in 8
+  after; a phase's CPU is its mean over the measured steps that read it.
+  The step's own CPU is read on every step."""
+  clock = FakeClock()
+  made = {}  # the ledger, once made: each read notes the step it is in
+  reads, tree_reads = [], []
+
+  def phase_clock():
+    reads.append(len(made["ledger"].steps) if made else None)
+    return clock()  # one busy thread: CPU = wall time
+
+  def tree():
+    tree_reads.append(len(made["ledger"].steps) if made else None)
+    return clock()
+
+  ledger = made["ledger"] = ledger_lib.StepLedger(
+      clock=clock, cpu_clocks=ledger_lib.CpuClocks(
+          thread=phase_clock, process=phase_clock, tree=tree))
+  del reads[:], tree_reads[:]  # the constructor's reading
+  num_steps = 40
+  for step in range(1, num_steps + 1):
+    # Steps that read wait 3 ms, the others 1 ms: the mean shows which
+    # steps it came from.
+    wait_s = 0.003 if ledger_lib.samples_phase_cpu(step - 1) else 0.001
+    with ledger.phase(ledger_lib.DATA_WAIT):
+      clock.advance(wait_s)
+    with ledger.phase(ledger_lib.COMPUTE):
+      clock.advance(0.010)
+    ledger.end_step(step, num_samples=8)
+  sampled = [i for i in range(num_steps) if ledger_lib.samples_phase_cpu(i)]
+  assert sampled == list(range(16)) + [16, 24, 32]
+  # Two phases, each read at both ends, by both clocks; the step's end
+  # reads the thread clock too.
+  expected = []
+  for i in range(num_steps):
+    expected += [i] * (8 if i in sampled else 0) + [i]
+  assert reads == expected
+  assert tree_reads == list(range(num_steps))
+  phases = ledger.summary(warmup_steps=10)["phases"]
+  assert phases["data_wait"]["cpu_mean"] == pytest.approx(0.003)
+  assert phases["data_wait"]["thread_cpu_mean"] == pytest.approx(0.003)
+  assert phases["compute"]["cpu_mean"] == pytest.approx(0.010)
+  # The step's CPU is every measured step's: of the 30, the 9 that read
+  # (10 to 16, 24, 32) waited 3 ms.
+  assert phases["step"]["cpu_mean"] == pytest.approx(
+      0.010 + (9 * 0.003 + 21 * 0.001) / 30)
+
+
 def test_time_between_steps_counts_as_other():
   clock = FakeClock()
   ledger = ledger_lib.StepLedger(clock=clock)
