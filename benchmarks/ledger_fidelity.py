@@ -18,12 +18,7 @@ checkpoints, offload: `--paired_removal`,
 `overlap_core.runtime.paired_removal`), one run holds both sides: blocks
 of 20 steps alternate with and without the cause, and its run.json gives
 each half's phases over the steps counted. That run trains twice
---train_steps. With --cores_kept_busy each such cell runs a second way
-too, interleaved with the first: beside a spinner on every core at the
-lowest priority (SCHED_IDLE), which yields its core to any other work at
-once, so the run's processes take what they took before and no core
-idles. That asks whether a change between the halves comes from the
-host's idle time rather than from the cause. Elsewhere (the all-reduce, the bubble) the two sides are
+--train_steps. Elsewhere (the all-reduce, the bubble) the two sides are
 two runs, paired within each repeat (`benchmarks.harness`: interleaved,
 the first side rotating), as every cell was before the trainer could
 alternate (--two_runs still runs them so). Two runs differ in the
@@ -104,12 +99,9 @@ reported beside it (`miss_over_tolerance_all`); it does not shrink with
 more repeats, where the median's interval does.
 """
 
-import contextlib
 import functools
 import math
 import os
-import subprocess
-import sys
 from typing import NamedTuple, Tuple
 
 from benchmarks import common
@@ -178,19 +170,6 @@ PHASES = {
 JOB, REMOVED = "job", "removed"
 # A run that holds both: the cause removed in alternate blocks of steps.
 IN_RUN = "in_run"
-# The same, with every core kept from idling (--cores_kept_busy).
-IN_RUN_CORES_BUSY = "in_run_cores_busy"
-IN_RUN_VARIANTS = (IN_RUN, IN_RUN_CORES_BUSY)
-# A spinner that runs only when nothing else wants its core: SCHED_IDLE
-# where Linux has it, else the lowest nice.
-_SPINNER = """import os
-try:
-  os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-except (AttributeError, OSError):
-  os.nice(19)
-while True:
-  pass
-"""
 # Blocks of 20 steps, the first 10 settling: deeper than the input's
 # prefetch buffers, and 2 checkpoints of every 5 steps in the counted half.
 IN_RUN_BLOCK_STEPS = 20
@@ -204,11 +183,6 @@ def parse_args():
   parser.add_argument("--train_steps", type=int, default=100,
                       help="Steps of a two-run side; a run that holds "
                       "both sides trains twice as many.")
-  parser.add_argument("--cores_kept_busy", action="store_true",
-                      help="Also run every cell that one run holds with a "
-                      "lowest-priority spinner on every core beside it, so "
-                      "that no core idles (in_run_cores_busy), interleaved "
-                      "with the cell as it is.")
   parser.add_argument("--two_runs", action="store_true",
                       help="Every cell as two runs, one with the cause and "
                       "one without, as before the trainer could remove "
@@ -259,28 +233,10 @@ def attributed_ms(job: dict, removed: dict) -> float:
 
 
 def variants(args, phase: str) -> Tuple[str, ...]:
-  """The sides of a cell: one run holding both (and with
-  --cores_kept_busy, one more beside spinners), or two runs."""
+  """The sides of a cell: one run holding both, or two runs."""
   if PHASES[phase].in_run and not args.two_runs:
-    return IN_RUN_VARIANTS if args.cores_kept_busy else (IN_RUN,)
+    return (IN_RUN,)
   return (JOB, REMOVED)
-
-
-@contextlib.contextmanager
-def cores_kept_busy(busy: bool):
-  """With `busy`, one spinner per core at the lowest priority while the
-  block runs (yields their processes): the run's own threads take a core from it at once, and no
-  core idles, so none waits to be woken. A virtual core that idles is
-  halted, and waking it again goes through the hypervisor."""
-  spinners = ([subprocess.Popen([sys.executable, "-c", _SPINNER])
-               for _ in range(os.cpu_count() or 1)] if busy else [])
-  try:
-    yield spinners
-  finally:
-    for spinner in spinners:
-      spinner.kill()
-    for spinner in spinners:
-      spinner.wait()
 
 
 def side_flags(args, side) -> list:
@@ -289,7 +245,7 @@ def side_flags(args, side) -> list:
   del framework  # both trainers take the same flags
   removal = PHASES[phase]
   steps = 12 if args.quick else args.train_steps
-  if variant in IN_RUN_VARIANTS:
+  if variant == IN_RUN:
     block_steps = (QUICK_IN_RUN_BLOCK_STEPS if args.quick
                    else IN_RUN_BLOCK_STEPS)
     return base_flags(args, strategy, 2 * steps) + removal.job + [
@@ -320,12 +276,11 @@ def measure(args, repeats: int, scratch: str) -> harness.Measured:
   def run_one(side, repeat):
     framework, strategy, phase, variant = side
     flags = side_flags(args, side)
-    with cores_kept_busy(variant == IN_RUN_CORES_BUSY):
-      record, stats = common.run_trainer_record(
-          flags, os.path.join(scratch, "-".join(side) + f"-{repeat}"),
-          module=common.TRAINER_MODULES[framework])
+    record, stats = common.run_trainer_record(
+        flags, os.path.join(scratch, "-".join(side) + f"-{repeat}"),
+        module=common.TRAINER_MODULES[framework])
     run = {"side": list(side), "repeat": repeat, "flags": flags}
-    if variant in IN_RUN_VARIANTS:
+    if variant == IN_RUN:
       paired = record["paired_removal"]
       halves = paired["halves"]
       run["halves"] = {
@@ -395,16 +350,12 @@ def summarize_cell(pairs: list) -> dict:
 
 def cell_pairs(by_side: dict, side: tuple) -> list:
   """A cell's (job, removed) pairs from its job side or in-run side."""
-  if side[3] in IN_RUN_VARIANTS:
+  if side[3] == IN_RUN:
     return [(run["halves"][JOB], run["halves"][REMOVED])
             for run in by_side[side]]
   removed = {r["repeat"]: r for r in by_side.get(side[:3] + (REMOVED,), [])}
   return [(r, removed[r["repeat"]]) for r in by_side[side]
           if r["repeat"] in removed]
-
-
-PAIRINGS = {IN_RUN: "in one run", IN_RUN_CORES_BUSY: "in one run, cores "
-            "kept busy", JOB: "two runs"}
 
 
 def summarize(payload: dict) -> list:
@@ -414,7 +365,7 @@ def summarize(payload: dict) -> list:
   summary = []
   for side in by_side:
     framework, strategy, phase, variant = side
-    if variant not in (JOB, *IN_RUN_VARIANTS):
+    if variant not in (JOB, IN_RUN):
       continue
     cell = summarize_cell(cell_pairs(by_side, side))
     removal = PHASES.get(phase)  # None: a phase since renamed
@@ -422,7 +373,8 @@ def summarize(payload: dict) -> list:
                     "phase": phase,
                     "phases": list(removal and removal.attributed
                                    or (phase,)),
-                    "pairing": PAIRINGS[variant],
+                    "pairing": "in one run" if variant == IN_RUN
+                               else "two runs",
                     **cell})
   return summary
 

@@ -1,8 +1,5 @@
 """The ledger fidelity benchmark's cells and verdicts, without a run."""
 
-import os
-import time
-
 from benchmarks import harness
 from benchmarks import ledger_fidelity
 
@@ -121,7 +118,6 @@ def test_the_causes_the_trainer_alternates_run_in_one_run_unless_asked():
   class Args:
     quick = False
     two_runs = False
-    cores_kept_busy = False
     train_steps = 100
     model, image_size, batch_size = "cnn", 32, 64
 
@@ -137,50 +133,3 @@ def test_the_causes_the_trainer_alternates_run_in_one_run_unless_asked():
   Args.two_runs = True
   assert ledger_fidelity.variants(Args, "data_wait") == (
       ledger_fidelity.JOB, ledger_fidelity.REMOVED)
-
-
-def test_cores_kept_busy_adds_a_second_in_run_side_with_the_same_flags():
-  class Args:
-    quick = False
-    two_runs = False
-    cores_kept_busy = True
-    train_steps = 100
-    model, image_size, batch_size = "cnn", 32, 64
-
-  assert ledger_fidelity.variants(Args, "checkpoint_stall") == (
-      ledger_fidelity.IN_RUN, ledger_fidelity.IN_RUN_CORES_BUSY)
-  cell = ("pytorch", "mirrored", "checkpoint_stall")
-  assert (ledger_fidelity.side_flags(Args, cell + (ledger_fidelity.IN_RUN,))
-          == ledger_fidelity.side_flags(
-              Args, cell + (ledger_fidelity.IN_RUN_CORES_BUSY,)))
-  # A cause only a second run removes has no such side.
-  assert ledger_fidelity.variants(Args, "bubble") == (
-      ledger_fidelity.JOB, ledger_fidelity.REMOVED)
-
-  def run(variant, step_ms):
-    half = {"step_ms": step_ms, "phase_ms": 4.0, "contention_ms": 0.0}
-    return {"side": list(cell + (variant,)), "repeat": 0,
-            "halves": {ledger_fidelity.JOB: half,
-                       ledger_fidelity.REMOVED: {**half, "step_ms": 15.0,
-                                                 "phase_ms": 0.0}}}
-
-  summary = ledger_fidelity.summarize({"runs": [
-      run(ledger_fidelity.IN_RUN, 19.0),
-      run(ledger_fidelity.IN_RUN_CORES_BUSY, 19.5)]})
-  assert [(c["pairing"], c["saving_ms"]) for c in summary] == [
-      ("in one run", 4.0), ("in one run, cores kept busy", 4.5)]
-
-
-def test_cores_kept_busy_runs_an_idle_priority_spinner_per_core_meanwhile():
-  with ledger_fidelity.cores_kept_busy(False) as spinners:
-    assert spinners == []
-  with ledger_fidelity.cores_kept_busy(True) as spinners:
-    assert len(spinners) == (os.cpu_count() or 1)
-    assert all(s.poll() is None for s in spinners)
-    if hasattr(os, "SCHED_IDLE"):
-      # Each sets its own policy first thing; wait until every one has.
-      deadline = time.monotonic() + 60
-      while not all(os.sched_getscheduler(s.pid) == os.SCHED_IDLE
-                    for s in spinners):
-        assert time.monotonic() < deadline, "a spinner kept its policy"
-  assert all(s.returncode is not None for s in spinners)
