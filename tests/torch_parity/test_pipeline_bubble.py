@@ -156,7 +156,13 @@ def test_the_parts_add_up_to_each_stages_idle_time(sections, schedule):
                                     fast["transfer_ms"])
   # The heavy stage waits on nobody in steady state.
   assert slow["imbalance_ms"] == 0.0
-  assert section["bubble_parts"]["summary"]["explained"]
+  # The summary's verdict is the module's bound alone, without the run
+  # queue's allowance above: on a loaded host a stage may be within the
+  # allowance and still "not explained", so the verdict is checked
+  # against the parts it summarizes, not for being true.
+  assert section["bubble_parts"]["summary"]["explained"] == all(
+      abs(p["residual_ms"]) <= bubble_parts.RESIDUAL_TOLERANCE_FRAC
+      * p["step_ms"] for p in parts)
 
 
 def test_1f1b_holds_at_most_s_minus_s_of_m_micro_batches(sections):
