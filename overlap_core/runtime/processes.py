@@ -49,7 +49,7 @@ class ProcessSpec:
 # to every outgoing connection (32768-60999 by default).
 EPHEMERAL_RANGE_PATH = "/proc/sys/net/ipv4/ip_local_port_range"
 # Ports picked below that range, at most this many below its start.
-_PICK_SPAN = 12000
+PICK_SPAN = 12000
 _LOWEST_PICK = 1024
 
 
@@ -80,20 +80,21 @@ def free_ports(count: int, *, ephemeral=None) -> list:
     ephemeral: (low, high) of the kernel's range; None reads it.
   """
   ephemeral = ephemeral or ephemeral_port_range()
-  if not ephemeral or ephemeral[0] - _PICK_SPAN < _LOWEST_PICK:
+  if not ephemeral or ephemeral[0] - PICK_SPAN < _LOWEST_PICK:
     return _ports_the_kernel_picks(count)
   draw = random.SystemRandom()
   ports = []
   while len(ports) < count:
-    port = draw.randrange(ephemeral[0] - _PICK_SPAN, ephemeral[0])
-    if port not in ports and _nothing_bound_to(port):
+    port = draw.randrange(ephemeral[0] - PICK_SPAN, ephemeral[0])
+    if port not in ports and nothing_bound_to(port):
       ports.append(port)
   return ports
 
 
-def _nothing_bound_to(port: int) -> bool:
-  # Bound on every address for a moment, never listening: it fails where
-  # any address has the port (a listener, or a connection still closing).
+def nothing_bound_to(port: int) -> bool:
+  """Whether `port` is free on every address: bound there for a moment,
+  never listening, which fails where any address has the port (a
+  listener, or a connection still closing)."""
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
     try:
       probe.bind(("", port))

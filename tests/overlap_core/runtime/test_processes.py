@@ -11,7 +11,8 @@ def test_ports_are_drawn_below_the_range_the_kernel_hands_out():
   assert len(set(ports)) == 8
   # Below the range, so no outgoing connection can take one before the
   # server binds it.
-  assert all(ephemeral[0] - 12000 <= p < ephemeral[0] for p in ports)
+  assert all(ephemeral[0] - processes.PICK_SPAN <= p < ephemeral[0]
+             for p in ports)
 
 
 def test_a_port_something_is_bound_to_is_not_free():
@@ -20,7 +21,7 @@ def test_a_port_something_is_bound_to_is_not_free():
     held.listen()
     taken = held.getsockname()[1]
     # Held on one address, it is not free on all of them.
-    assert not processes._nothing_bound_to(taken)  # pylint: disable=protected-access
+    assert not processes.nothing_bound_to(taken)
 
 
 def test_where_the_range_is_too_low_to_draw_below_the_kernel_picks():
