@@ -62,10 +62,18 @@ _MB = 1024 * 1024
 
 def configure_host(run: RunConfig) -> None:
   """Thread pools; call before any parallel torch work (inter-op is fixed
-  once the first inter-op task runs)."""
+  once the first inter-op task runs).
+
+  A second run in the same process (`trainer.train` called again, a
+  notebook, a benchmark that runs its sides in one process) asks for the
+  pool it already has: torch refuses to set the inter-op pool twice, so
+  an unchanged size is left as it is and only a different one is asked
+  for, which torch then refuses in its own words.
+  """
   if run.intra_op_threads:
     torch.set_num_threads(run.intra_op_threads)
-  if run.inter_op_threads:
+  if (run.inter_op_threads
+      and run.inter_op_threads != torch.get_num_interop_threads()):
     torch.set_num_interop_threads(run.inter_op_threads)
 
 
