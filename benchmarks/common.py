@@ -66,6 +66,42 @@ def children_minor_faults() -> int:
   return resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt
 
 
+def own_cpu_s() -> float:
+  """This process's CPU and its reaped children's."""
+  usage = resource.getrusage(resource.RUSAGE_SELF)
+  return usage.ru_utime + usage.ru_stime + children_cpu_s()
+
+
+def own_minor_faults() -> int:
+  """`children_minor_faults`, with this process's own."""
+  return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+          + children_minor_faults())
+
+
+def live_children_cpu_s() -> float:
+  """CPU of this process's children that still run, with what the
+  children they reaped used: a long-lived helper (`in_process_sides`)
+  that RUSAGE_CHILDREN counts only once it is waited for. From
+  /proc/<pid>/stat (utime, stime, cutime, cstime); 0 without /proc."""
+  me = os.getpid()
+  total_ticks = 0
+  try:
+    pids = [name for name in os.listdir("/proc") if name.isdigit()]
+  except OSError:
+    return 0.0
+  for pid in pids:
+    try:
+      with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    except OSError:
+      continue  # exited since the listing
+    # The command name (field 2) may hold spaces; fields resume after ')'.
+    fields = stat[stat.rindex(b")") + 2:].split()
+    if int(fields[1]) == me:  # ppid
+      total_ticks += sum(int(v) for v in fields[11:15])
+  return total_ticks / os.sysconf("SC_CLK_TCK")
+
+
 def read_host_cpu_s() -> Tuple[Optional[float], Optional[float]]:
   """Seconds since boot the host's CPUs spent busy, and lost to steal,
   from /proc/stat; (None, None) where it cannot be read."""
@@ -86,7 +122,9 @@ def host_cpu_s() -> Dict[str, float]:
           "steal": float("nan") if steal_s is None else steal_s}
 
 
-def _measured(run: Callable[[], T]) -> Tuple[T, dict]:
+def _measured(run: Callable[[], T], *, cpu_s: Callable[[], float] = children_cpu_s,
+              minor_faults: Callable[[], int] = children_minor_faults
+              ) -> Tuple[T, dict]:
   """Calls `run`, which starts one process and waits for it, and returns
   its result with that process's costs.
 
@@ -100,20 +138,27 @@ def _measured(run: Callable[[], T]) -> Tuple[T, dict]:
     shared) and steal what the hypervisor took; both say how much a run was
     disturbed.
   """
-  cpu_before = children_cpu_s()
-  faults_before = children_minor_faults()
+  cpu_before = cpu_s()
+  faults_before = minor_faults()
   host_before = host_cpu_s()
   start = time.perf_counter()
   result = run()
   wall_s = time.perf_counter() - start
   host_after = host_cpu_s()
-  process_cpu_s = children_cpu_s() - cpu_before
+  process_cpu_s = cpu_s() - cpu_before
   return result, {
       "process_wall_s": wall_s, "process_cpu_s": process_cpu_s,
-      "process_minor_faults": children_minor_faults() - faults_before,
+      "process_minor_faults": minor_faults() - faults_before,
       "foreign_cpu_s": max(0.0, host_after["busy"] - host_before["busy"]
                            - process_cpu_s),
       "steal_s": host_after["steal"] - host_before["steal"]}
+
+
+def measure_in_this_process(run: Callable[[], T]) -> Tuple[T, dict]:
+  """`_measured` for work that runs in this process (and children it
+  reaps before returning, such as a loader's workers): the same costs
+  under the same names, as if `run` had been a process of its own."""
+  return _measured(run, cpu_s=own_cpu_s, minor_faults=own_minor_faults)
 
 
 def run_process(args: Sequence[str], timeout_s: float = PROCESS_TIMEOUT_S

@@ -35,7 +35,6 @@ Usage:
 import dataclasses
 import json
 import os
-import resource
 import sys
 import tempfile
 import time
@@ -115,14 +114,15 @@ def interleaved_order(sides: Sequence[Hashable], repeat: int) -> list:
 
 
 def _self_tree_cpu_s() -> float:
-  """CPU time of this process and of its children that have been waited for.
+  """CPU time of this process and of its children, those waited for and
+  those still running.
 
-  Benchmarks run their trainers one at a time and wait for each, so at the
-  two points where this is read every child's time is counted.
+  Benchmarks run their trainers one at a time and wait for each; a side
+  process that serves every repeat (`in_process_sides`) is still running
+  at both points where this is read, and is counted live, so that its
+  work is not taken for another user's.
   """
-  own = resource.getrusage(resource.RUSAGE_SELF)
-  children = resource.getrusage(resource.RUSAGE_CHILDREN)
-  return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+  return common.own_cpu_s() + common.live_children_cpu_s()
 
 
 def host_snapshot() -> dict:

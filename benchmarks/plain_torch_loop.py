@@ -126,38 +126,48 @@ def _describe_ms(durations_s) -> dict:
           "mean_ms": 1e3 * statistics.fmean(durations_s)}
 
 
-def main(argv):
-  del argv
-  if not _RESULT_JSON.value:
-    tfo_flags.exit_with_usage_error("--result_json is required")
-  config = tfo_flags.to_config(tfo_flags.FLAGS)
-  if config.distribute.strategy not in ("default", "one_device"):
-    tfo_flags.exit_with_usage_error(
-        f"--strategy={config.distribute.strategy}: the plain loop runs in "
-        "one process; allowed: default, one_device")
-  if config.model.precision not in PRECISIONS:
-    tfo_flags.exit_with_usage_error(
-        f"--precision={config.model.precision}: the plain loop has no loss "
-        f"scaling; allowed: {', '.join(PRECISIONS)}")
-  logging.set_verbosity(logging.WARNING)
+def check_supported(config) -> None:
+  """What the plain loop cannot do, beside what the trainer refuses.
 
+  Raises:
+    ConfigError: a multi-process strategy, or a precision that needs loss
+      scaling.
+  """
+  if config.distribute.strategy not in ("default", "one_device"):
+    raise ConfigError("strategy", config.distribute.strategy,
+                      "the plain loop runs in one process; allowed: "
+                      "default, one_device")
+  if config.model.precision not in PRECISIONS:
+    raise ConfigError("precision", config.model.precision,
+                      "the plain loop has no loss scaling; allowed: "
+                      f"{', '.join(PRECISIONS)}")
+
+
+def run(config) -> dict:
+  """Trains as configured, the plain way; returns the timings that main
+  writes as --result_json. Callable again in the same process (the
+  thread pools are set as the trainer sets them, `configure_host`).
+
+  Raises:
+    ConfigError: what `check_supported` or the trainer refuses of the
+      configuration, the user's model or data.
+  """
   # pylint: disable=g-import-not-at-top
   import torch
   from overlap_core.runtime.ledger import default_warmup_steps
-  from torch_parity import data, models, steps
+  from torch_parity import data, distribute, models, steps
   # pylint: enable=g-import-not-at-top
 
-  if config.run.intra_op_threads:
-    torch.set_num_threads(config.run.intra_op_threads)
-  if config.run.inter_op_threads:
-    torch.set_num_interop_threads(config.run.inter_op_threads)
+  check_supported(config)
+  total_steps = config.run.train_steps
+  warmup_steps = default_warmup_steps(total_steps)
+  if total_steps - warmup_steps < 1:
+    raise ConfigError("train_steps", total_steps, "allowed: at least 2")
+  distribute.configure_host(config.run)
   torch.manual_seed(config.run.seed)
   device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-  try:
-    info = data.describe(config.data)
-    model, spec = build_model(config, info)
-  except ConfigError as e:
-    tfo_flags.exit_with_config_error(e)
+  info = data.describe(config.data)
+  model, spec = build_model(config, info)
   model = model.to(device)
   optimizer = build_optimizer(config.model.optimizer,
                               config.model.learning_rate, model.parameters())
@@ -172,12 +182,6 @@ def main(argv):
     batches = iter(data.make_loader(
         config.data, split="train", task=spec.task, seed=config.run.seed,
         upscale=spec.upscale))
-
-  total_steps = config.run.train_steps
-  warmup_steps = default_warmup_steps(total_steps)
-  if total_steps - warmup_steps < 1:
-    tfo_flags.exit_with_usage_error(
-        f"--train_steps={total_steps}: allowed: at least 2")
 
   ends_s = [time.perf_counter()]
   waits_s = []
@@ -198,11 +202,14 @@ def main(argv):
     torch.cuda.synchronize(device)
     ends_s[-1] = time.perf_counter()
   final_loss = float(loss.detach())
+  # The loader's workers end here, not whenever the iterator is collected:
+  # a caller that runs again in this process gets its cores back.
+  del batches
 
   steps_s = [b - a for a, b in zip(ends_s, ends_s[1:])][warmup_steps:]
   waits_s = waits_s[warmup_steps:]
   batch = config.data.batch_size
-  result = {
+  return {
       "samples_per_second": batch * len(steps_s) / sum(steps_s),
       "step": _describe_ms(steps_s),
       # Named as the trainer's run.json names its phases, so that a driver
@@ -219,12 +226,24 @@ def main(argv):
       "torch_threads": {"intra_op": torch.get_num_threads(),
                         "inter_op": torch.get_num_interop_threads()},
   }
+
+
+def main(argv):
+  del argv
+  if not _RESULT_JSON.value:
+    tfo_flags.exit_with_usage_error("--result_json is required")
+  config = tfo_flags.to_config(tfo_flags.FLAGS)
+  logging.set_verbosity(logging.WARNING)
+  try:
+    result = run(config)
+  except ConfigError as e:
+    tfo_flags.exit_with_config_error(e)
   # Written as the trainers write run.json, so that the drivers read both
   # sides' results the same way.
   run_record.write_json_atomically(_RESULT_JSON.value, result)
   print(f"plain torch loop: {result['samples_per_second']:.1f} samples/s "
         f"(step p50 {result['step']['p50_ms']:.3f} ms over "
-        f"{len(steps_s)} steps)")
+        f"{result['measured_steps']} steps)")
 
 
 if __name__ == "__main__":

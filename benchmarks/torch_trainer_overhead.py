@@ -5,7 +5,7 @@
 
 The PyTorch counterpart of `benchmarks.trainer_overhead`. Two sides train
 the same model on the same input with the same optimizer for the same
-steps, each in its own process:
+steps:
 
   plain_loop    benchmarks.plain_torch_loop: next, zero_grad, forward,
                 loss, backward, step; a clock read after every step
@@ -32,15 +32,21 @@ difference, the trainer's `other`, and the rest: the step's own work
 (forward, backward, update, and the span's clock reads).
 
 Each repeat runs both sides of every preset, through `harness`: the
-(preset, side) cell that goes first rotates from repeat to repeat. Any
-further --flag=value goes to both sides.
+(preset, side) cell that goes first rotates from repeat to repeat. With
+--sides_in=one_process (the default) every run of a preset's two sides
+happens in one process that serves them (`benchmarks.in_process_sides`):
+separate processes differ in speed by themselves, on a 2-core host by
+more than the target. --sides_in=processes starts each run as a process
+of its own, as a user does. Any further --flag=value goes to both sides.
 """
 
 import functools
 import os
+from typing import Optional
 
 from benchmarks import common
 from benchmarks import harness
+from benchmarks import in_process_sides
 
 NAME = "torch_trainer_overhead"
 TARGET_MAX_OVERHEAD_FRAC = 0.02
@@ -64,6 +70,7 @@ def parse_args():
                       help="Steps per run for every preset (default: the "
                       "preset's own; its first tenth, at most 10, is "
                       "warm-up).")
+  add_sides_arg(parser)
   return common.parse_with_trainer_flags(parser)
 
 
@@ -76,7 +83,30 @@ def build_configs(args, passthrough) -> dict:
   return configs
 
 
-def run_side(side: str, flags: list, scratch: str) -> dict:
+# Where the sides run: every repeat of both in one process that serves
+# them (`benchmarks.in_process_sides`), or each run in a process of its own.
+ONE_PROCESS = "one_process"
+PROCESSES = "processes"
+SIDE_PROCESSES = (ONE_PROCESS, PROCESSES)
+
+
+def add_sides_arg(parser) -> None:
+  parser.add_argument(
+      "--sides_in", choices=SIDE_PROCESSES, default=ONE_PROCESS,
+      help="one_process: every run of both sides in one process per preset, "
+      "so that a process's own speed, which differs from process to process "
+      "by more than the target, is the same on both sides "
+      "(benchmarks.in_process_sides); processes: each run in its own "
+      "process, as a user starts one.")
+
+
+def run_side(side: str, flags: list, scratch: str,
+             processes: Optional[in_process_sides.SideProcesses] = None
+             ) -> dict:
+  """One run of one side: in `processes` where given, else in a process
+  of its own."""
+  if processes is not None:
+    return processes.run(flags, side, os.path.join(scratch, "model_dir"))
   if side == "plain_loop":
     result_json = os.path.join(scratch, "plain.json")
     result, process = common.run_process_json(
@@ -196,19 +226,21 @@ def measure(args, passthrough, repeats: int, scratch_root: str
             ) -> harness.Measured:
   configs = build_configs(args, passthrough)
 
-  def run_config_side(name, side, scratch):
-    config = configs[name]
-    return run_side(
-        side, [*config["flags"], f"--train_steps={config['train_steps']}"],
-        scratch)
-
   def describe(result):
     return (f"step p50 {result['step']['p50_ms']:.2f} ms, "
             f"{result['samples_per_second']:.1f} samples/s")
 
-  return harness.measure_config_sides(
-      configs, repeats, scratch_root, sides_of=lambda name: SIDES,
-      run_side=run_config_side, describe=describe, redo_busy=args.redo_busy)
+  with in_process_sides.SideProcesses(scratch_root) as processes:
+    def run_config_side(name, side, scratch):
+      config = configs[name]
+      return run_side(
+          side, [*config["flags"], f"--train_steps={config['train_steps']}"],
+          scratch, processes if args.sides_in == ONE_PROCESS else None)
+
+    return harness.measure_config_sides(
+        configs, repeats, scratch_root, sides_of=lambda name: SIDES,
+        run_side=run_config_side, describe=describe,
+        redo_busy=args.redo_busy, sides_in=args.sides_in)
 
 
 def main():

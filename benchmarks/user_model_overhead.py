@@ -21,9 +21,13 @@ the trainers' own loading code:
                     `benchmarks.torch_trainer_overhead`: the steady-state
                     step p50
 
-Each side is its own process, with the quiet trainer flags
-(`common.QUIET_TRAINER_FLAGS`); one process, the default strategy, on every
-side (the plain baselines have no multi-process path). Every cell (example,
+Every side trains with the quiet trainer flags
+(`common.QUIET_TRAINER_FLAGS`) and the default strategy (the plain
+baselines have no multi-process path). Each Keras run is a process of its
+own; the PyTorch sides run every repeat in one process that serves them
+(`benchmarks.in_process_sides`, `--sides_in`), so that a process's own
+speed, which differs from process to process by more than the target, is
+the same on both. Every cell (example,
 side) runs once per repeat, the first cell rotating from repeat to repeat
 (`benchmarks.harness`), so each example's sides run within a minute of each
 other. The target is at most 2% more time per step than the plain side:
@@ -35,9 +39,11 @@ Any further --flag=value goes to every side of both examples, e.g.
 """
 
 import functools
+from typing import Optional
 
 from benchmarks import common
 from benchmarks import harness
+from benchmarks import in_process_sides
 from benchmarks import torch_trainer_overhead
 from benchmarks import trainer_overhead
 
@@ -82,6 +88,7 @@ def parse_args():
                       help="Steps per run for every example (default: the "
                       "example's own; its first tenth, at most 10, is "
                       "warm-up).")
+  torch_trainer_overhead.add_sides_arg(parser)
   args, passthrough = common.parse_with_trainer_flags(parser)
   names = [e for e in args.examples.split(",") if e]
   unknown = [e for e in names if e not in EXAMPLES]
@@ -107,15 +114,18 @@ def build_configs(args, passthrough) -> dict:
   return configs
 
 
-def run_side(config: dict, side: str, scratch: str) -> dict:
-  """One side of one example, by its framework's own driver."""
+def run_side(config: dict, side: str, scratch: str,
+             processes: Optional[in_process_sides.SideProcesses] = None
+             ) -> dict:
+  """One side of one example, by its framework's own driver; the PyTorch
+  sides in `processes` where given (`torch_trainer_overhead.run_side`)."""
   if config["framework"] == "tensorflow":
     # jit_compile=auto: what plain Keras does by default (no XLA on a CPU).
     return trainer_overhead.run_side(side, config["flags"],
                                      config["train_steps"], scratch, "auto")
   return torch_trainer_overhead.run_side(
       side, [*config["flags"], f"--train_steps={config['train_steps']}"],
-      scratch)
+      scratch, processes)
 
 
 def comparisons(framework: str, summary: dict) -> list:
@@ -175,14 +185,17 @@ def format_summary(payload: dict) -> str:
 def measure(args, passthrough, repeats: int, scratch_root: str
             ) -> harness.Measured:
   configs = build_configs(args, passthrough)
-  return harness.measure_config_sides(
-      configs, repeats, scratch_root,
-      sides_of=lambda name: configs[name]["sides"],
-      run_side=lambda name, side, scratch: run_side(configs[name], side,
-                                                    scratch),
-      describe=lambda result: f"{result['samples_per_second']:.1f} samples/s",
-      redo_busy=args.redo_busy,
-      target_max_overhead_frac=TARGET_MAX_OVERHEAD_FRAC)
+  one_process = args.sides_in == torch_trainer_overhead.ONE_PROCESS
+  with in_process_sides.SideProcesses(scratch_root) as processes:
+    return harness.measure_config_sides(
+        configs, repeats, scratch_root,
+        sides_of=lambda name: configs[name]["sides"],
+        run_side=lambda name, side, scratch: run_side(
+            configs[name], side, scratch, processes if one_process else None),
+        describe=lambda result: (
+            f"{result['samples_per_second']:.1f} samples/s"),
+        redo_busy=args.redo_busy, sides_in=args.sides_in,
+        target_max_overhead_frac=TARGET_MAX_OVERHEAD_FRAC)
 
 
 def main():

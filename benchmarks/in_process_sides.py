@@ -1,0 +1,218 @@
+"""The PyTorch sides of an overhead comparison, run in one process.
+
+  sides = InProcessSides(trainer_flags, log_path)
+  result = sides.run("plain_loop", run_dir)    # or "torch_parity"
+  sides.close()
+
+Two processes started from one command line differ by themselves: on a
+2-core host one runs the same steps a few percent faster or slower than
+the next (where its memory lands, which core its threads take), more than
+the 2% the trainer is allowed. Paired runs in separate processes carry
+that difference into every ratio. Here one long-lived process (this
+module, run as `python -m benchmarks.in_process_sides <trainer flags>`)
+runs every repeat of both sides, one after the other, as the harness
+orders them, so that what the process brings is the same on both sides:
+
+  plain_loop    `benchmarks.plain_torch_loop.run`
+  torch_parity  `torch_parity.trainer.train`, with the quiet flags, in a
+                new model directory each time; its run.json read as
+                `common.summarize_record` reads a trainer process's
+
+The process sets what the trainer's entry point sets once per process
+before the sides run: the host allocator policy (so the plain loop runs
+under the trainer's allocator too) and the thread pools. Each side builds
+its own model, optimizer and loader, and ends its loader's workers before
+the next starts. One process means one strategy that needs no launcher:
+`default` or `one_device`, as the plain loop allows.
+
+Each result carries the process's costs over that side, as a side run in
+its own process has them (`common.measure_in_this_process`). The protocol
+is one JSON line each way: {"side", "run_dir"} in, {"result"} or
+{"error"} out, on a descriptor of its own; whatever the sides print goes
+to the log.
+"""
+
+import dataclasses
+import json
+import os
+import select
+import subprocess
+import sys
+from typing import Optional, Sequence
+
+from benchmarks import common
+
+SIDES = ("plain_loop", "torch_parity")
+_STDERR_TAIL_CHARS = 3000
+
+
+class InProcessSides:
+  """A client of one side process, started on the first `run`.
+
+  Args:
+    trainer_flags: the flags both sides train with (the quiet flags are
+      added first, as `common.run_trainer` adds them).
+    log_path: the process's stderr, and what the sides print.
+    timeout_s: the longest one side may take.
+  """
+
+  def __init__(self, trainer_flags: Sequence[str], log_path: str, *,
+               timeout_s: float = common.PROCESS_TIMEOUT_S):
+    self._args = [*common.QUIET_TRAINER_FLAGS, *trainer_flags]
+    self._log_path = log_path
+    self._timeout_s = timeout_s
+    self._process: Optional[subprocess.Popen] = None
+    self._log = None
+
+  def _start(self) -> subprocess.Popen:
+    self._log = open(self._log_path, "w", encoding="utf-8")
+    self._process = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.in_process_sides", *self._args],
+        cwd=common.REPO_ROOT, env=common.subprocess_env(),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+        text=True)
+    return self._process
+
+  def _failure(self, what: str) -> common.BenchmarkError:
+    self._log.flush()
+    with open(self._log_path, encoding="utf-8", errors="replace") as f:
+      tail = f.read()[-_STDERR_TAIL_CHARS:]
+    return common.BenchmarkError(
+        f"{what}: benchmarks.in_process_sides {' '.join(self._args)}\n{tail}")
+
+  def run(self, side: str, run_dir: str) -> dict:
+    """One run of `side` in the side process; its result.
+
+    Raises:
+      ValueError: a side not in SIDES.
+      common.BenchmarkError: the side failed or was refused, the process
+        died, or it took longer than the timeout (the process is then
+        ended).
+    """
+    if side not in SIDES:
+      raise ValueError(f"side: got {side!r}; allowed: {', '.join(SIDES)}")
+    process = self._process or self._start()
+    process.stdin.write(json.dumps({"side": side, "run_dir": run_dir}) + "\n")
+    process.stdin.flush()
+    ready, _, _ = select.select([process.stdout], [], [], self._timeout_s)
+    if not ready:
+      self.close()
+      raise self._failure(f"{side} timed out after {self._timeout_s:.0f}s")
+    line = process.stdout.readline()
+    if not line:
+      process.wait()
+      raise self._failure(f"{side}: the side process exited "
+                          f"{process.returncode}")
+    reply = json.loads(line)
+    if "error" in reply:
+      raise self._failure(f"{side}: {reply['error']}")
+    return reply["result"]
+
+  def close(self) -> None:
+    """Ends the side process (closing its input lets it return)."""
+    if self._process is None:
+      return
+    try:
+      self._process.stdin.close()
+      self._process.wait(timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+      self._process.kill()
+      self._process.wait()
+    self._process = None
+    self._log.close()
+
+  def __enter__(self) -> "InProcessSides":
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
+
+
+class SideProcesses:
+  """One `InProcessSides` per set of trainer flags, for a driver whose
+  presets train with different flags; closes them all on exit.
+
+    with SideProcesses(scratch_root) as processes:
+      result = processes.run(flags, "plain_loop", run_dir)
+  """
+
+  def __init__(self, scratch_root: str):
+    self._scratch_root = scratch_root
+    self._by_flags = {}
+
+  def run(self, trainer_flags: Sequence[str], side: str, run_dir: str
+          ) -> dict:
+    key = tuple(trainer_flags)
+    if key not in self._by_flags:
+      log_path = os.path.join(self._scratch_root,
+                              f"side-process-{len(self._by_flags)}.log")
+      self._by_flags[key] = InProcessSides(trainer_flags, log_path)
+    return self._by_flags[key].run(side, run_dir)
+
+  def __enter__(self) -> "SideProcesses":
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    for sides in self._by_flags.values():
+      sides.close()
+
+
+def _run_side(side: str, config) -> dict:
+  # pylint: disable=g-import-not-at-top
+  from benchmarks import plain_torch_loop
+  from torch_parity import trainer
+  # pylint: enable=g-import-not-at-top
+  if side == "plain_loop":
+    return plain_torch_loop.run(config)
+  return common.summarize_record(trainer.train(config))
+
+
+def _serve(config, requests, reply) -> None:
+  """Runs each requested side on `config` and answers on `reply`."""
+  for line in requests:
+    request = json.loads(line)
+    side_config = dataclasses.replace(config, run=dataclasses.replace(
+        config.run, model_dir=request["run_dir"]))
+    try:
+      result, costs = common.measure_in_this_process(
+          lambda: _run_side(request["side"], side_config))
+      answer = {"result": {**result, **costs}}
+    except Exception as e:  # pylint: disable=broad-except
+      # The client fails the benchmark with this line and the log's tail.
+      answer = {"error": f"{type(e).__name__}: {e}"}
+    reply.write(json.dumps(answer) + "\n")
+    reply.flush()
+
+
+def main(argv):
+  del argv
+  # pylint: disable=g-import-not-at-top
+  import flags as tfo_flags
+  from absl import logging
+  from benchmarks import plain_torch_loop
+  from overlap_core.runtime import host_allocator
+  # pylint: enable=g-import-not-at-top
+  config = tfo_flags.to_config(tfo_flags.FLAGS)
+  logging.set_verbosity(logging.WARNING)
+  try:
+    plain_torch_loop.check_supported(config)
+  except ValueError as e:
+    tfo_flags.exit_with_usage_error(str(e))
+  # What the trainer's entry point does once per process, before torch
+  # is imported (`flags.entry_point.run_trainer`).
+  host_allocator.apply(config.run.host_allocator)
+  # Answers go out on a copy of stdout; stdout itself becomes stderr, so
+  # that nothing a side prints can break a reply line.
+  reply = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+  sys.stdout.flush()
+  os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+  _serve(config, sys.stdin, reply)
+
+
+if __name__ == "__main__":
+  # pylint: disable=g-import-not-at-top
+  from absl import app
+  import flags as tfo_flags
+  # The plain loop's module defines the trainer's flags and its own.
+  from benchmarks import plain_torch_loop  # pylint: disable=unused-import
+  app.run(main, argv=sys.argv, flags_parser=tfo_flags.parse_or_exit)
