@@ -176,7 +176,9 @@ def _serve(config, requests, reply) -> None:
     try:
       result, costs = common.measure_in_this_process(
           lambda: _run_side(request["side"], side_config))
-      answer = {"result": {**result, **costs}}
+      # The pid says, in the results file, which runs shared a process.
+      answer = {"result": {**result, **costs,
+                           "side_process_pid": os.getpid()}}
     except Exception as e:  # pylint: disable=broad-except
       # The client fails the benchmark with this line and the log's tail.
       answer = {"error": f"{type(e).__name__}: {e}"}

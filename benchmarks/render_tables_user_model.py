@@ -3,8 +3,10 @@ examples' own models (section 18).
 
 Registered into `render_tables.TABLES` on import, like the tables there.
 Every figure is read from `benchmarks/results/user_model_overhead.json`,
-which `python -m benchmarks.user_model_overhead` writes. Until that file
-exists the block says so and how to make it, instead of failing the render.
+which `python -m benchmarks.user_model_overhead` writes, or, for the
+PyTorch example with its sides in one process, from
+`user_model_overhead_torch_one_process.json`. Until a file exists its
+block says so and how to make it, instead of failing the render.
 """
 
 from benchmarks import harness
@@ -18,10 +20,30 @@ NOT_YET_RUN = (
     "`python -m benchmarks.render` then fills this table.")
 
 
+# The PyTorch example rerun with every repeat of both sides in one
+# process (`--sides_in=one_process`), apart from the full run's file.
+TORCH_ONE_PROCESS = f"{user_model_overhead.NAME}_torch_one_process"
+
+
 @table("user_model_overhead")
 def user_model_overhead_table() -> str:
+  return _overhead_tables(user_model_overhead.NAME)
+
+
+@table(TORCH_ONE_PROCESS)
+def user_model_overhead_torch_one_process_table() -> str:
+  return _overhead_tables(TORCH_ONE_PROCESS)
+
+
+def _sides_in(data: dict) -> str:
+  """Where the PyTorch sides ran; runs before the option, each in a
+  process of its own."""
+  return data.get("sides_in", "processes").replace("_", " ")
+
+
+def _overhead_tables(results_name: str) -> str:
   try:
-    data = load(user_model_overhead.NAME)
+    data = load(results_name)
   except MissingResults:
     return NOT_YET_RUN
   rows = []
@@ -41,7 +63,8 @@ def user_model_overhead_table() -> str:
              f"{data['machine']['cpu_count']} cores, load average at start "
              f"{f'{load_at_start[0]:.2f}' if load_at_start else DASH}; host "
              f"busy (harness rules): "
-             f"{DASH if busy is None else ('yes' if busy else 'no')}.")
+             f"{DASH if busy is None else ('yes' if busy else 'no')}; "
+             f"PyTorch sides run in: {_sides_in(data)}.")
   return caption + "\n\n" + markdown(
       ["example", "framework", "steps per run", "sides (trainer / plain)",
        "measured", "plain", "trainer", "time ratio of medians",

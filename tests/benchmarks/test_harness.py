@@ -327,3 +327,38 @@ def test_resummarize_rewrites_only_the_summary_and_runs_nothing(tmp_path,
   assert json.loads(path.read_text()) == {
       "runs": [{}, {}, {}], "summary": {"num_runs": 3}, "repeats": 3}
   assert capsys.readouterr().out == "3\n"
+
+
+# A child that burns this much CPU, then waits to be told to exit.
+_SPIN_CPU_S = 0.3
+_SPINNER = f"""
+import sys, time
+while time.process_time() < {_SPIN_CPU_S}:
+  pass
+print("spun", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_live_child_counts_as_this_process_tree_not_as_foreign_cpu():
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  before = harness.host_snapshot()
+  child = subprocess.Popen([sys.executable, "-c", _SPINNER],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           text=True)
+  try:
+    # Read once the child says it spent its CPU, still running.
+    assert child.stdout.readline() == "spun\n"
+    live_s = common.live_children_cpu_s()
+    after = harness.host_snapshot()
+  finally:
+    child.stdin.close()
+    child.wait(timeout=60)
+  # /proc counts whole 10 ms ticks of user and of system time, each read
+  # rounding down, and the kernel charges ticks by sampling: a few ticks
+  # below what the child's own clock read, never more than its interpreter
+  # start-up above it (well under a second of CPU).
+  assert _SPIN_CPU_S - 0.05 <= live_s < _SPIN_CPU_S + 1.0
+  assert (after["self_tree_cpu_s"] - before["self_tree_cpu_s"]
+          >= _SPIN_CPU_S - 0.05)
