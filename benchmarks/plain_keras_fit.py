@@ -59,6 +59,7 @@ from absl import logging
 import flags as tfo_flags
 from overlap_core.runtime import run_record
 from overlap_core.runtime.config import ConfigError
+from overlap_core.runtime.ledger import default_warmup_steps
 
 tfo_flags.define_flags()
 _RESULT_JSON = absl_flags.DEFINE_string(
@@ -83,8 +84,10 @@ def configure_devices(strategy: str, num_devices: int, intra_op: int,
     # A CPU-only host has one CPU device; MirroredStrategy needs one device
     # per replica, so the CPU is split into logical devices.
     cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
+    # Once per process: TensorFlow refuses a second split once it runs.
+    if tf.config.get_logical_device_configuration(cpu) is None:
+      tf.config.set_logical_device_configuration(
+          cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
 
 
 def build_strategy(name: str, num_devices: int):
@@ -98,9 +101,9 @@ def build_strategy(name: str, num_devices: int):
     kind = "gpu" if gpus else "cpu"
     return tf.distribute.MirroredStrategy(
         [f"/{kind}:{i}" for i in range(num_devices)])
-  tfo_flags.exit_with_usage_error(
-      f"--strategy={name}: the plain Keras baseline runs in one process; "
-      "allowed: default, one_device, mirrored")
+  raise ConfigError("strategy", name,
+                    "the plain Keras baseline runs in one process; allowed: "
+                    "default, one_device, mirrored")
 
 
 def build_optimizer(name: str, learning_rate: float):
@@ -151,16 +154,30 @@ def build_loss(task: str):
   return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def main(argv):
-  del argv
-  if not _RESULT_JSON.value:
-    tfo_flags.exit_with_usage_error("--result_json is required")
-  config = tfo_flags.to_config(tfo_flags.FLAGS)
+JIT_COMPILE = {"auto": "auto", "true": True, "false": False}
+
+
+def run(config, jit_compile: str = "auto") -> dict:
+  """Trains as configured with plain `model.fit`; returns the timings that
+  main writes as --result_json. Callable again in the same process with
+  the same thread and device settings (TensorFlow keeps them once set).
+
+  Args:
+    jit_compile: model.compile's, as --jit_compile takes it.
+
+  Raises:
+    ConfigError: what the baseline or the trainer refuses of the
+      configuration, the user's model or data.
+  """
   if config.data.data_service:
-    tfo_flags.exit_with_usage_error(
-        "--data_service: the plain Keras baseline has no data service; "
-        "allowed: empty")
-  logging.set_verbosity(logging.WARNING)
+    raise ConfigError("data_service", config.data.data_service,
+                      "the plain Keras baseline has no data service; "
+                      "allowed: empty")
+  total_steps = config.run.train_steps
+  warmup_steps = default_warmup_steps(total_steps)
+  measured_steps = total_steps - warmup_steps
+  if measured_steps < 1:
+    raise ConfigError("train_steps", total_steps, "allowed: at least 2")
   configure_devices(config.distribute.strategy, config.distribute.num_devices,
                     config.run.intra_op_threads, config.run.inter_op_threads)
 
@@ -168,25 +185,19 @@ def main(argv):
   import keras
   import tensorflow as tf
   from tfoverlap import data, models
-  from overlap_core.runtime.ledger import default_warmup_steps
   # pylint: enable=g-import-not-at-top
 
   keras.utils.set_random_seed(config.run.seed)
   strategy = build_strategy(config.distribute.strategy,
                             config.distribute.num_devices)
-  try:
-    info = data.describe(config.data)
-    keras.mixed_precision.set_global_policy(config.model.precision)
-    model, spec = build_model(config, info, strategy)
-  except ConfigError as e:
-    tfo_flags.exit_with_config_error(e)
+  info = data.describe(config.data)
+  keras.mixed_precision.set_global_policy(config.model.precision)
+  model, spec = build_model(config, info, strategy)
   with strategy.scope():
     model.compile(
         optimizer=build_optimizer(config.model.optimizer,
                                   config.model.learning_rate),
-        loss=build_loss(spec.task),
-        jit_compile={"auto": "auto", "true": True,
-                     "false": False}[_JIT_COMPILE.value])
+        loss=build_loss(spec.task), jit_compile=JIT_COMPILE[jit_compile])
 
   data_cfg = config.data
   if data_cfg.synthetic_on_device:
@@ -205,13 +216,6 @@ def main(argv):
                                   seed=config.run.seed, upscale=spec.upscale)
   dataset = data.distribute_input(strategy, input_fn, data_cfg)
 
-  total_steps = config.run.train_steps
-  warmup_steps = default_warmup_steps(total_steps)
-  measured_steps = total_steps - warmup_steps
-  if measured_steps < 1:
-    tfo_flags.exit_with_usage_error(
-        f"--train_steps={total_steps}: allowed: at least 2")
-
   def timed_fit(num_steps: int):
     start = time.perf_counter()
     history = model.fit(dataset, epochs=1, steps_per_epoch=num_steps,
@@ -226,7 +230,7 @@ def main(argv):
   long_fit_s, loss = timed_fit(warmup_steps + measured_steps)
   marginal_step_s = (long_fit_s - short_fit_s) / measured_steps
   batch = config.data.batch_size
-  result = {
+  return {
       "samples_per_second": batch / marginal_step_s,
       "marginal_step_ms": 1e3 * marginal_step_s,
       # The same run timed the naive way, fixed costs included, for contrast.
@@ -244,12 +248,24 @@ def main(argv):
       "num_replicas": strategy.num_replicas_in_sync,
       "devices": [d.name for d in tf.config.list_logical_devices()],
   }
+
+
+def main(argv):
+  del argv
+  if not _RESULT_JSON.value:
+    tfo_flags.exit_with_usage_error("--result_json is required")
+  config = tfo_flags.to_config(tfo_flags.FLAGS)
+  logging.set_verbosity(logging.WARNING)
+  try:
+    result = run(config, _JIT_COMPILE.value)
+  except ConfigError as e:
+    tfo_flags.exit_with_config_error(e)
   # Written as the trainers write run.json, so that the drivers read both
   # sides' results the same way.
   run_record.write_json_atomically(_RESULT_JSON.value, result)
   print(f"plain keras fit: {result['samples_per_second']:.1f} samples/s "
         f"(marginal step {result['marginal_step_ms']:.3f} ms over "
-        f"{measured_steps} steps; whole fit "
+        f"{result['measured_steps']} steps; whole fit "
         f"{result['whole_fit_samples_per_second']:.1f} samples/s)")
 
 

@@ -36,7 +36,7 @@ def user_model_overhead_torch_one_process_table() -> str:
 
 
 def _sides_in(data: dict) -> str:
-  """Where the PyTorch sides ran; runs before the option, each in a
+  """Where the sides ran: runs from before --sides_in ran each in a
   process of its own."""
   return data.get("sides_in", "processes").replace("_", " ")
 
@@ -64,7 +64,7 @@ def _overhead_tables(results_name: str) -> str:
              f"{f'{load_at_start[0]:.2f}' if load_at_start else DASH}; host "
              f"busy (harness rules): "
              f"{DASH if busy is None else ('yes' if busy else 'no')}; "
-             f"PyTorch sides run in: {_sides_in(data)}.")
+             f"sides run in: {_sides_in(data)}.")
   return caption + "\n\n" + markdown(
       ["example", "framework", "steps per run", "sides (trainer / plain)",
        "measured", "plain", "trainer", "time ratio of medians",

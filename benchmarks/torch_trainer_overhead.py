@@ -70,7 +70,7 @@ def parse_args():
                       help="Steps per run for every preset (default: the "
                       "preset's own; its first tenth, at most 10, is "
                       "warm-up).")
-  add_sides_arg(parser)
+  in_process_sides.add_sides_in_arg(parser)
   return common.parse_with_trainer_flags(parser)
 
 
@@ -81,23 +81,6 @@ def build_configs(args, passthrough) -> dict:
     for config in configs.values():
       config["train_steps"] = args.train_steps
   return configs
-
-
-# Where the sides run: every repeat of both in one process that serves
-# them (`benchmarks.in_process_sides`), or each run in a process of its own.
-ONE_PROCESS = "one_process"
-PROCESSES = "processes"
-SIDE_PROCESSES = (ONE_PROCESS, PROCESSES)
-
-
-def add_sides_arg(parser) -> None:
-  parser.add_argument(
-      "--sides_in", choices=SIDE_PROCESSES, default=ONE_PROCESS,
-      help="one_process: every run of both sides in one process per preset, "
-      "so that a process's own speed, which differs from process to process "
-      "by more than the target, is the same on both sides "
-      "(benchmarks.in_process_sides); processes: each run in its own "
-      "process, as a user starts one.")
 
 
 def run_side(side: str, flags: list, scratch: str,
@@ -235,7 +218,8 @@ def measure(args, passthrough, repeats: int, scratch_root: str
       config = configs[name]
       return run_side(
           side, [*config["flags"], f"--train_steps={config['train_steps']}"],
-          scratch, processes if args.sides_in == ONE_PROCESS else None)
+          scratch, processes if args.sides_in == in_process_sides.ONE_PROCESS
+          else None)
 
     return harness.measure_config_sides(
         configs, repeats, scratch_root, sides_of=lambda name: SIDES,

@@ -4,7 +4,7 @@
   python -m benchmarks.trainer_overhead --quick    # smoke run
 
 Three sides train the same model on the same pipeline under the same
-strategy, each in its own process:
+strategy:
 
   plain_fit      benchmarks.plain_keras_fit: model.compile + model.fit, no
                  callbacks; steady-state throughput from the difference of
@@ -21,6 +21,12 @@ and the ratio of each side's best repeat (interference only slows runs, so
 the fastest repeat is the least disturbed). The 2% target is judged by
 `benchmarks.harness`: met or missed only when the interval of the median
 per-repeat ratio lies wholly on one side of 1.02, noisy otherwise.
+
+With --sides_in=one_process (the default) every run of a preset's sides
+happens in one process that serves them (`benchmarks.in_process_sides`):
+separate processes differ in speed by themselves, on a 2-core host by
+more than the target. --sides_in=processes starts each run as a process
+of its own, as a user does.
 
 With --model (and the other model/data flags) one custom configuration runs
 instead of the presets; any further --flag=value is passed to both the
@@ -39,9 +45,11 @@ by default; the trainer never does, so that ratio includes XLA's effect.)
 
 import functools
 import os
+from typing import Optional
 
 from benchmarks import common
 from benchmarks import harness
+from benchmarks import in_process_sides
 
 NAME = "trainer_overhead"
 TARGET_MAX_OVERHEAD_FRAC = 0.02
@@ -78,6 +86,7 @@ def parse_args():
                       "auto is what a plain Keras user gets (XLA on a GPU "
                       "with the default strategy; never on CPU); false "
                       "compiles as the trainer does.")
+  in_process_sides.add_sides_in_arg(parser)
   parser.add_argument("--sides", default=",".join(SIDES),
                       help="Comma-separated sides to run: " + ", ".join(SIDES))
   custom = parser.add_argument_group(
@@ -131,8 +140,16 @@ def build_configs(args, passthrough) -> dict:
 
 
 def run_side(side: str, flags: list, train_steps: int, scratch: str,
-             plain_jit_compile: str) -> dict:
+             plain_jit_compile: str,
+             processes: Optional[in_process_sides.SideProcesses] = None
+             ) -> dict:
+  """One run of one side: in `processes` where given, else in a process
+  of its own."""
   steps_flag = f"--train_steps={train_steps}"
+  if processes is not None:
+    return processes.run([*flags, steps_flag], side,
+                         os.path.join(scratch, "model_dir"),
+                         plain_jit_compile=plain_jit_compile)
   if side == "plain_fit":
     result_json = os.path.join(scratch, "plain.json")
     result, process = common.run_process_json(
@@ -225,26 +242,30 @@ def measure(args, passthrough, repeats: int, scratch_root: str
             ) -> harness.Measured:
   configs = build_configs(args, passthrough)
   runs, hosts = [], {}
-  for config_name, config in configs.items():
+  one_process = args.sides_in == in_process_sides.ONE_PROCESS
+  with in_process_sides.SideProcesses(scratch_root) as processes:
+    for config_name, config in configs.items():
 
-    def run_one(side, repeat, config_name=config_name, config=config):
-      scratch = common.make_run_dir(scratch_root,
-                                    f"{config_name}-{side}-{repeat}")
-      result = run_side(side, config["flags"], config["train_steps"],
-                        scratch, args.plain_jit_compile)
-      common.log(f"{config_name} repeat {repeat + 1}/{repeats} {side}: "
-                 f"{result['samples_per_second']:.1f} samples/s")
-      return {"config": config_name, "side": side, "repeat": repeat,
-              "result": result}
+      def run_one(side, repeat, config_name=config_name, config=config):
+        scratch = common.make_run_dir(scratch_root,
+                                      f"{config_name}-{side}-{repeat}")
+        result = run_side(side, config["flags"], config["train_steps"],
+                          scratch, args.plain_jit_compile,
+                          processes if one_process else None)
+        common.log(f"{config_name} repeat {repeat + 1}/{repeats} {side}: "
+                   f"{result['samples_per_second']:.1f} samples/s")
+        return {"config": config_name, "side": side, "repeat": repeat,
+                "result": result}
 
-    record = harness.run_interleaved(config["sides"], repeats, run_one,
-                                     redo_busy=args.redo_busy,
-                                     judge_start_load=not hosts)
-    runs.extend(record["runs"])
-    hosts[config_name] = record["host"]
+      record = harness.run_interleaved(config["sides"], repeats, run_one,
+                                       redo_busy=args.redo_busy,
+                                       judge_start_load=not hosts)
+      runs.extend(record["runs"])
+      hosts[config_name] = record["host"]
   return harness.Measured(
       fields={"configs": configs,
               "plain_jit_compile": args.plain_jit_compile,
+              "sides_in": args.sides_in,
               "quiet_trainer_flags": list(common.QUIET_TRAINER_FLAGS),
               "runs": runs},
       hosts=hosts, num_runs=len(runs))

@@ -23,11 +23,11 @@ the trainers' own loading code:
 
 Every side trains with the quiet trainer flags
 (`common.QUIET_TRAINER_FLAGS`) and the default strategy (the plain
-baselines have no multi-process path). Each Keras run is a process of its
-own; the PyTorch sides run every repeat in one process that serves them
-(`benchmarks.in_process_sides`, `--sides_in`), so that a process's own
-speed, which differs from process to process by more than the target, is
-the same on both. Every cell (example,
+baselines have no multi-process path). Each example's sides run every
+repeat in one process that serves them (`benchmarks.in_process_sides`;
+`--sides_in=processes` starts each run as a process of its own), so that
+a process's own speed, which differs from process to process by more
+than the target, is the same on every side. Every cell (example,
 side) runs once per repeat, the first cell rotating from repeat to repeat
 (`benchmarks.harness`), so each example's sides run within a minute of each
 other. The target is at most 2% more time per step than the plain side:
@@ -88,7 +88,7 @@ def parse_args():
                       help="Steps per run for every example (default: the "
                       "example's own; its first tenth, at most 10, is "
                       "warm-up).")
-  torch_trainer_overhead.add_sides_arg(parser)
+  in_process_sides.add_sides_in_arg(parser)
   args, passthrough = common.parse_with_trainer_flags(parser)
   names = [e for e in args.examples.split(",") if e]
   unknown = [e for e in names if e not in EXAMPLES]
@@ -117,12 +117,13 @@ def build_configs(args, passthrough) -> dict:
 def run_side(config: dict, side: str, scratch: str,
              processes: Optional[in_process_sides.SideProcesses] = None
              ) -> dict:
-  """One side of one example, by its framework's own driver; the PyTorch
-  sides in `processes` where given (`torch_trainer_overhead.run_side`)."""
+  """One side of one example, by its framework's own driver, in
+  `processes` where given."""
   if config["framework"] == "tensorflow":
     # jit_compile=auto: what plain Keras does by default (no XLA on a CPU).
     return trainer_overhead.run_side(side, config["flags"],
-                                     config["train_steps"], scratch, "auto")
+                                     config["train_steps"], scratch, "auto",
+                                     processes)
   return torch_trainer_overhead.run_side(
       side, [*config["flags"], f"--train_steps={config['train_steps']}"],
       scratch, processes)
@@ -185,7 +186,7 @@ def format_summary(payload: dict) -> str:
 def measure(args, passthrough, repeats: int, scratch_root: str
             ) -> harness.Measured:
   configs = build_configs(args, passthrough)
-  one_process = args.sides_in == torch_trainer_overhead.ONE_PROCESS
+  one_process = args.sides_in == in_process_sides.ONE_PROCESS
   with in_process_sides.SideProcesses(scratch_root) as processes:
     return harness.measure_config_sides(
         configs, repeats, scratch_root,
