@@ -66,21 +66,25 @@ COMPUTE_PARTS = pipeline_stats.PHASES + (OFFLOAD, EXPOSED_COMM,
 # persist). Comparisons still add them back, so the ideal's compute is
 # what it was before they were measured.
 APART_FROM_COMPUTE = (EXPOSED_COMM, CONTENTION)
-# The phases' CPU clocks are read on every step up to this one (every
-# step of a short run; the warm-up is at most 10) and on one step in
-# PHASE_CPU_EVERY_STEPS after it; a phase's CPU is the mean over the
-# steps that read it. Each read is a system call, eight a step for two
-# phases: on a 2-core host, a loop of empty phases spent 16 us a step in
-# the ledger reading them every step and 10 us sampling them (between
-# real steps, whose kernels leave the caches cold, the same work takes
-# longer). The step's own readings (the process tree, the training
-# thread) stay on every step.
+# The CPU clocks are read on every step up to this one (every step of a
+# short run; the warm-up is at most 10) and on one step in
+# PHASE_CPU_EVERY_STEPS after it. Each read is a system call, eight a step
+# for two phases: on a 2-core host, a loop of empty phases spent 16 us a
+# step in the ledger reading them every step and 10 us sampling them
+# (between real steps, whose kernels leave the caches cold, the same work
+# takes longer). A phase's CPU is the mean over the steps that read it.
+# The step's own CPU (the process tree, the training thread) is read on
+# the same steps, each read carrying the steps since the one before: the
+# process clock sums every thread's time, so its cost grows with the
+# threads, and in a profile of a 2.4 ms TensorFlow step (dozens of
+# threads) the one read a step was the ledger's largest cost.
 PHASE_CPU_EVERY_STEP_UNTIL = 16
 PHASE_CPU_EVERY_STEPS = 8
 
 
 def samples_phase_cpu(step_index: int) -> bool:
-  """Whether the step at this 0-based index reads its phases' CPU."""
+  """Whether the step at this 0-based index reads its phases' CPU, and
+  the step's own."""
   return (step_index < PHASE_CPU_EVERY_STEP_UNTIL
           or step_index % PHASE_CPU_EVERY_STEPS == 0)
 
@@ -118,13 +122,16 @@ class StepRecord(NamedTuple):
   end_s: float
   num_samples: int
   phases_s: Dict[str, float]
-  # CPU seconds: the process tree and the training thread over the step,
-  # and (process, thread) per phase timed with `phase()` where the step
-  # read them (`phase_cpu_sampled`; else {}).
+  # CPU seconds: the process tree and the training thread over the
+  # `cpu_steps` steps that end with this one and that its reading covers
+  # (0 and 0.0 on a step that read no CPU clock: the next reading carries
+  # it), and (process, thread) per phase timed with `phase()` where the
+  # step read them (`phase_cpu_sampled`; else {}).
   cpu_s: float
   thread_cpu_s: float
   phases_cpu_s: Dict[str, tuple]
   phase_cpu_sampled: bool = True
+  cpu_steps: int = 1
 
   @property
   def duration_s(self) -> float:
@@ -221,8 +228,10 @@ class StepLedger:
     self._cpu = cpu_clocks or CpuClocks()
     self._current_phases_cpu: Dict[str, tuple] = {}
     self._sampling_phase_cpu = samples_phase_cpu(0)
-    # CPU readings at the previous step's end (tree, thread).
+    # CPU readings at the last step's end that read them (tree, thread),
+    # and the steps closed since.
     self._previous_cpu = (self._cpu.tree(), self._cpu.thread())
+    self._steps_since_cpu_read = 0
     self._spans: List[Span] = []
     self._steps: List[StepRecord] = []
     self._current_step_start: Optional[float] = None
@@ -285,16 +294,25 @@ class StepLedger:
     """Closes the current step; its duration runs until now, or until
     `end_s` for a step timed as a share of a longer span."""
     end = self._clock() if end_s is None else end_s
-    cpu = (self._cpu.tree(), self._cpu.thread())
+    self._steps_since_cpu_read += 1
+    if self._sampling_phase_cpu:
+      cpu = (self._cpu.tree(), self._cpu.thread())
+      cpu_s = cpu[0] - self._previous_cpu[0]
+      thread_cpu_s = cpu[1] - self._previous_cpu[1]
+      cpu_steps, self._steps_since_cpu_read = self._steps_since_cpu_read, 0
+      self._previous_cpu = cpu
+    else:
+      cpu_s = thread_cpu_s = 0.0
+      cpu_steps = 0
     start = (self._current_step_start
              if self._current_step_start is not None else end)
     # The step's dicts go to its record as they are: new ones follow.
     record = StepRecord(step, start, end, num_samples,
-                        self._current_phases,
-                        cpu_s=cpu[0] - self._previous_cpu[0],
-                        thread_cpu_s=cpu[1] - self._previous_cpu[1],
+                        self._current_phases, cpu_s=cpu_s,
+                        thread_cpu_s=thread_cpu_s,
                         phases_cpu_s=self._current_phases_cpu,
-                        phase_cpu_sampled=self._sampling_phase_cpu)
+                        phase_cpu_sampled=self._sampling_phase_cpu,
+                        cpu_steps=cpu_steps)
     self._steps.append(record)
     self._spans.append(Span(STEP, step, start, end))
     self._current_step_start = None
@@ -302,7 +320,6 @@ class StepLedger:
     self._current_phases_cpu = {}
     self._sampling_phase_cpu = samples_phase_cpu(len(self._steps))
     self._previous_step_end = end
-    self._previous_cpu = cpu
     return record
 
   def relabel(self, seconds_by_index: Dict[int, float], source: str,
@@ -376,7 +393,6 @@ class StepLedger:
                                  if step_total else 0.0)
     phases[STEP] = describe_durations([r.duration_s for r in measured])
     phases[STEP]["fraction"] = 1.0
-    count = len(measured) or 1
     sampled = [r for r in measured if r.phase_cpu_sampled]
     for name in names:
       timed = [r.phases_cpu_s[name] for r in sampled
@@ -385,9 +401,14 @@ class StepLedger:
         phases[name]["cpu_mean"] = sum(p for p, _ in timed) / len(sampled)
         phases[name]["thread_cpu_mean"] = (sum(t for _, t in timed)
                                            / len(sampled))
-    phases[STEP]["cpu_mean"] = sum(r.cpu_s for r in measured) / count
+    # Each reading covers its `cpu_steps`: the mean is per step covered.
+    # The first measured step reads (the warm-up ends before the first
+    # step that does not), so the steps covered are the measured ones up
+    # to the last reading.
+    covered = sum(r.cpu_steps for r in measured) or 1
+    phases[STEP]["cpu_mean"] = sum(r.cpu_s for r in measured) / covered
     phases[STEP]["thread_cpu_mean"] = sum(
-        r.thread_cpu_s for r in measured) / count
+        r.thread_cpu_s for r in measured) / covered
     samples = sum(r.num_samples for r in measured)
     return {
         "warmup_steps": min(warmup_steps, len(self._steps)),

@@ -102,9 +102,9 @@ def test_cpu_time_is_kept_beside_wall_time_per_phase_and_step():
 
 
 def test_phase_cpu_is_read_on_the_sampled_steps_only():
-  """The phases' CPU clocks are read on the first steps and one in 8
-  after; a phase's CPU is its mean over the measured steps that read it.
-  The step's own CPU is read on every step."""
+  """The CPU clocks are read on the first steps and one in 8 after; a
+  phase's CPU is its mean over the measured steps that read it, and the
+  step's own reading carries the steps since the one before."""
   clock = FakeClock()
   made = {}  # the ledger, once made: each read notes the step it is in
   reads, tree_reads = [], []
@@ -134,20 +134,26 @@ def test_phase_cpu_is_read_on_the_sampled_steps_only():
   sampled = [i for i in range(num_steps) if ledger_lib.samples_phase_cpu(i)]
   assert sampled == list(range(16)) + [16, 24, 32]
   # Two phases, each read at both ends, by both clocks; the step's end
-  # reads the thread clock too.
+  # reads the thread clock too, and the tree's.
   expected = []
   for i in range(num_steps):
-    expected += [i] * (8 if i in sampled else 0) + [i]
+    expected += [i] * (9 if i in sampled else 0)
   assert reads == expected
-  assert tree_reads == list(range(num_steps))
+  assert tree_reads == sampled
   phases = ledger.summary(warmup_steps=10)["phases"]
   assert phases["data_wait"]["cpu_mean"] == pytest.approx(0.003)
   assert phases["data_wait"]["thread_cpu_mean"] == pytest.approx(0.003)
   assert phases["compute"]["cpu_mean"] == pytest.approx(0.010)
-  # The step's CPU is every measured step's: of the 30, the 9 that read
-  # (10 to 16, 24, 32) waited 3 ms.
+  # The step's CPU is that of the measured steps the readings cover, up
+  # to the last one (step index 32): 10 to 16 one each, then 8 each. Of
+  # those 23, the 9 that read (10 to 16, 24, 32) waited 3 ms.
   assert phases["step"]["cpu_mean"] == pytest.approx(
-      0.010 + (9 * 0.003 + 21 * 0.001) / 30)
+      0.010 + (9 * 0.003 + 14 * 0.001) / 23)
+  assert phases["step"]["thread_cpu_mean"] == pytest.approx(
+      phases["step"]["cpu_mean"])
+  covered = [r.cpu_steps for r in ledger.steps]
+  assert covered[:17] == [1] * 17 and covered[24] == covered[32] == 8
+  assert sum(covered) == 33 and not any(covered[33:])
 
 
 def test_time_between_steps_counts_as_other():
