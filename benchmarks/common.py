@@ -209,6 +209,36 @@ def run_process_json(args: Sequence[str], result_json: str,
     return json.load(f), process
 
 
+def run_plain_baseline(result_json: Optional[str],
+                       run: Callable[[object], dict]) -> dict:
+  """The main of a plain baseline (`plain_keras_fit`, `plain_torch_loop`):
+  the parsed trainer flags' config through `run`, whose result is written
+  to `result_json` as the trainers write run.json, so that the drivers
+  read both sides' results the same way. A refusal (`ConfigError`) exits
+  2 with its one line, as the trainers' does; a missing --result_json
+  too.
+
+  Returns:
+    What `run` returned.
+  """
+  # pylint: disable=g-import-not-at-top
+  from absl import logging
+  import flags as tfo_flags
+  from overlap_core.runtime import run_record
+  from overlap_core.runtime.config import ConfigError
+  # pylint: enable=g-import-not-at-top
+  if not result_json:
+    tfo_flags.exit_with_usage_error("--result_json is required")
+  config = tfo_flags.to_config(tfo_flags.FLAGS)
+  logging.set_verbosity(logging.WARNING)
+  try:
+    result = run(config)
+  except ConfigError as e:
+    tfo_flags.exit_with_config_error(e)
+  run_record.write_json_atomically(result_json, result)
+  return result
+
+
 def run_trainer_record(trainer_flags: Sequence[str], model_dir: str, *,
                        module: str = TRAINER_MODULES["tensorflow"],
                        launcher_flags: Optional[Sequence[str]] = None

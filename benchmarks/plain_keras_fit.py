@@ -48,16 +48,16 @@ batch of the pipeline, cached and repeated, staged on the device by
 """
 
 import dataclasses
+import functools
 import statistics
 import sys
 import time
 
 from absl import app
 from absl import flags as absl_flags
-from absl import logging
 
 import flags as tfo_flags
-from overlap_core.runtime import run_record
+from benchmarks import common
 from overlap_core.runtime.config import ConfigError
 from overlap_core.runtime.ledger import default_warmup_steps
 
@@ -252,17 +252,9 @@ def run(config, jit_compile: str = "auto") -> dict:
 
 def main(argv):
   del argv
-  if not _RESULT_JSON.value:
-    tfo_flags.exit_with_usage_error("--result_json is required")
-  config = tfo_flags.to_config(tfo_flags.FLAGS)
-  logging.set_verbosity(logging.WARNING)
-  try:
-    result = run(config, _JIT_COMPILE.value)
-  except ConfigError as e:
-    tfo_flags.exit_with_config_error(e)
-  # Written as the trainers write run.json, so that the drivers read both
-  # sides' results the same way.
-  run_record.write_json_atomically(_RESULT_JSON.value, result)
+  result = common.run_plain_baseline(
+      _RESULT_JSON.value,
+      functools.partial(run, jit_compile=_JIT_COMPILE.value))
   print(f"plain keras fit: {result['samples_per_second']:.1f} samples/s "
         f"(marginal step {result['marginal_step_ms']:.3f} ms over "
         f"{result['measured_steps']} steps; whole fit "

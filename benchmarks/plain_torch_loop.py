@@ -51,10 +51,9 @@ import time
 
 from absl import app
 from absl import flags as absl_flags
-from absl import logging
 
 import flags as tfo_flags
-from overlap_core.runtime import run_record
+from benchmarks import common
 from overlap_core.runtime.config import ConfigError
 
 tfo_flags.define_flags()
@@ -230,17 +229,7 @@ def run(config) -> dict:
 
 def main(argv):
   del argv
-  if not _RESULT_JSON.value:
-    tfo_flags.exit_with_usage_error("--result_json is required")
-  config = tfo_flags.to_config(tfo_flags.FLAGS)
-  logging.set_verbosity(logging.WARNING)
-  try:
-    result = run(config)
-  except ConfigError as e:
-    tfo_flags.exit_with_config_error(e)
-  # Written as the trainers write run.json, so that the drivers read both
-  # sides' results the same way.
-  run_record.write_json_atomically(_RESULT_JSON.value, result)
+  result = common.run_plain_baseline(_RESULT_JSON.value, run)
   print(f"plain torch loop: {result['samples_per_second']:.1f} samples/s "
         f"(step p50 {result['step']['p50_ms']:.3f} ms over "
         f"{result['measured_steps']} steps)")
