@@ -39,13 +39,14 @@ sides print goes to the log.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import select
 import subprocess
 import sys
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from benchmarks import common
 
@@ -189,6 +190,18 @@ class SideProcesses:
   def __exit__(self, *exc_info) -> None:
     for sides in self._by_flags.values():
       sides.close()
+
+
+@contextlib.contextmanager
+def open_side_processes(scratch_root: str, sides_in: str
+                        ) -> Iterator[Optional[SideProcesses]]:
+  """What a driver runs its sides in, as --sides_in says: `SideProcesses`
+  (closed on exit) for one_process, None for a process per run."""
+  if sides_in == PROCESSES:
+    yield None
+    return
+  with SideProcesses(scratch_root) as processes:
+    yield processes
 
 
 # The trainers' loops by side; the plain sides have none.

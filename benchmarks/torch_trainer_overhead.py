@@ -213,13 +213,13 @@ def measure(args, passthrough, repeats: int, scratch_root: str
     return (f"step p50 {result['step']['p50_ms']:.2f} ms, "
             f"{result['samples_per_second']:.1f} samples/s")
 
-  with in_process_sides.SideProcesses(scratch_root) as processes:
+  with in_process_sides.open_side_processes(scratch_root,
+                                           args.sides_in) as processes:
     def run_config_side(name, side, scratch):
       config = configs[name]
       return run_side(
           side, [*config["flags"], f"--train_steps={config['train_steps']}"],
-          scratch, processes if args.sides_in == in_process_sides.ONE_PROCESS
-          else None)
+          scratch, processes)
 
     return harness.measure_config_sides(
         configs, repeats, scratch_root, sides_of=lambda name: SIDES,

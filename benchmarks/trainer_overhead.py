@@ -242,16 +242,15 @@ def measure(args, passthrough, repeats: int, scratch_root: str
             ) -> harness.Measured:
   configs = build_configs(args, passthrough)
   runs, hosts = [], {}
-  one_process = args.sides_in == in_process_sides.ONE_PROCESS
-  with in_process_sides.SideProcesses(scratch_root) as processes:
+  with in_process_sides.open_side_processes(scratch_root,
+                                           args.sides_in) as processes:
     for config_name, config in configs.items():
 
       def run_one(side, repeat, config_name=config_name, config=config):
         scratch = common.make_run_dir(scratch_root,
                                       f"{config_name}-{side}-{repeat}")
         result = run_side(side, config["flags"], config["train_steps"],
-                          scratch, args.plain_jit_compile,
-                          processes if one_process else None)
+                          scratch, args.plain_jit_compile, processes)
         common.log(f"{config_name} repeat {repeat + 1}/{repeats} {side}: "
                    f"{result['samples_per_second']:.1f} samples/s")
         return {"config": config_name, "side": side, "repeat": repeat,

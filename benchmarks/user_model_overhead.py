@@ -186,13 +186,13 @@ def format_summary(payload: dict) -> str:
 def measure(args, passthrough, repeats: int, scratch_root: str
             ) -> harness.Measured:
   configs = build_configs(args, passthrough)
-  one_process = args.sides_in == in_process_sides.ONE_PROCESS
-  with in_process_sides.SideProcesses(scratch_root) as processes:
+  with in_process_sides.open_side_processes(scratch_root,
+                                           args.sides_in) as processes:
     return harness.measure_config_sides(
         configs, repeats, scratch_root,
         sides_of=lambda name: configs[name]["sides"],
         run_side=lambda name, side, scratch: run_side(
-            configs[name], side, scratch, processes if one_process else None),
+            configs[name], side, scratch, processes),
         describe=lambda result: (
             f"{result['samples_per_second']:.1f} samples/s"),
         redo_busy=args.redo_busy, sides_in=args.sides_in,

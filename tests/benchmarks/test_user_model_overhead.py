@@ -10,6 +10,8 @@ import math
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import REPO_ROOT, subprocess_env
 
 KERAS_REGRESSION = ["--model=examples.keras_regression.model:build",
@@ -24,12 +26,13 @@ def _run(*args, timeout_s=180):
                         check=False)
 
 
+@pytest.mark.parametrize("sides_in", ["one_process", "processes"])
 def test_quick_run_pairs_the_trainer_with_the_plain_loop_on_the_module(
-    tmp_path):
+    tmp_path, sides_in):
   output = tmp_path / "user_model_overhead.json"
   done = _run("benchmarks.user_model_overhead", "--quick",
               "--examples=torch_module", "--train_steps=4", "--redo_busy=0",
-              f"--output={output}")
+              f"--sides_in={sides_in}", f"--output={output}")
   assert done.returncode == 0, done.stderr[-3000:]
   payload = json.loads(output.read_text(encoding="utf-8"))
   assert payload["benchmark"] == "user_model_overhead"
@@ -44,6 +47,10 @@ def test_quick_run_pairs_the_trainer_with_the_plain_loop_on_the_module(
   assert host["load_average_before"] is not None
   runs = {r["side"]: r["result"] for r in payload["runs"]}
   assert sorted(runs) == ["plain_loop", "torch_parity"]
+  assert payload["sides_in"] == sides_in
+  # One process served both sides, or each side ran in its own.
+  pids = {r.get("side_process_pid") for r in runs.values()}
+  assert len(pids) == 1 and (None in pids) == (sides_in == "processes")
   # The plain loop can only have built the example's module through the
   # trainer's loader: a zoo model would not have the same parameters.
   assert runs["plain_loop"]["num_params"] == runs["torch_parity"][
