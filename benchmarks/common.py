@@ -122,11 +122,13 @@ def host_cpu_s() -> Dict[str, float]:
           "steal": float("nan") if steal_s is None else steal_s}
 
 
-def _measured(run: Callable[[], T], *, cpu_s: Callable[[], float] = children_cpu_s,
+def _measured(run: Callable[[], T], *,
+              cpu_s: Callable[[], float] = children_cpu_s,
               minor_faults: Callable[[], int] = children_minor_faults
               ) -> Tuple[T, dict]:
   """Calls `run`, which starts one process and waits for it, and returns
-  its result with that process's costs.
+  its result with that process's costs (`cpu_s` and `minor_faults` read
+  whose: by default the reaped children's).
 
   Returns:
     (what `run` returned, {"process_wall_s", "process_cpu_s",

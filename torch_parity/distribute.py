@@ -68,7 +68,8 @@ def configure_host(run: RunConfig) -> None:
   notebook, a benchmark that runs its sides in one process) asks for the
   pool it already has: torch refuses to set the inter-op pool twice, so
   an unchanged size is left as it is and only a different one is asked
-  for, which torch then refuses in its own words.
+  for, which torch then refuses in its own words. TensorFlow's setters
+  behave so by themselves (`tfoverlap.distribute.configure_host`).
   """
   if run.intra_op_threads:
     torch.set_num_threads(run.intra_op_threads)
