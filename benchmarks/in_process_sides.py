@@ -28,8 +28,11 @@ the first side and asked for unchanged by the rest. Each side builds its
 own model, optimizer and input; a PyTorch side ends its loader's workers
 before the next starts, and after a TensorFlow side Keras' global state is
 cleared (`keras.backend.clear_session`), as a new process would start.
-One process means strategies that need no launcher: the plain sides'
-(`check_supported` of each plain baseline).
+One process means strategies that need no launcher: the PyTorch sides
+take the plain loop's (`plain_torch_loop.check_supported`: `default`,
+`one_device`), since `torch_parity.train` would launch a process per
+mirrored replica; the Keras sides those plain `model.fit` builds, whose
+mirrored strategy is one process in TensorFlow too.
 
 Each result carries the process's costs over that side, as a side run in
 its own process has them (`common.measure_in_this_process`). The protocol
@@ -221,7 +224,9 @@ def _run_side(request: dict, config) -> dict:
     return plain_torch_loop.run(config)
   if side == "torch_parity":
     from benchmarks import plain_torch_loop
-    # Both PyTorch sides run in this one process, or neither does.
+    # Both PyTorch sides run in this one process, or neither does: the
+    # trainer would otherwise train one replica of a mirrored job alone.
+    # (TensorFlow's mirrored strategy is one process either way.)
     plain_torch_loop.check_supported(config)
     from torch_parity import trainer
     return common.summarize_record(trainer.train(config))

@@ -372,7 +372,8 @@ class StepLedger:
       timed with `phase()` also has `cpu_mean` and `thread_cpu_mean` (CPU
       seconds per step of this process's threads, and of the training
       thread, while it lasted: the mean over the measured steps that read
-      them, `samples_phase_cpu`), and `step` has them for the whole step,
+      them, `samples_phase_cpu`), and `step` has them for the whole step
+      (per step its readings cover: `StepRecord.cpu_steps`),
       `cpu_mean` there including child processes. And `cpu`: see
       `cpu_summary`.
     """
