@@ -14,12 +14,11 @@ the phase and in `contention`, the compute beyond the step timed alone
 it.
 
 Where the trainer can remove the cause for some steps only (the input,
-checkpoints, offload: `--paired_removal`,
+checkpoints, offload, the gradient all-reduce: `--paired_removal`,
 `overlap_core.runtime.paired_removal`), one run holds both sides: blocks
 of 20 steps alternate with and without the cause, and its run.json gives
 each half's phases over the steps counted. That run trains twice
---train_steps. Elsewhere (the all-reduce, the bubble) the two sides are
-two runs, paired within each repeat (`benchmarks.harness`: interleaved,
+--train_steps. Elsewhere (the bubble) the two sides are two runs, paired within each repeat (`benchmarks.harness`: interleaved,
 the first side rotating), as every cell was before the trainer could
 alternate (--two_runs still runs them so). Two runs differ in the
 processes' own speed: a 2-core host runs one process about half a
@@ -49,13 +48,23 @@ or in the contention the cause's work made beside the step:
                     step timed alone with and without offload before
                     training (`overlap_core.runtime.offload_cost`); this
                     checks that derivation against the steps without.
-  exposed_comm      the gradient all-reduce off (--all_reduce=off: every
-                    DDP step under no_sync, the replicas training apart),
-                    PyTorch's mirrored strategy only. Both sides train a
-                    6M-parameter MLP (`--model=mlp --image_size=64`, 25 MB
-                    of gradients) whatever --model says: the small CNN's
-                    gradients cross gloo in less than the tolerance's
-                    floor, which would meet the goal without testing it.
+  exposed_comm      the gradient all-reduce off, mirrored strategy only:
+                    in one run, the blocks without run DDP's step under
+                    no_sync (PyTorch) or the step that applies each
+                    replica's own gradients (TensorFlow); in two runs,
+                    --all_reduce=off runs every DDP step under no_sync
+                    (PyTorch only: TensorFlow has no run-long local
+                    step). Either way the replicas' weights part, which
+                    does not change a step's cost. TensorFlow's phase is
+                    derived from the step timed with and without the
+                    all-reduce before training (`tfoverlap.exposed_comm`),
+                    so its cell checks that derivation against the steps
+                    without; PyTorch's is timed in every step. Both sides
+                    train a 6M-parameter MLP (`--model=mlp
+                    --image_size=64`, 25 MB of gradients) whatever --model
+                    says: the small CNN's gradients cross in less than
+                    the tolerance's floor, which would meet the goal
+                    without testing it.
 
 Every cell but data_wait keeps its batches resident on both sides
 (--synthetic_on_device), so that its phase's cause is the only thing
@@ -78,12 +87,7 @@ and their cores free, a saving of the input's, not of the checkpoint's.
                     stage waits for the slower one in both runs, bubble
                     in both.
 
-Not covered here, and why. exposed_comm in TensorFlow: the trainer derives
-the phase from its step without the all-reduce, timed before training
-(`tfoverlap.exposed_comm`), and has no run-long local step, so it refuses
---all_reduce=off; a run-long one would check the derivation against the
-very step it derives from. Its phase stays derived, not checked by
-intervention. bubble in TensorFlow: its stages run in one traced step that
+Not covered here, and why. bubble in TensorFlow: its stages run in one traced step that
 hands each stage its neighbour's tensors, with no stand-in for them, so it
 refuses --pipeline_stages_apart.
 
@@ -102,7 +106,7 @@ more repeats, where the median's interval does.
 import functools
 import math
 import os
-from typing import NamedTuple, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 from benchmarks import common
 from benchmarks import harness
@@ -141,6 +145,9 @@ class Removal(NamedTuple):
   # The trainer's --paired_removal cause that removes it within one run;
   # "": only a second run can.
   in_run: str = ""
+  # The frameworks whose trainer takes `removed` (--two_runs); None: all
+  # of `frameworks`.
+  two_runs_frameworks: Optional[Tuple[str, ...]] = None
 
 
 # Input made free on both sides of a cell that removes something else
@@ -160,7 +167,8 @@ PHASES = {
     # TensorFlow refuses --all_reduce=off (see the docstring).
     "exposed_comm": Removal([*RESIDENT, *COMM_MODEL_FLAGS],
                             ["--all_reduce=off"], ("mirrored",),
-                            ("pytorch",)),
+                            in_run=paired_removal.ALL_REDUCE,
+                            two_runs_frameworks=("pytorch",)),
     # A pipeline's stages are the mirrored strategy's processes; TensorFlow
     # refuses --pipeline_stages_apart (see the docstring).
     "bubble": Removal([*RESIDENT, *PIPELINE_FLAGS],
@@ -205,11 +213,17 @@ def parse_args():
   return args
 
 
+def _frameworks(args, removal: Removal) -> Tuple[str, ...]:
+  if args.two_runs or not removal.in_run:
+    return removal.two_runs_frameworks or removal.frameworks
+  return removal.frameworks
+
+
 def cells(args) -> list:
   """(framework, strategy, phase) of every cell asked for."""
   return [(f, s, p) for f in args.frameworks for p in args.phases
           for s in args.strategies
-          if s in PHASES[p].strategies and f in PHASES[p].frameworks]
+          if s in PHASES[p].strategies and f in _frameworks(args, PHASES[p])]
 
 
 def base_flags(args, strategy: str, steps: int) -> list:

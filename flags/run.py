@@ -76,11 +76,15 @@ def define_flags():
       "asking the pipeline. checkpoint: a step without it takes no "
       "checkpoint. offload: a step without it "
       "runs with offload paused, split against the step timed alone "
-      "without offload. run.json's paired_removal "
+      "without offload. all_reduce: a step without it all-reduces no "
+      "gradient (DDP's no_sync; TensorFlow's step that applies each "
+      "replica's own gradients), so the replicas' weights part, as under "
+      "--all_reduce=off: no checkpoint, no evaluation. run.json's "
+      "paired_removal "
       "gives both halves' phases and the saving; the first half of each "
       "block, where the previous block's work still ends, counts in "
-      "neither. The run's own phases then mix both halves. input and "
-      "offload: the custom loop at one step per call only.")
+      "neither. The run's own phases then mix both halves. input, offload "
+      "and all_reduce: the custom loop at one step per call only.")
   flags.DEFINE_integer(
       "paired_block_steps", paired_removal.DEFAULT_BLOCK_STEPS,
       "Steps per block of --paired_removal.", lower_bound=2)

@@ -158,6 +158,18 @@ def check_paired_input(record: dict, *, steps: int, block_steps: int):
       step_ms[WITH] - step_ms[WITHOUT])
 
 
+def check_paired_all_reduce(record: dict) -> dict:
+  """A run that removed its gradient all-reduce in alternate blocks: the
+  steps without it carry no exposed_comm, those with it some (each DDP
+  step waits for its last bucket; TensorFlow's carry the derived cost,
+  which a model whose all-reduce costs more than the timing's noise
+  keeps above zero). Returns the record."""
+  comm_ms = paired_phase_ms(record, ledger_lib.EXPOSED_COMM)
+  assert comm_ms[WITHOUT] == 0.0 < comm_ms[WITH], comm_ms
+  assert record["paired_removal"]["cause"] == paired_removal.ALL_REDUCE
+  return record
+
+
 def check_paired_offload(record: dict):
   """A run that paused offload in alternate blocks: a step with offload
   carries the derived cost, capped at its compute span (a step faster

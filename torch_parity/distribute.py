@@ -231,8 +231,15 @@ class Strategy:
     return False
 
   def all_reduce_paused(self):
-    """The enclosed steps all-reduce no gradient: the step's own work,
-    which `reference_step` times before training."""
+    """The enclosed steps all-reduce no gradient and wait for no replica:
+    the step's own work, which `reference_step` times before training."""
+    raise RuntimeError(f"{type(self).__name__} cannot pause its all-reduce")
+
+  def gradients_unsynced(self):
+    """The enclosed steps all-reduce no gradient, but still average their
+    loss over the replicas, as every step of --all_reduce=off does: a
+    training step without its gradient all-reduce
+    (--paired_removal=all_reduce)."""
     raise RuntimeError(f"{type(self).__name__} cannot pause its all-reduce")
 
   def wrap_optimizer(self, optimizer, model: nn.Module):
@@ -375,17 +382,25 @@ class DDPStrategy(Strategy):
     return bool(self._wrapped) and self.cfg.all_reduce != ALL_REDUCE_OFF
 
   @contextlib.contextmanager
-  def all_reduce_paused(self):
-    """Every wrapped module inside no_sync (from the forward on, where
-    DDP prepares the backward's all-reduce), and the step's loss this
-    replica's own: no collective in the step, where a replica would wait
-    for a slower one."""
+  def gradients_unsynced(self):
+    """Every wrapped module inside no_sync, from the forward on, where DDP
+    prepares the backward's all-reduce."""
     with contextlib.ExitStack() as paused:
       for wrapped in self._wrapped:
         paused.enter_context(wrapped.no_sync())
-      self._replicas_apart = True
-      paused.callback(setattr, self, "_replicas_apart", False)
       yield
+
+  @contextlib.contextmanager
+  def all_reduce_paused(self):
+    """`gradients_unsynced`, and the step's loss this replica's own: no
+    collective in the step, where a replica would wait for a slower
+    one."""
+    with self.gradients_unsynced():
+      self._replicas_apart = True
+      try:
+        yield
+      finally:
+        self._replicas_apart = False
 
   def mean_over_replicas(self, tensor: torch.Tensor) -> torch.Tensor:
     if self._replicas_apart:

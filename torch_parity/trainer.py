@@ -210,6 +210,19 @@ def _foreground_stream(runner):
   return None
 
 
+def _gradients_apart(config: TrainConfig):
+  """step -> whether that step all-reduced no gradient, where some did
+  (--all_reduce=off: every one; --paired_removal=all_reduce: its blocks
+  without); None where every step all-reduced its gradients."""
+  if config.distribute.all_reduce == distribute.ALL_REDUCE_OFF:
+    return lambda step: True
+  pairing = paired_removal.from_config(config.run.paired_removal,
+                                       config.run.paired_block_steps)
+  if pairing is not None and pairing.cause == paired_removal.ALL_REDUCE:
+    return pairing.removed
+  return None
+
+
 def _times_all_reduce(strategy, parallel) -> bool:
   """Whether the strategy times the all-reduce of this run's steps (DDP
   or Horovod around the whole model; a pipeline or burst plan reduces in
@@ -377,9 +390,10 @@ class _TorchSide:
           self._strategy, built):
         self._data_wait_moved = (
             replica_data_wait.count_data_wait_over_replicas(
-                ledger, self._strategy.max_over_processes))
+                ledger, self._strategy.max_over_processes,
+                gradients_apart=_gradients_apart(config)))
       self._strategy.average_buffers(built.model)
-      if config.distribute.all_reduce == distribute.ALL_REDUCE_OFF:
+      if _gradients_apart(config) is not None:
         # Replicas that trained apart: run.json shows how far (equal
         # digests would mean the all-reduce was not off after all).
         self._replica_digests = self._strategy.gather_over_processes(
@@ -468,6 +482,13 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
           reference_step.make_step_without_offload, train_step,
           parallel.offload),
       inner_split=_split_compute(parallel, strategy, offload_derived=True),
+      first_step=ctx.first_step)
+  # A step without its all-reduce is split against the same step alone,
+  # timed with the all-reduce paused (`reference_step`).
+  train_step = paired_removal.apply_all_reduce_removal(
+      ctx.pairing, train_step,
+      functools.partial(steps.make_step_without_all_reduce, train_step,
+                        strategy),
       first_step=ctx.first_step)
   if parallel.pipeline:
     # Timed or not, no step runs alone from here on.

@@ -179,6 +179,11 @@ FEATURES = {f.name: f for f in (
     Feature("paired_removal=offload", _paired("offload"),
             {"paired_removal": "offload", "paired_block_steps": "2",
              "train_steps": "4", "offload": "activations"}),
+    Feature("paired_removal=all_reduce", _paired("all_reduce"),
+            {"paired_removal": "all_reduce", "paired_block_steps": "2",
+             "train_steps": "4"}),
+    Feature("one_replica", lambda c, h: not _data_parallel(c, h),
+            {"strategy": "default"}),
     Feature("offload=none", lambda c, h: not c.offload.targets,
             {"offload": "none"}),
     Feature("reference_steps=0", lambda c, h: c.run.reference_steps == 0,
@@ -394,6 +399,61 @@ ROWS = (
         "reference_steps", "a step without offload is split against the "
         "step timed alone without it", "1 or more",
         "with --paired_removal=offload"),
+    # A step without its all-reduce: DDP's under no_sync, or TensorFlow's
+    # local step, whose split needs the exposed all-reduce derived and the
+    # step timed alone (`tfoverlap.trainer._split_without_all_reduce`).
+    Row((_ONE_PROCESS, "paired_removal=all_reduce"), BOTH, "paired_removal",
+        "--strategy={strategy} has no all-reduce to remove",
+        "none, input, checkpoint or offload", "with --strategy={strategy}"),
+    # A mirrored strategy of one device, say.
+    Row(("one_replica", "paired_removal=all_reduce"), BOTH, "paired_removal",
+        "a single replica shares no gradient: there is no all-reduce to "
+        "remove", "none, input, checkpoint or offload",
+        "without two replicas or more"),
+    Row(("paired_removal=all_reduce", "all_reduce=off"), (PT,),
+        "paired_removal", "the all-reduce is off in every step already",
+        "none, input or checkpoint", _NO_ALL_REDUCE),
+    Row(("paired_removal=all_reduce", "strategy=horovod"), (PT,),
+        "paired_removal", "Horovod's DistributedOptimizer all-reduces inside "
+        "step() and has no step without it (DDP's no_sync)",
+        "none, input, checkpoint or offload", "with --strategy=horovod"),
+    Row(("paired_removal=all_reduce", "pipeline"), BOTH, "paired_removal",
+        "a stage's replicas all-reduce in the pipeline runtime, which has no "
+        "step without it", "none or checkpoint", _PIPELINED),
+    Row(("paired_removal=all_reduce", "burst"), BOTH, "paired_removal",
+        "a burst plan all-reduces each layer over its own group and has no "
+        "step without it", "none or checkpoint", _BURST),
+    Row(("paired_removal=all_reduce", _OFFLOAD), BOTH, "paired_removal",
+        "one cause at a time: offload's step alone is timed with the "
+        "all-reduce, and a step without both has nothing to be split "
+        "against", "none, input, checkpoint or offload",
+        "with offload on"),
+    Row(("loop=fit", "paired_removal=all_reduce"), (TF,), "paired_removal",
+        "model.fit runs its own compiled step, which cannot go without the "
+        "all-reduce for some steps only", "none or checkpoint",
+        "with --loop=fit"),
+    Row(("steps_per_execution>1", "paired_removal=all_reduce"), (TF,),
+        "paired_removal", "a call of K steps is one traced function, which "
+        "cannot go without the all-reduce for some steps only",
+        "none or checkpoint", "with --steps_per_execution > 1"),
+    Row(("strategy=multi_worker", "paired_removal=all_reduce"), (TF,),
+        "paired_removal", "a multi_worker job times no step alone (see "
+        "--reference_steps), against which a step without the all-reduce "
+        "is split", "none, input or checkpoint",
+        "with --strategy=multi_worker"),
+    Row(("paired_removal=all_reduce", "reference_steps=0"), (TF,),
+        "reference_steps", "a step without the all-reduce is split against "
+        "the step timed alone less its derived exposed all-reduce",
+        "1 or more", "with --paired_removal=all_reduce"),
+    # Replicas that train apart, as under --all_reduce=off.
+    Row(("paired_removal=all_reduce", _SAVES), BOTH, "checkpoint",
+        "the replicas' weights part in the steps without the all-reduce, "
+        "so there is no one state to save", "none",
+        "with --paired_removal=all_reduce"),
+    Row(("paired_removal=all_reduce", "evaluate"), BOTH, "evaluate",
+        "the replicas' weights part in the steps without the all-reduce, "
+        "and an evaluation sharded over them scores none of them", "false",
+        "with --paired_removal=all_reduce"),
     # --- Burst parallelism.
     Row(("burst", "pipeline"), BOTH, "burst_parallel",
         "burst parallelism and pipeline stages do not combine",

@@ -108,6 +108,16 @@ class ReferenceStep:
   def phases_derived(self) -> List[str]:
     return [CONTENTION]
 
+  def less(self, part_s: float) -> "ReferenceStep":
+    """The same step alone without `part_s` of its work: TensorFlow's step
+    without its all-reduce is the step alone less the exposed all-reduce
+    derived for it (`tfoverlap.exposed_comm`), so a run's steps without
+    the all-reduce (--paired_removal=all_reduce) are split against what
+    the ledger claims they cost."""
+    return dataclasses.replace(
+        self, step_s=tuple(s - part_s for s in self.step_s),
+        holds_parts=False)
+
   def split_compute(self, inner: Optional[Callable] = None) -> Callable:
     """(start_s, end_s) -> the spans that tile a step's compute span:
     `inner`'s parts (an exposed all-reduce, say) first, then contention,

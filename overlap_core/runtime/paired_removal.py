@@ -24,6 +24,15 @@ The causes, and how a step goes without them:
               run timed alone without offload before training), and the
               ledger splits its span against that step alone: no
               `offload` phase, and `contention` beyond it.
+  all_reduce  the step all-reduces no gradient: DDP's step under
+              `no_sync`, its loss still averaged over the replicas
+              (PyTorch, as --all_reduce=off runs every step), or the
+              step that applies each replica's own gradients
+              (TensorFlow, the one `tfoverlap.exposed_comm` times before
+              training). The replicas' weights part from the first such
+              step on, as under --all_reduce=off, so such a run saves no
+              checkpoint and evaluates nothing; what it measures is the
+              steps' cost, which weights that differ do not change.
 
 The first `settle_steps` of every block are not counted in either half:
 there the previous block's work is still ending. After a block without
@@ -48,7 +57,8 @@ NONE = "none"
 INPUT = "input"
 CHECKPOINT = "checkpoint"
 OFFLOAD = "offload"
-CAUSES = (NONE, INPUT, CHECKPOINT, OFFLOAD)
+ALL_REDUCE = "all_reduce"
+CAUSES = (NONE, INPUT, CHECKPOINT, OFFLOAD, ALL_REDUCE)
 DEFAULT_BLOCK_STEPS = 20
 WITH, WITHOUT = "with", "without"
 # The block pattern: a block's index modulo 4 is "without" at 1 and 2.
@@ -210,10 +220,12 @@ def apply_input_removal(batches: Iterator, pairing: Optional[PairedRemoval],
 
 def split_per_arm(pairing: Optional[PairedRemoval],
                   make_split: Callable[[], Callable], *,
-                  first_step: int) -> Callable:
+                  first_step: int,
+                  make_split_without: Optional[Callable[[], Callable]] = None
+                  ) -> Callable:
   """The ledger's split of a step's compute span against the step timed
-  alone, one for each arm where `pairing` removes the input or
-  checkpoints.
+  alone, one for each arm where `pairing` removes the input, checkpoints
+  or the all-reduce.
 
   Contention's balance (`contention.ExcessBalance`) carries the time steps
   ran below the reference into the steps after. One balance for the run
@@ -224,10 +236,30 @@ def split_per_arm(pairing: Optional[PairedRemoval],
   Args:
     make_split: () -> a new split, with a balance of its own (each side's
       `ReferenceStep.split_compute`).
+    make_split_without: the same for the arm without the cause, where its
+      steps are split otherwise (TensorFlow's without the all-reduce,
+      against the step alone less its derived exposed all-reduce); None:
+      `make_split` for both arms.
   """
   if pairing is None or pairing.cause == OFFLOAD:
     return make_split()
-  return AlternatingCalls(make_split(), make_split(), pairing,
+  return AlternatingCalls(make_split(), (make_split_without or make_split)(),
+                          pairing, first_step=first_step)
+
+
+def apply_all_reduce_removal(pairing: Optional[PairedRemoval], train_step,
+                             make_step_without: Callable[[], Callable], *,
+                             first_step: int) -> Callable:
+  """`train_step`, alternating with its variant without the gradient
+  all-reduce where `pairing` removes it.
+
+  Args:
+    make_step_without: () -> the step that all-reduces no gradient,
+      called only where the all-reduce is removed.
+  """
+  if pairing is None or pairing.cause != ALL_REDUCE:
+    return train_step
+  return AlternatingCalls(train_step, make_step_without(), pairing,
                           first_step=first_step)
 
 

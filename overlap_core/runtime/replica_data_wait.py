@@ -40,7 +40,7 @@ replica's own wait: the exchange happens once, at the end, to add no
 collective to the steps.
 """
 
-from typing import Callable, List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from overlap_core.runtime import comm_stats
 from overlap_core.runtime import ledger as ledger_lib
@@ -70,7 +70,8 @@ def data_wait_over_replicas(slowest_arrival_s: Sequence[float],
 
 def count_data_wait_over_replicas(
     ledger: ledger_lib.StepLedger,
-    max_over_processes: Callable[[list], list]) -> dict:
+    max_over_processes: Callable[[list], list], *,
+    gradients_apart: Optional[Callable[[int], bool]] = None) -> dict:
   """Makes each step's data wait the replicas' (see the module
   docstring), moving the difference between data_wait and exposed_comm.
   A collective: every replica calls it once, after its last step.
@@ -79,6 +80,11 @@ def count_data_wait_over_replicas(
     ledger: this replica's steps.
     max_over_processes: the strategy's element-wise maximum of a list of
       floats over every process.
+    gradients_apart: step number -> whether that step all-reduced no
+      gradient (--all_reduce=off, or a block of --paired_removal=
+      all_reduce), or None for none such. Such a step meets its peers
+      only at the loss's average, after its update, and has no
+      exposed_comm to move from or to, so its data wait stays its own.
 
   Returns:
     What run.json records, over the ledger's measured steps: the mean per
@@ -98,7 +104,8 @@ def count_data_wait_over_replicas(
       max_over_processes(compute + padding))
   # Never more than the step's exposed_comm moves into data_wait: the
   # phases must still add up to the step.
-  change = [min(new - own, r.phases_s.get(comm_stats.EXPOSED_COMM, 0.0))
+  change = [0.0 if gradients_apart and gradients_apart(r.step) else
+            min(new - own, r.phases_s.get(comm_stats.EXPOSED_COMM, 0.0))
             for new, own, r in zip(wait, own_wait, steps)]
   ledger.relabel({i: s for i, s in enumerate(change) if s > 0},
                  comm_stats.EXPOSED_COMM, ledger_lib.DATA_WAIT)

@@ -80,16 +80,22 @@ def test_cells_cover_each_phases_strategies():
     frameworks = ledger_fidelity.FRAMEWORKS
     strategies = ledger_fidelity.STRATEGIES
     phases = tuple(ledger_fidelity.PHASES)
+    two_runs = False
   cells = ledger_fidelity.cells(Args)
   assert ("tensorflow", "mirrored", "data_wait") in cells
   assert ("pytorch", "mirrored", "checkpoint_stall") in cells
   # Offload is checked under the default strategy only.
   assert ("pytorch", "mirrored", "offload") not in cells
   assert ("pytorch", "default", "offload") in cells
-  # The all-reduce is turned off in PyTorch's DDP only; TensorFlow refuses
-  # --all_reduce=off and keeps its exposed_comm derived.
+  # The all-reduce is removed under the mirrored strategy, in one run in
+  # both frameworks; as two runs in PyTorch's DDP only, TensorFlow
+  # refusing --all_reduce=off.
   assert ("pytorch", "mirrored", "exposed_comm") in cells
+  assert ("tensorflow", "mirrored", "exposed_comm") in cells
   assert ("pytorch", "default", "exposed_comm") not in cells
+  Args.two_runs = True
+  cells = ledger_fidelity.cells(Args)
+  assert ("pytorch", "mirrored", "exposed_comm") in cells
   assert ("tensorflow", "mirrored", "exposed_comm") not in cells
 
 
@@ -126,10 +132,16 @@ def test_the_causes_the_trainer_alternates_run_in_one_run_unless_asked():
       ledger_fidelity.IN_RUN,)
   flags = ledger_fidelity.side_flags(Args, side)
   assert "--paired_removal=input" in flags and "--train_steps=200" in flags
-  # The all-reduce and the bubble only a second run can remove.
-  for phase in ("exposed_comm", "bubble"):
-    assert ledger_fidelity.variants(Args, phase) == (
-        ledger_fidelity.JOB, ledger_fidelity.REMOVED)
+  side = ("tensorflow", "mirrored", "exposed_comm", ledger_fidelity.IN_RUN)
+  assert ledger_fidelity.variants(Args, "exposed_comm") == (
+      ledger_fidelity.IN_RUN,)
+  flags = ledger_fidelity.side_flags(Args, side)
+  assert "--paired_removal=all_reduce" in flags
+  # The model whose gradients cross in more than the tolerance's floor.
+  assert flags[-4:-2] == ledger_fidelity.COMM_MODEL_FLAGS
+  # The bubble only a second run can remove.
+  assert ledger_fidelity.variants(Args, "bubble") == (
+      ledger_fidelity.JOB, ledger_fidelity.REMOVED)
   Args.two_runs = True
   assert ledger_fidelity.variants(Args, "data_wait") == (
       ledger_fidelity.JOB, ledger_fidelity.REMOVED)

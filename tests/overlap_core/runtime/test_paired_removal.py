@@ -201,3 +201,33 @@ def test_without_a_pairing_or_with_offload_the_split_is_one():
       PairedRemoval(paired_removal.OFFLOAD, 2), make_split,
       first_step=1) == "split"
   assert made == [1, 1]
+
+
+def test_the_all_reduce_is_removed_step_by_step_and_split_its_own_way():
+  pairing = PairedRemoval(paired_removal.ALL_REDUCE, block_steps=2)
+  made = []
+  step = paired_removal.apply_all_reduce_removal(
+      pairing, lambda batch: ("with", batch),
+      lambda: made.append(1) or (lambda batch: ("without", batch)),
+      first_step=3)  # a run resumed after step 2: step 3 is without
+  assert made == [1]
+  assert [step(s)[0] for s in range(3, 9)] == [
+      "without", "without", "without", "without", "with", "with"]
+  split = paired_removal.split_per_arm(
+      pairing, lambda: (lambda start_s, end_s: "with"), first_step=1,
+      make_split_without=lambda: (lambda start_s, end_s: "without"))
+  assert [split(0.0, 1.0) for _ in range(4)] == [
+      "with", "with", "without", "without"]
+
+
+def test_only_an_all_reduce_pairing_swaps_the_step():
+  def train_step(batch):
+    return batch
+
+  def make_step_without():
+    raise AssertionError("made where the all-reduce stays")
+
+  for pairing in (None, PairedRemoval(INPUT, 2),
+                  PairedRemoval(paired_removal.OFFLOAD, 2)):
+    assert paired_removal.apply_all_reduce_removal(
+        pairing, train_step, make_step_without, first_step=1) is train_step

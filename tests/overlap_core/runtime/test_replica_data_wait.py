@@ -99,3 +99,17 @@ def test_a_replica_with_fewer_steps_still_matches_its_peers_shapes():
 
   replica_data_wait.count_data_wait_over_replicas(ledger, max_over_processes)
   assert seen == [1, 2, 2]  # the lengths, then two lists of the longest
+
+
+def test_a_step_without_the_gradient_all_reduce_keeps_its_own_wait():
+  # As in the case above, this replica's 4 ms wait a slower peer would
+  # have hidden, but step 2 all-reduced no gradient: it met its peer only
+  # at the loss's average, and nothing moves into exposed_comm there.
+  ledger = _replica([(4.0, 5.0, 2.5), (4.0, 5.0, 0.0)])
+  peer = [[2.0], [11.0] * 2, [11.0] * 2]
+  replica_data_wait.count_data_wait_over_replicas(
+      ledger, _max_with(peer), gradients_apart=lambda step: step == 2)
+  assert _phases_ms(ledger, 0) == {DATA_WAIT: 0.0, COMPUTE: 5.0,
+                                   EXPOSED_COMM: 6.5}
+  assert _phases_ms(ledger, 1) == {DATA_WAIT: 4.0, COMPUTE: 5.0,
+                                   EXPOSED_COMM: 0.0}
