@@ -25,7 +25,8 @@ def define_flags():
       "under no_sync), so the replicas train apart and end with different "
       "weights; it exists only to measure what the all-reduce costs "
       "(benchmarks.ledger_fidelity), and only PyTorch's mirrored and "
-      "multi_worker take it.")
+      "multi_worker take it. --paired_removal=all_reduce measures the "
+      "same in one run, in both frameworks.")
   flags.DEFINE_float(
       "all_reduce_pack_mb", 0.0,
       "Gradients are packed into all-reduce messages of about this many MB "

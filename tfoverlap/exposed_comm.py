@@ -19,7 +19,10 @@ of the run's first batch, before its input pipeline exists (as the step
 alone is timed, `reference_step`), and the run then
 trains exactly as it would without it. The price is that the phase is
 measured once, at the start, not through the run; the pairs, their spread
-and the seconds they cost are recorded so a reader can judge it.
+and the seconds they cost are recorded so a reader can judge it, and
+--paired_removal=all_reduce checks it through a run: a diagnostic run,
+whose replicas part, trains blocks of steps with this local step, and
+its saving is held against the derived phase (BENCHMARKS §17).
 
   derivation = derive_exposed_comm(model, optimizer, strategy, batch,
                                    task=spec.task, global_batch_size=64)

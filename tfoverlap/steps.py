@@ -136,10 +136,12 @@ def make_local_train_step(model, optimizer, strategy, *, task: str,
   """`make_train_step`'s step without the gradient all-reduce: each
   replica applies its own gradients, so the replicas' variables part.
 
-  For timing only (`tfoverlap.exposed_comm`): the step does the same
+  For measuring only: `tfoverlap.exposed_comm` times it before training,
+  and the blocks without the all-reduce of --paired_removal=all_reduce
+  train it, a diagnostic run whose replicas part. The step does the same
   forward, backward and update, so what it saves against `make_train_step`
   is the all-reduce the step waited for. PyTorch's equivalent is a DDP
-  step under `no_sync`.
+  step under `no_sync` (`torch_parity.steps.make_step_without_all_reduce`).
 
   Keras all-reduces in the optimizer's `_all_reduce_sum_gradients`, just
   before its merge into the cross-replica update, which then applies each

@@ -290,14 +290,16 @@ ROWS = (
     Row(("offload=parameters",), (TF,), "offload",
         "TensorFlow keeps a layer's weights where their variables live and "
         "has no per-layer move", "none or activations", _TF_SIDE),
-    # Its step without the all-reduce exists, but only to be timed before
-    # training (`tfoverlap.exposed_comm`): the loops, Keras' fit and the
-    # multi-step function do not run it.
+    # Its step without the all-reduce is timed before training
+    # (`tfoverlap.exposed_comm`) and trained in blocks of
+    # --paired_removal=all_reduce; Keras' fit and the multi-step function
+    # do not run it.
     Row(("all_reduce=off",), (TF,), "all_reduce",
         "the TensorFlow trainer has no run-long local step; it times its "
         "step without the all-reduce before training and derives "
-        "exposed_comm from it (tfoverlap.exposed_comm)", "auto, ring or nccl",
-        _TF_SIDE),
+        "exposed_comm from it (tfoverlap.exposed_comm)", "auto, ring or "
+        "nccl (--paired_removal=all_reduce runs blocks of steps without "
+        "the all-reduce)", _TF_SIDE),
     # --- Processes and all-reduce.
     Row(("num_workers>1", ("strategy=default", "strategy=one_device",
                            "strategy=mirrored")), BOTH, "num_workers",
