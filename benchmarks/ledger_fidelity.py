@@ -73,8 +73,11 @@ the pipeline run ahead, and the steps after it find their batches ready
 and their cores free, a saving of the input's, not of the checkpoint's.
 
   bubble            the stages run apart (--pipeline_stages_apart against
-                    a 2-stage GPipe pipeline of 4 micro-batches, PyTorch,
-                    whose stages are processes): each stage computes the
+                    a 2-stage GPipe pipeline of 4 micro-batches, whose
+                    stages are processes: PyTorch's ranks; TensorFlow's
+                    stage servers, --pipeline_runtime=processes, each on
+                    one thread, whose waits are stamped on each stage's
+                    process): each stage computes the
                     same forwards and backwards on stand-ins held resident
                     for its neighbours' activations and gradients, so it
                     neither waits nor transfers. Both go, so the
@@ -82,14 +85,16 @@ and their cores free, a saving of the input's, not of the checkpoint's.
                     together (`Removal.attributed`), beside contention:
                     each stage's compute beyond the stage timed alone on
                     the same stand-ins before training, what the sends,
-                    receives and schedule cost its work. What stays is
+                    receives and schedule cost its work (PyTorch; no
+                    TensorFlow pipeline times its stages alone, so its
+                    cell has no contention). What stays is
                     the step's closing loss all-reduce, where the faster
                     stage waits for the slower one in both runs, bubble
                     in both.
 
-Not covered here, and why. bubble in TensorFlow: its stages run in one traced step that
-hands each stage its neighbour's tensors, with no stand-in for them, so it
-refuses --pipeline_stages_apart.
+Not covered here, and why: the bubble of TensorFlow's devices runtime.
+It derives the bubble from its stages timed alone, so stages apart would
+check the derivation against itself; it refuses --pipeline_stages_apart.
 
 Verdict per cell, from the repeats: the signed miss, attributed -
 saving, per repeat, over the tolerance max(10% of the median saving,
@@ -106,7 +111,7 @@ more repeats, where the median's interval does.
 import functools
 import math
 import os
-from typing import NamedTuple, Optional, Tuple
+from typing import Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from benchmarks import common
 from benchmarks import harness
@@ -131,6 +136,11 @@ COMM_MODEL_FLAGS = ["--model=mlp", "--image_size=64"]
 # in theory.
 PIPELINE_FLAGS = ["--pipeline_stages=2", "--pipeline_microbatches=4",
                   "--pipeline_split=even", "--pipeline_schedule=gpipe"]
+# TensorFlow's stages as processes, each on one thread, as PyTorch's are
+# (benchmarks.tf_pipeline): the runtime whose waits are stamped on each
+# stage's process, and the only one that runs its stages apart.
+TF_STAGE_PROCESSES_FLAGS = ["--pipeline_runtime=processes",
+                            "--intra_op_threads=1", "--inter_op_threads=1"]
 
 
 class Removal(NamedTuple):
@@ -148,6 +158,10 @@ class Removal(NamedTuple):
   # The frameworks whose trainer takes `removed` (--two_runs); None: all
   # of `frameworks`.
   two_runs_frameworks: Optional[Tuple[str, ...]] = None
+  # Flags a framework's sides add after `job`.
+  framework_job: Mapping[str, Sequence[str]] = {}
+  # The frameworks whose sides run through their launcher.
+  launched: Tuple[str, ...] = ()
 
 
 # Input made free on both sides of a cell that removes something else
@@ -169,11 +183,13 @@ PHASES = {
                             ["--all_reduce=off"], ("mirrored",),
                             in_run=paired_removal.ALL_REDUCE,
                             two_runs_frameworks=("pytorch",)),
-    # A pipeline's stages are the mirrored strategy's processes; TensorFlow
-    # refuses --pipeline_stages_apart (see the docstring).
+    # A pipeline's stages are the mirrored strategy's devices: PyTorch's
+    # processes; TensorFlow's stage servers, which its launcher starts.
     "bubble": Removal([*RESIDENT, *PIPELINE_FLAGS],
                       ["--pipeline_stages_apart"], ("mirrored",),
-                      ("pytorch",), attributed=("bubble", "transfer")),
+                      attributed=("bubble", "transfer"),
+                      framework_job={"tensorflow": TF_STAGE_PROCESSES_FLAGS},
+                      launched=("tensorflow",)),
 }
 JOB, REMOVED = "job", "removed"
 # A run that holds both: the cause removed in alternate blocks of steps.
@@ -254,19 +270,31 @@ def variants(args, phase: str) -> Tuple[str, ...]:
 
 
 def side_flags(args, side) -> list:
-  """The trainer flags of one side of a cell."""
+  """The trainer flags of one side of a cell (both trainers take the same
+  flags, and a framework's own after them)."""
   framework, strategy, phase, variant = side
-  del framework  # both trainers take the same flags
   removal = PHASES[phase]
   steps = 12 if args.quick else args.train_steps
+  job = [*removal.job, *removal.framework_job.get(framework, ())]
   if variant == IN_RUN:
     block_steps = (QUICK_IN_RUN_BLOCK_STEPS if args.quick
                    else IN_RUN_BLOCK_STEPS)
-    return base_flags(args, strategy, 2 * steps) + removal.job + [
+    return base_flags(args, strategy, 2 * steps) + job + [
         f"--paired_removal={removal.in_run}",
         f"--paired_block_steps={block_steps}"]
-  return base_flags(args, strategy, steps) + removal.job + (
+  return base_flags(args, strategy, steps) + job + (
       removal.removed if variant == REMOVED else [])
+
+
+def _run_side(framework: str, phase: str, flags, model_dir: str):
+  """(run.json, process costs) of one side: through the framework's
+  launcher where the cell's runs need one (TensorFlow's stage servers)."""
+  if framework in PHASES[phase].launched:
+    return common.run_trainer_record(
+        flags, model_dir, module=common.LAUNCHER_MODULES[framework],
+        launcher_flags=[])
+  return common.run_trainer_record(
+      flags, model_dir, module=common.TRAINER_MODULES[framework])
 
 
 def _half(phases_ms: dict, phase: str) -> dict:
@@ -290,9 +318,9 @@ def measure(args, repeats: int, scratch: str) -> harness.Measured:
   def run_one(side, repeat):
     framework, strategy, phase, variant = side
     flags = side_flags(args, side)
-    record, stats = common.run_trainer_record(
-        flags, os.path.join(scratch, "-".join(side) + f"-{repeat}"),
-        module=common.TRAINER_MODULES[framework])
+    record, stats = _run_side(
+        framework, phase, flags,
+        os.path.join(scratch, "-".join(side) + f"-{repeat}"))
     run = {"side": list(side), "repeat": repeat, "flags": flags}
     if variant == IN_RUN:
       paired = record["paired_removal"]

@@ -63,6 +63,10 @@ RESULTS = {
                      "timed with its all-reduce paused",
     "_offload": "the offload cells again, once the phase was derived from "
                 "the step timed alone with and without offload",
+    "_two_run_comm": "the full run from before the exposed_comm cells were "
+                     "paired within one run",
+    "_bubble_tensorflow": "TensorFlow's bubble cell: its stage servers "
+                          "against their stages run apart",
 }
 
 

@@ -93,6 +93,9 @@ def test_cells_cover_each_phases_strategies():
   assert ("pytorch", "mirrored", "exposed_comm") in cells
   assert ("tensorflow", "mirrored", "exposed_comm") in cells
   assert ("pytorch", "default", "exposed_comm") not in cells
+  # The bubble under the mirrored strategy, whose devices are the stages.
+  assert ("tensorflow", "mirrored", "bubble") in cells
+  assert ("pytorch", "mirrored", "bubble") in cells
   Args.two_runs = True
   cells = ledger_fidelity.cells(Args)
   assert ("pytorch", "mirrored", "exposed_comm") in cells
@@ -139,9 +142,16 @@ def test_the_causes_the_trainer_alternates_run_in_one_run_unless_asked():
   assert "--paired_removal=all_reduce" in flags
   # The model whose gradients cross in more than the tolerance's floor.
   assert flags[-4:-2] == ledger_fidelity.COMM_MODEL_FLAGS
-  # The bubble only a second run can remove.
+  # The bubble only a second run can remove; TensorFlow's stages are
+  # stage servers, each on one thread.
   assert ledger_fidelity.variants(Args, "bubble") == (
       ledger_fidelity.JOB, ledger_fidelity.REMOVED)
+  side = ("tensorflow", "mirrored", "bubble", ledger_fidelity.REMOVED)
+  flags = ledger_fidelity.side_flags(Args, side)
+  assert flags[-1] == "--pipeline_stages_apart"
+  assert set(ledger_fidelity.TF_STAGE_PROCESSES_FLAGS) <= set(flags)
+  assert "--pipeline_runtime=processes" not in ledger_fidelity.side_flags(
+      Args, ("pytorch",) + side[1:])
   Args.two_runs = True
   assert ledger_fidelity.variants(Args, "data_wait") == (
       ledger_fidelity.JOB, ledger_fidelity.REMOVED)
