@@ -43,13 +43,15 @@ def define_flags():
       "hides).")
   flags.DEFINE_boolean(
       "pipeline_stages_apart", False,
-      "Each PyTorch stage computes its micro-batches' forwards, then their "
+      "Each stage computes its micro-batches' forwards, then their "
       "backwards, on stand-ins held resident (the activations it would "
-      "receive and the gradients sent back to it, made once from the "
-      "first batch), never waiting for or sending to a neighbour: the "
-      "same stages' work without the pipeline's bubble and transfers. An "
-      "intervention for benchmarks (benchmarks/ledger_fidelity.py); the "
-      "model does not learn what the pipeline would.")
+      "receive and the gradients sent back to it, made once: from the "
+      "first batch in PyTorch, from the example batch in TensorFlow), "
+      "never waiting for or sending to a neighbour: the same stages' work "
+      "without the pipeline's bubble and transfers. An intervention for "
+      "benchmarks (benchmarks/ledger_fidelity.py); the model does not "
+      "learn what the pipeline would. TensorFlow: "
+      "--pipeline_runtime=processes only.")
   flags.DEFINE_enum(
       "pipeline_runtime", "devices", list(RUNTIMES),
       "Where TensorFlow's stages run. devices: one process, stage k on "

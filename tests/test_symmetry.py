@@ -39,6 +39,12 @@ ONE_SIDED_PARAMETERS = {
     # TensorFlow's micro-batch loss sums over the global batch; torch's
     # pipelining runtime divides a mean by the micro-batches itself.
     ("steps", "make_pipeline_loss"): {"tfoverlap": {"global_batch_size"}},
+    # A step without the all-reduce: TensorFlow traces one of its own, its
+    # optimizer made to keep the gradients local; torch wraps the run's
+    # step in DDP's no_sync().
+    ("steps", "make_local_train_step"): {
+        "tfoverlap": {"model", "optimizer", "task", "global_batch_size"},
+        "torch_parity": {"train_step"}},
     # TensorFlow's logical devices and their collectives are set before
     # TensorFlow starts, from the distribute flags; torch needs only the
     # run's host settings there.
@@ -77,6 +83,13 @@ ONE_SIDED_PARAMETERS = {
     # stage k on devices[k] and runs GPipe; each torch rank holds its own
     # stages in a mesh under the --pipeline_schedule, stage modules already
     # cut, and can run them on stand-ins for their neighbours.
+    # A torch rank's stand-ins run its own stage on tensors it makes from
+    # the first batch; TensorFlow's are variables on each stage's device,
+    # made from what crossed each cut in one traced step.
+    ("pipeline", "StandIns"): {
+        "tfoverlap": {"activations", "gradients"},
+        "torch_parity": {"all_stages", "index", "microbatches", "loss_fn",
+                         "microbatch_loss"}},
     ("pipeline", "PipelineRuntime"): {
         "tfoverlap": {"model", "cut_layers", "devices", "num_microbatches"},
         "torch_parity": {"stage_modules", "schedule", "mesh",
@@ -95,10 +108,8 @@ ONE_SIDED_NAMES = {
         # Keras' precision is a global policy; torch's is autocast and a
         # gradient scaler per step. TensorFlow's pipeline step is its
         # runtime's method; Keras' steps_per_execution has no torch twin.
-        # A step without the all-reduce is a Keras optimizer made to keep
-        # its gradients local; torch's is DDP's own `no_sync()`.
         "tfoverlap": {"apply_precision_policy", "example_batch",
-                      "make_local_train_step", "make_multi_step_train_step"},
+                      "make_multi_step_train_step"},
         "torch_parity": {"autocast", "build_grad_scaler",
                          "make_pipeline_train_step"},
     },
@@ -109,13 +120,16 @@ ONE_SIDED_NAMES = {
     # averaging; TensorFlow's stages share one process or one traced step.
     # Inside that step a stage's work is timed by timestamps on its own
     # device, ordered by control dependencies; torch's ranks time theirs
-    # on the host. Only torch's stages, being ranks of their own, can run
-    # on stand-ins for their neighbours' tensors (`StandIns`).
-    "pipeline": {"torch_parity": {"PipelineMesh", "StandIns",
+    # on the host. Both run stages apart on stand-ins for their
+    # neighbours' tensors (`StandIns`): torch's rank makes its own from the
+    # first batch; TensorFlow's traced step gathers what crosses each cut
+    # (`Crossings`) once, in a step of its own (`make_stand_ins`).
+    "pipeline": {"torch_parity": {"PipelineMesh",
                                   "average_stage_buffers",
                                   "average_stage_gradients",
                                   "build_mesh_groups", "build_runtime"},
-                 "tfoverlap": {"after", "stamp_after"}},
+                 "tfoverlap": {"Crossings", "after", "make_stand_ins",
+                               "stamp_after"}},
     # torch saves activations through autograd's saved-tensor hooks; Keras
     # wraps the layers instead (`Offloader`).
     "offload": {"torch_parity": {"ActivationOffload"}},

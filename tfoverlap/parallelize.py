@@ -164,7 +164,8 @@ def apply_pipeline(strategy: tf.distribute.Strategy,
   if cfg.runtime == pipeline_processes.RUNTIME:
     # Moves each stage's variables to its stage server.
     runtime = pipeline_processes.ProcessPipelineRuntime(
-        model, plan.cuts, num_microbatches=cfg.microbatches)
+        model, plan.cuts, num_microbatches=cfg.microbatches,
+        stages_apart=cfg.stages_apart)
   else:
     runtime = pipeline_lib.PipelineRuntime(
         model, plan.cuts, devices=spec.devices,

@@ -197,6 +197,9 @@ class PipelineRuntime:
     # The plan the stages were cut by, set when a profile predicted it:
     # run.json puts its stage times beside the measured ones.
     self.predicted_by: Optional[partition_lib.StagePlan] = None
+    # Whether every step runs the stages on stand-ins for their
+    # neighbours' tensors (`StandIns`); only the processes runtime does.
+    self.stages_apart = False
 
   @property
   def num_stages(self) -> int:
@@ -209,7 +212,9 @@ class PipelineRuntime:
 
   def forward_backward(self, inputs, targets, loss_fn: Callable, *,
                        return_outputs: bool = False,
-                       stamps: Optional[List[List]] = None) -> Tuple:
+                       stamps: Optional[List[List]] = None,
+                       stand_ins: Optional["StandIns"] = None,
+                       crossings: Optional["Crossings"] = None) -> Tuple:
     """The GPipe schedule of one batch, for use inside a tf.function.
 
     Args:
@@ -219,6 +224,11 @@ class PipelineRuntime:
       stamps: None, or one list per stage, to which each forward and
         backward of a micro-batch appends its (begin, end) `tf.timestamp`
         pair, taken on the stage's device (`_stamp`).
+      stand_ins: None, or the stages run apart: every stage but the first
+        takes its input from `stand_ins`, every stage but the last its
+        output's gradient, so that no stage waits for another.
+      crossings: None, or where each micro-batch's crossing activations
+        and gradients are gathered (`make_stand_ins`).
 
     Returns:
       (the batch's loss, gradients aligned with model.trainable_variables,
@@ -227,12 +237,15 @@ class PipelineRuntime:
     """
     micro_inputs = tf.split(inputs, self.num_microbatches)
     micro_targets = tf.split(targets, self.num_microbatches)
-    forwards = [self._forward(x, y, loss_fn, stamps)
-                for x, y in zip(micro_inputs, micro_targets)]
+    held = stand_ins.split(self) if stand_ins is not None else None
+    forwards = [self._forward(x, y, loss_fn, stamps,
+                              held and held.activations[i], crossings)
+                for i, (x, y) in enumerate(zip(micro_inputs, micro_targets))]
     chains = [chain for chain, _ in forwards]
     sums: List = [None] * len(self.model.trainable_variables)
-    for chain in chains:
-      self._backward(chain, sums, stamps)
+    for i, chain in enumerate(chains):
+      self._backward(chain, sums, stamps, held and held.gradients[i],
+                     crossings)
     grads = [tf.zeros_like(v) if g is None else g
              for g, v in zip(sums, self.model.trainable_variables)]
     loss = tf.add_n([chain[-1][2] for chain in chains])
@@ -248,12 +261,20 @@ class PipelineRuntime:
     del k
     return stamp_after(tensors)
 
-  def _forward(self, x, y, loss_fn, stamps=None):
+  def _forward(self, x, y, loss_fn, stamps=None, held_inputs=None,
+               crossings=None):
     """One micro-batch through every stage: (tape, input, output) per
-    stage (the last one's output is the loss), and the model's output."""
+    stage (the last one's output is the loss), and the model's output.
+    `held_inputs[k - 1]`, where given, is stage k's input in place of
+    stage k - 1's output."""
     chain, h, outputs = [], x, None
     last = self.num_stages - 1
+    activations = []
     for k, stage in enumerate(self.stages):
+      if k:
+        activations.append(h)
+        if held_inputs is not None:
+          h = held_inputs[k - 1]
       with tf.device(self.devices[k]):
         if stamps is not None:
           begin = self._stamp(k, [h])
@@ -268,12 +289,22 @@ class PipelineRuntime:
           stamps[k].append((begin, self._stamp(k, [out])))
       chain.append((tape, h, out))
       h = out
+    if crossings is not None:
+      crossings.activations.append(activations)
     return chain, outputs
 
-  def _backward(self, chain, sums: List, stamps=None) -> None:
-    """Gradients stage by stage, last first, each on its stage's device."""
+  def _backward(self, chain, sums: List, stamps=None, held_gradients=None,
+                crossings=None) -> None:
+    """Gradients stage by stage, last first, each on its stage's device.
+    `held_gradients[k]`, where given, is the gradient of stage k's output
+    in place of stage k + 1's."""
     upstream = None
+    gradients = [None] * (self.num_stages - 1)
     for k in reversed(range(self.num_stages)):
+      if k < self.num_stages - 1:
+        gradients[k] = upstream
+        if held_gradients is not None:
+          upstream = held_gradients[k]
       tape, stage_input, out = chain[k]
       variables = self.stages[k].trainable_variables
       sources = list(variables) + ([stage_input] if k else [])
@@ -296,6 +327,8 @@ class PipelineRuntime:
           stamps[k].append(
               (begin, self._stamp(k, done + grads[len(variables):])))
       upstream = grads[-1] if k else None
+    if crossings is not None:
+      crossings.gradients.append(gradients)
 
   def make_train_step(self, optimizer: keras.optimizers.Optimizer,
                       loss_fn: Callable):
@@ -403,7 +436,84 @@ class PipelineRuntime:
         cut_layers=self.cut_layers, per_stage=per_stage)
     section["runtime"] = self.RUNTIME
     section["sources"] = self._sources()
+    section["stages_apart"] = self.stages_apart
     return section
+
+
+class Crossings:
+  """Per micro-batch, the tensors that crossed each cut in one traced
+  step: `activations[i][c]`, cut c's output going forward, and
+  `gradients[i][c]`, its gradient coming back."""
+
+  def __init__(self):
+    self.activations: List[List[tf.Tensor]] = []
+    self.gradients: List[List[tf.Tensor]] = []
+
+
+class StandIns:
+  """Resident copies of what crosses each cut, for stages run apart
+  (--pipeline_stages_apart): cut c's activations of the M micro-batches
+  as one variable on the stage after it, their gradients as one on the
+  stage before it, taken from one real step on the example batch
+  (`make_stand_ins`).
+
+  A stage apart computes the same forwards and backwards as in the
+  pipeline, on these instead of its neighbours' tensors, so it neither
+  waits for them nor receives them: what the pipeline's step loses to
+  waiting is the difference. Each micro-batch keeps a copy of its own, so
+  no two of a stage's forwards see the same input, which TensorFlow
+  could fold into one.
+  """
+
+  def __init__(self, activations: Sequence[tf.Variable],
+               gradients: Sequence[tf.Variable]):
+    self._activations = list(activations)
+    self._gradients = list(gradients)
+
+  def split(self, runtime: "PipelineRuntime") -> Crossings:
+    """The stand-ins as `runtime`'s micro-batches (in a tf.function), each
+    read on the stage that takes it."""
+    m, devices = runtime.num_microbatches, runtime.devices
+    held = Crossings()
+    per_cut_acts, per_cut_grads = [], []
+    for c, (act, grad) in enumerate(zip(self._activations, self._gradients)):
+      with tf.device(devices[c + 1]):
+        per_cut_acts.append(tf.split(act.read_value(), m))
+      with tf.device(devices[c]):
+        per_cut_grads.append(tf.split(grad.read_value(), m))
+    held.activations = [list(a) for a in zip(*per_cut_acts)]
+    held.gradients = [list(g) for g in zip(*per_cut_grads)]
+    return held
+
+
+def make_stand_ins(runtime: PipelineRuntime, inputs, targets,
+                   loss_fn: Callable) -> StandIns:
+  """What crosses each cut in a step on (inputs, targets), held on the
+  stages that take it. The step applies no gradient, and the variables
+  its forward moves (BatchNorm's statistics, dropout's seed states) are
+  put back after."""
+
+  @tf.function
+  def crossing_tensors(inputs, targets):
+    crossings = Crossings()
+    runtime.forward_backward(inputs, targets, loss_fn, crossings=crossings)
+    return ([tf.concat(cut, 0) for cut in zip(*crossings.activations)],
+            [tf.concat(cut, 0) for cut in zip(*crossings.gradients)])
+
+  before = [v.numpy() for v in runtime.model.variables]
+  activations, gradients = crossing_tensors(inputs, targets)
+  for variable, value in zip(runtime.model.variables, before):
+    variable.assign(value)
+  devices = runtime.devices
+  held_activations, held_gradients = [], []
+  for c, (act, grad) in enumerate(zip(activations, gradients)):
+    with tf.device(devices[c + 1]):
+      held_activations.append(tf.Variable(act, trainable=False,
+                                          name=f"stand_in_activation_{c}"))
+    with tf.device(devices[c]):
+      held_gradients.append(tf.Variable(grad, trainable=False,
+                                        name=f"stand_in_gradient_{c}"))
+  return StandIns(held_activations, held_gradients)
 
 
 def stamp_after(tensors) -> tf.Tensor:

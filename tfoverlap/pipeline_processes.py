@@ -220,16 +220,24 @@ class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
 
   Args:
     model, cut_layers, num_microbatches: as `PipelineRuntime`'s.
+    stages_apart: every step runs the stages on stand-ins for their
+      neighbours' tensors (`pipeline.StandIns`, --pipeline_stages_apart),
+      made from the example batch `measure_stages` is given. Only here:
+      the devices runtime derives its bubble from stages timed alone, so
+      stages apart would check the derivation against itself, where here
+      each stage's waits are stamped on its own process.
   """
 
   def __init__(self, model: keras.Model, cut_layers: Sequence[str], *,
-               num_microbatches: int):
+               num_microbatches: int, stages_apart: bool = False):
     super().__init__(model, cut_layers,
                      devices=stage_devices(len(cut_layers) + 1),
                      num_microbatches=num_microbatches)
     place_stage_variables(self.stages, self.devices)
     self._clocks = [StageClock(device) for device in self.devices]
     self._last_stamps: Optional[List[np.ndarray]] = None
+    self.stages_apart = stages_apart
+    self._stand_ins: Optional[pipeline_lib.StandIns] = None
 
   def _stamp(self, k: int, tensors) -> tf.Tensor:
     """Stage k's stamps come from its own clock (`StageClock`)."""
@@ -254,7 +262,8 @@ class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
           starts.append(self._stamp(k, []))
       stamps = [[] for _ in self.stages]
       loss, grads = self.forward_backward(inputs, targets, loss_fn,
-                                          stamps=stamps)
+                                          stamps=stamps,
+                                          stand_ins=self._stand_ins)
       update_begins = []
       for k, device in enumerate(self.devices):
         with tf.device(device):
@@ -272,6 +281,10 @@ class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
           vectors.append(tf.stack(flat + [update_begins[k], update_end]))
       return loss, vectors
 
+    if self.stages_apart and self._stand_ins is None:
+      raise RuntimeError("stages apart before measure_stages() made their "
+                         "stand-ins")
+
     def train_step(batch):
       loss, vectors = stamped_step(batch)
       # Reading every stage's stamps waits for every stage's update, so
@@ -285,8 +298,12 @@ class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
                      loss_fn: Callable, *,
                      optimizer: Optional[keras.optimizers.Optimizer] = None,
                      repeats: int = 3) -> None:
-    """Nothing to time alone: every step measures its stages."""
-    del example_inputs, example_targets, loss_fn, optimizer, repeats
+    """Nothing to time alone: every step measures its stages. Stages
+    apart take their stand-ins from a step on the example batch."""
+    del optimizer, repeats
+    if self.stages_apart:
+      self._stand_ins = pipeline_lib.make_stand_ins(
+          self, example_inputs, example_targets, loss_fn)
 
   def record_step(self, start_s: float, end_s: float):
     """Records one step's measured bubble and update per stage; returns

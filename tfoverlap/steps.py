@@ -141,7 +141,8 @@ def make_local_train_step(model, optimizer, strategy, *, task: str,
   train it, a diagnostic run whose replicas part. The step does the same
   forward, backward and update, so what it saves against `make_train_step`
   is the all-reduce the step waited for. PyTorch's equivalent is a DDP
-  step under `no_sync` (`torch_parity.steps.make_step_without_all_reduce`).
+  step under `no_sync` (`torch_parity.steps.make_local_train_step`, which
+  wraps the run's own step).
 
   Keras all-reduces in the optimizer's `_all_reduce_sum_gradients`, just
   before its merge into the cross-replica update, which then applies each

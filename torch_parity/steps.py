@@ -169,11 +169,12 @@ def make_train_step(model: nn.Module, optimizer, strategy, *, task: str,
   return train_step
 
 
-def make_step_without_all_reduce(train_step, strategy):
-  """`train_step` with no gradient all-reduced (DDP's no_sync), its loss
-  still averaged over the replicas: a step of --all_reduce=off, for the
-  blocks of --paired_removal=all_reduce. TensorFlow's equivalent is
-  `tfoverlap.steps.make_local_train_step`."""
+def make_local_train_step(train_step, strategy):
+  """`train_step` with no gradient all-reduced (DDP's no_sync), so each
+  replica applies its own gradients, its loss still averaged over the
+  replicas: a step of --all_reduce=off, for the blocks of
+  --paired_removal=all_reduce. TensorFlow's makes the same step from its
+  model and optimizer (`tfoverlap.steps.make_local_train_step`)."""
 
   def step_without_all_reduce(batch):
     with strategy.gradients_unsynced():

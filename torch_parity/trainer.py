@@ -487,7 +487,7 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
   # timed with the all-reduce paused (`reference_step`).
   train_step = paired_removal.apply_all_reduce_removal(
       ctx.pairing, train_step,
-      functools.partial(steps.make_step_without_all_reduce, train_step,
+      functools.partial(steps.make_local_train_step, train_step,
                         strategy),
       first_step=ctx.first_step)
   if parallel.pipeline:

@@ -139,6 +139,10 @@ FEATURES = {f.name: f for f in (
             lambda c, h: (c.pipeline.stages > 1 and
                           c.pipeline.runtime == "processes"),
             {**_PIPE, "pipeline_runtime": "processes"}),
+    Feature("pipeline_runtime=devices",
+            lambda c, h: (c.pipeline.stages > 1 and
+                          c.pipeline.runtime == "devices"),
+            {**_PIPE, "pipeline_runtime": "devices"}),
     Feature("stages_apart",
             lambda c, h: c.pipeline.stages > 1 and c.pipeline.stages_apart,
             {**_PIPE, "pipeline_stages_apart": "true"}),
@@ -515,20 +519,23 @@ ROWS = (
         "with", "true, or a world of stages x 2 or more replicas"),
     # Stages apart are an intervention that removes what a pipeline waits
     # for; they stand in for GPipe's order, and train on stand-ins.
-    Row(("stages_apart",), (TF,), "pipeline_stages_apart",
-        "TensorFlow's stages run in one traced step that hands each stage "
-        "its neighbour's tensors, with no stand-in for them", "false",
-        _TF_SIDE),
+    Row(("stages_apart", "pipeline_runtime=devices"), (TF,),
+        "pipeline_stages_apart",
+        "the devices runtime derives its bubble from the stages timed "
+        "alone, which stages apart would check against itself",
+        "false (--pipeline_runtime=processes stamps each stage's waits on "
+        "its own process and runs its stages apart)",
+        "with --pipeline_runtime=devices"),
     Row(("stages_apart", ("schedule=1f1b", "schedule=interleaved_1f1b",
                           "schedule=zero_bubble")), (PT,),
         "pipeline_stages_apart",
         "stages apart run GPipe's order, the forwards then the backwards, "
         "and are compared with a GPipe pipeline", "false",
         "with a schedule other than gpipe"),
-    Row(("stages_apart", _SAVES), (PT,), "checkpoint",
+    Row(("stages_apart", _SAVES), BOTH, "checkpoint",
         "stages apart train on stand-ins, a model the job does not train, "
         "which no checkpoint should hold", "none", _STAGES_APART),
-    Row(("stages_apart", "evaluate"), (PT,), "evaluate",
+    Row(("stages_apart", "evaluate"), BOTH, "evaluate",
         "stages apart train on stand-ins, a model the job does not train",
         "false", _STAGES_APART),
     Row(("pipeline", "strategy=multi_worker"), (TF,), "strategy",

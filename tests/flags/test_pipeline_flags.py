@@ -111,8 +111,8 @@ TRAINER_REFUSALS = [
      "--plan_profile=README.md: not a layer profile"),
     ("tfoverlap.train", ["--pipeline_stages=2", "--pipeline_microbatches=4",
                          "--pipeline_stages_apart=true"],
-     "--pipeline_stages_apart=True: TensorFlow's stages run in one traced "
-     "step"),
+     "--pipeline_stages_apart=True: the devices runtime derives its "
+     "bubble"),
     # The flags take a profile alone (the burst planning command reads one);
     # the trainers refuse it without stages.
     ("tfoverlap.train", ["--plan_profile=README.md"],

@@ -382,3 +382,40 @@ def test_auto_split_from_a_profile_puts_predictions_beside_measurements(
     assert 0 < row["update_ms"] < row["compute_ms"], row
   # A profile PyTorch's planning command wrote is taken the same way, with
   # one line: tests/overlap_core/planning/test_round_trip.py runs that path.
+
+
+def test_stages_apart_compute_on_what_crossed_and_not_on_their_neighbour(
+    two_cpu_devices):
+  model = _model("vgg16")
+  loss_fn = steps.make_pipeline_loss("classification", BATCH)
+  cuts = pipeline.plan_cut_layers(model, CONFIG,
+                                  batch_size=BATCH // MICROBATCHES)
+  runtime = pipeline.PipelineRuntime(model, cuts, devices=two_cpu_devices,
+                                     num_microbatches=MICROBATCHES)
+  (inputs, targets), (other_inputs, _) = _batches()[:2]
+  weights = [w.numpy() for w in model.weights]
+  stand_ins = pipeline.make_stand_ins(runtime, inputs, targets, loss_fn)
+  for got, want in zip(model.weights, weights):
+    np.testing.assert_array_equal(got.numpy(), want)  # nothing trained
+  real_loss, real_grads = tf.function(
+      lambda x, y: runtime.forward_backward(x, y, loss_fn))(inputs, targets)
+  apart = tf.function(lambda x, y: runtime.forward_backward(
+      x, y, loss_fn, stand_ins=stand_ins))
+  # On the batch they were taken from, the stages apart compute what the
+  # pipeline does: the stand-ins are what crossed each cut.
+  loss, grads = apart(inputs, targets)
+  _assert_close(loss.numpy(), real_loss.numpy())
+  for g, e in zip(grads, real_grads):
+    _assert_close(g.numpy(), e.numpy())
+  # On other inputs the last stage computes as before: its input is the
+  # stand-in, not the first stage's output, which changed.
+  last = {id(v) for v in runtime.stages[-1].trainable_variables}
+  other_loss, other_grads = apart(other_inputs, targets)
+  _assert_close(other_loss.numpy(), real_loss.numpy())
+  changed = []
+  for v, g, e in zip(model.trainable_variables, other_grads, real_grads):
+    if id(v) in last:
+      _assert_close(g.numpy(), e.numpy())
+    else:
+      changed.append(not np.allclose(g.numpy(), e.numpy()))
+  assert any(changed)  # the first stage did see the other inputs

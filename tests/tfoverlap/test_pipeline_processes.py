@@ -9,6 +9,7 @@ That client is this file run as a script.
 """
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -148,6 +149,23 @@ def test_launched_job_measures_each_stage_and_checkpoints_whole_model(
            for run in ("piped", "plain")]
   assert any("model" in name for name, _ in names[0])
   assert names[0] == names[1]
+
+
+def test_stages_apart_run_on_their_stand_ins_and_measure_their_waits(
+    tmp_path):
+  job = _launch(tmp_path / "apart", "--train_steps=6", "--evaluate=false",
+                "--pipeline_stages_apart", *THREADS)
+  _, err = job.communicate(timeout=TIMEOUT_S)
+  assert job.returncode == 0, err[-3000:]
+  with open(tmp_path / "apart" / "run.json", encoding="utf-8") as f:
+    record = json.load(f)
+  section = record["pipeline"]
+  assert section["stages_apart"] is True
+  assert section["sources"]["bubble"].startswith("measured")
+  for row in section["per_stage"]:
+    # Each stage stamped its own forwards, backwards and update.
+    assert row["compute_ms"] > row["update_ms"] > 0
+  assert math.isfinite(record["final"]["train_loss"])
 
 
 def _stage_server_pid(launcher_pid: int, stage: int) -> int:
