@@ -87,7 +87,9 @@ and their cores free, a saving of the input's, not of the checkpoint's.
                     the same stand-ins before training, what the sends,
                     receives and schedule cost its work (PyTorch; no
                     TensorFlow pipeline times its stages alone, so its
-                    cell has no contention). What stays is
+                    cell has no contention: its stages' slowing of
+                    each other when apart shrinks the saving and is
+                    attributed nowhere, BENCHMARKS §17). What stays is
                     the step's closing loss all-reduce, where the faster
                     stage waits for the slower one in both runs, bubble
                     in both.

@@ -5,7 +5,8 @@ Registered into `render_tables.TABLES` on import, like the tables there.
 Every figure is read from `benchmarks/results/user_model_overhead.json`,
 which `python -m benchmarks.user_model_overhead` writes, or, for the
 PyTorch example with its sides in one process, from
-`user_model_overhead_torch_one_process.json`. Until a file exists its
+`user_model_overhead_torch_one_process.json`, and for the Keras example
+alone at 31 repeats, from `user_model_overhead_keras_r31.json`. Until a file exists its
 block says so and how to make it, instead of failing the render.
 """
 
@@ -25,6 +26,10 @@ NOT_YET_RUN = (
 TORCH_ONE_PROCESS = f"{user_model_overhead.NAME}_torch_one_process"
 
 
+# The Keras example rerun alone at 31 repeats, its sides in one process.
+KERAS_R31 = f"{user_model_overhead.NAME}_keras_r31"
+
+
 @table("user_model_overhead")
 def user_model_overhead_table() -> str:
   return _overhead_tables(user_model_overhead.NAME)
@@ -33,6 +38,11 @@ def user_model_overhead_table() -> str:
 @table(TORCH_ONE_PROCESS)
 def user_model_overhead_torch_one_process_table() -> str:
   return _overhead_tables(TORCH_ONE_PROCESS)
+
+
+@table(KERAS_R31)
+def user_model_overhead_keras_r31_table() -> str:
+  return _overhead_tables(KERAS_R31)
 
 
 def _sides_in(data: dict) -> str:

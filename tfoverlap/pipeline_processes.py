@@ -69,7 +69,10 @@ MEASURED_SOURCES = {
         "measured: the step's span less the stage's busy intervals; the "
         "stages' clocks are taken to agree (one host, or NTP) and aligned "
         "with the client's where the first stage started the step (the "
-        "client's dispatch of the step counts as idle)",
+        "client's dispatch of the step counts as idle). Where the stages "
+        "share cores it bounds what removing the waits saves: run apart, "
+        "the stages compute side by side and slow each other, which no "
+        "stage timed alone carves out here (BENCHMARKS §17)",
 }
 
 
