@@ -84,12 +84,14 @@ and their cores free, a saving of the input's, not of the checkpoint's.
                     attribution is the change in bubble and transfer
                     together (`Removal.attributed`), beside contention:
                     each stage's compute beyond the stage timed alone on
-                    the same stand-ins before training, what the sends,
-                    receives and schedule cost its work (PyTorch; no
-                    TensorFlow pipeline times its stages alone, so its
-                    cell has no contention: its stages' slowing of
-                    each other when apart shrinks the saving and is
-                    attributed nowhere, BENCHMARKS §17). What stays is
+                    the same stand-ins before training, one stage at a
+                    time, what the sends, receives, schedule and the
+                    other stages' work beside it cost its work (both
+                    sides: TensorFlow's stage servers are timed in turn
+                    by their client, and its ledger's contention is the
+                    mean stage's, so its stages' slowing of each other
+                    when apart, which shrinks the saving, is attributed
+                    there; BENCHMARKS §17 ran before they were). What stays is
                     the step's closing loss all-reduce, where the faster
                     stage waits for the slower one in both runs, bubble
                     in both.

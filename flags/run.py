@@ -60,11 +60,12 @@ def define_flags():
       "work running beside the step (input pipeline, checkpoint persist). "
       "Weights, optimizer state and random streams are put back after. "
       "0: no calibration and no contention phase. Derived for the custom "
-      "loop at one step per call, and for a PyTorch pipeline with one "
-      "stage per rank (each stage timed alone on stand-ins for its "
-      "neighbours' tensors, one rank at a time); not for TensorFlow's "
-      "pipelines, a burst plan, PyTorch's parameters offload or "
-      "TensorFlow's multi_worker jobs.",
+      "loop at one step per call, and for a pipeline whose stages are "
+      "processes, a PyTorch one with one stage per rank and TensorFlow's "
+      "--pipeline_runtime=processes (each stage timed alone on stand-ins "
+      "for its neighbours' tensors, one stage at a time); not for "
+      "TensorFlow's devices runtime, a burst plan, PyTorch's parameters "
+      "offload or TensorFlow's multi_worker jobs.",
       lower_bound=0)
   flags.DEFINE_enum(
       "paired_removal", paired_removal.NONE, list(paired_removal.CAUSES),

@@ -202,6 +202,14 @@ class PipelineRuntime:
     self.stages_apart = False
 
   @property
+  def can_run_alone(self) -> bool:
+    """Whether each stage can be timed by itself before training, for the
+    contention phase (`pipeline_processes.ProcessPipelineRuntime.alone`).
+    Not here: this runtime's stage_compute is its stages timed alone
+    already (`measure_stages`), so there is nothing beyond it to carve."""
+    return False
+
+  @property
   def num_stages(self) -> int:
     return len(self.stages)
 
@@ -214,7 +222,9 @@ class PipelineRuntime:
                        return_outputs: bool = False,
                        stamps: Optional[List[List]] = None,
                        stand_ins: Optional["StandIns"] = None,
-                       crossings: Optional["Crossings"] = None) -> Tuple:
+                       crossings: Optional["Crossings"] = None,
+                       stage_indices: Optional[Sequence[int]] = None
+                       ) -> Tuple:
     """The GPipe schedule of one batch, for use inside a tf.function.
 
     Args:
@@ -229,17 +239,33 @@ class PipelineRuntime:
         output's gradient, so that no stage waits for another.
       crossings: None, or where each micro-batch's crossing activations
         and gradients are gathered (`make_stand_ins`).
+      stage_indices: None (every stage), or the only stages whose work is
+        traced: on `stand_ins`, a stage timed alone
+        (`pipeline_processes.ProcessPipelineRuntime.alone`).
 
     Returns:
       (the batch's loss, gradients aligned with model.trainable_variables,
       summed over the micro-batches), and the model's outputs for the
-      batch third when `return_outputs`.
+      batch third when `return_outputs`. Where `stage_indices` leaves a
+      stage out, its gradients are zeros, and the loss is None without
+      the last stage.
+
+    Raises:
+      ValueError: `stage_indices` without `stand_ins` (a stage's input is
+        its neighbour's output), or with `return_outputs`.
     """
+    if stage_indices is not None and (stand_ins is None or return_outputs):
+      raise ValueError(f"Invalid value for argument `stage_indices`. "
+                       f"Received: {list(stage_indices)}; allowed: None, "
+                       "or a subset of the stages with stand_ins and "
+                       "without return_outputs")
+    runs = (set(range(self.num_stages)) if stage_indices is None
+            else set(stage_indices))
     micro_inputs = tf.split(inputs, self.num_microbatches)
     micro_targets = tf.split(targets, self.num_microbatches)
     held = stand_ins.split(self) if stand_ins is not None else None
     forwards = [self._forward(x, y, loss_fn, stamps,
-                              held and held.activations[i], crossings)
+                              held and held.activations[i], crossings, runs)
                 for i, (x, y) in enumerate(zip(micro_inputs, micro_targets))]
     chains = [chain for chain, _ in forwards]
     sums: List = [None] * len(self.model.trainable_variables)
@@ -248,7 +274,8 @@ class PipelineRuntime:
                      crossings)
     grads = [tf.zeros_like(v) if g is None else g
              for g, v in zip(sums, self.model.trainable_variables)]
-    loss = tf.add_n([chain[-1][2] for chain in chains])
+    loss = (tf.add_n([chain[-1][2] for chain in chains])
+            if self.num_stages - 1 in runs else None)
     if return_outputs:
       return loss, grads, tf.concat([out for _, out in forwards], axis=0)
     return loss, grads
@@ -262,11 +289,12 @@ class PipelineRuntime:
     return stamp_after(tensors)
 
   def _forward(self, x, y, loss_fn, stamps=None, held_inputs=None,
-               crossings=None):
+               crossings=None, runs=None):
     """One micro-batch through every stage: (tape, input, output) per
     stage (the last one's output is the loss), and the model's output.
     `held_inputs[k - 1]`, where given, is stage k's input in place of
-    stage k - 1's output."""
+    stage k - 1's output. A stage not in `runs` (None: all) is left out,
+    None in the chain."""
     chain, h, outputs = [], x, None
     last = self.num_stages - 1
     activations = []
@@ -275,6 +303,10 @@ class PipelineRuntime:
         activations.append(h)
         if held_inputs is not None:
           h = held_inputs[k - 1]
+      if runs is not None and k not in runs:
+        chain.append(None)
+        h = None
+        continue
       with tf.device(self.devices[k]):
         if stamps is not None:
           begin = self._stamp(k, [h])
@@ -305,6 +337,10 @@ class PipelineRuntime:
         gradients[k] = upstream
         if held_gradients is not None:
           upstream = held_gradients[k]
+      if chain[k] is None:
+        # Left out: the stage before takes its held gradient instead.
+        upstream = None
+        continue
       tape, stage_input, out = chain[k]
       variables = self.stages[k].trainable_variables
       sources = list(variables) + ([stage_input] if k else [])

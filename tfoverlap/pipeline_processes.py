@@ -24,6 +24,11 @@ server process of its own, with its own threads:
   (or outgoing gradient) existed, and the update; the step returns them,
   and each stage's busy time is their union, the rest of the step's span
   its bubble (`MEASURED_SOURCES`).
+- **Each stage can be timed alone** (`alone`): before training, the
+  trainer runs each stage's own work of a step on stand-ins for its
+  neighbours' tensors, one stage at a time, the other servers idle
+  (`reference_step.calibrate`), and times it by the same stamps; a
+  stage's busy time in training beyond that is contention.
 
   cluster = cluster_lib.pipeline_cluster_from_env(os.environ)
   connect_client(cluster, intra_op_threads=1, inter_op_threads=1)
@@ -32,9 +37,10 @@ server process of its own, with its own threads:
   train_step = runtime.make_train_step(optimizer, loss_fn)
 """
 
+import contextlib
 import socket
 import time
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import keras
 import numpy as np
@@ -70,9 +76,12 @@ MEASURED_SOURCES = {
         "stages' clocks are taken to agree (one host, or NTP) and aligned "
         "with the client's where the first stage started the step (the "
         "client's dispatch of the step counts as idle). Where the stages "
-        "share cores it bounds what removing the waits saves: run apart, "
-        "the stages compute side by side and slow each other, which no "
-        "stage timed alone carves out here (BENCHMARKS §17)",
+        "share cores, what removing the waits saves is the bubble and the "
+        "change in contention together: run apart, the stages compute side "
+        "by side and slow each other. Each stage is timed alone before "
+        "training, one stage at a time, on stand-ins for its neighbours' "
+        "tensors, and its stage_compute beyond that is contention, in the "
+        "pipeline and apart alike (BENCHMARKS §17)",
 }
 
 
@@ -219,7 +228,8 @@ class StageClock:
 
 class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
   """`PipelineRuntime` with stage k in stage server k, its bubble measured
-  (the devices runtime derives it from stages timed alone).
+  (the devices runtime derives it from stages timed alone), and each
+  stage able to run alone (`alone`) for the contention phase.
 
   Args:
     model, cut_layers, num_microbatches: as `PipelineRuntime`'s.
@@ -241,6 +251,66 @@ class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
     self._last_stamps: Optional[List[np.ndarray]] = None
     self.stages_apart = stages_apart
     self._stand_ins: Optional[pipeline_lib.StandIns] = None
+    # What `measure_stages` was given, for stand-ins made on first need.
+    self._example: Optional[tuple] = None
+    self._alone_stage: Optional[int] = None  # inside alone(): that stage
+    self._alone_steps: Dict[int, Callable] = {}  # traced on first use
+    self._alone_stamps: Optional[np.ndarray] = None
+
+  @property
+  def can_run_alone(self) -> bool:
+    """Every stage can be timed by itself (`alone`): one client holds the
+    stand-ins of them all."""
+    return True
+
+  @contextlib.contextmanager
+  def alone(self, stage: int):
+    """Runs the enclosed steps of `make_train_step`'s function as stage
+    `stage`'s own work alone: its forwards and backwards on stand-ins for
+    its neighbours' tensors, and its update, with no other stage's work,
+    which `reference_step` times before training (`alone_seconds`).
+    PyTorch's `alone()` takes no stage: a rank holds one; here one client
+    drives every stage, one at a time. The stand-ins are made on first
+    need, from the example batch of `measure_stages`, and stay until
+    `release_stand_ins`.
+
+    Raises:
+      ValueError: a stage that is not one of this pipeline's.
+    """
+    if not 0 <= stage < self.num_stages:
+      raise ValueError(f"Invalid value for argument `stage`. Received: "
+                       f"{stage}; allowed: 0 to {self.num_stages - 1}")
+    self._make_stand_ins()
+    self._alone_stage = stage
+    try:
+      yield
+    finally:
+      self._alone_stage = None
+      self._alone_stamps = None
+
+  def alone_seconds(self) -> float:
+    """The stage's busy time in the last step run `alone`, by its stamps
+    on its own process, as `record_step` takes a stage's stage_compute."""
+    if self._alone_stamps is None:
+      raise RuntimeError("alone_seconds() before a step run alone")
+    return pipeline_stats.busy_seconds(
+        [(float(b), float(e))
+         for b, e in self._alone_stamps[1:].reshape(-1, 2)])
+
+  def release_stand_ins(self) -> None:
+    """Frees the stand-ins and the steps run alone on them, where no step
+    will run apart again."""
+    self._alone_steps.clear()
+    if not self.stages_apart:
+      self._stand_ins = None
+
+  def _make_stand_ins(self) -> None:
+    if self._stand_ins is not None:
+      return
+    if self._example is None:
+      raise RuntimeError("stand-ins before measure_stages() gave the "
+                         "example batch")
+    self._stand_ins = pipeline_lib.make_stand_ins(self, *self._example)
 
   def _stamp(self, k: int, tensors) -> tf.Tensor:
     """Stage k's stamps come from its own clock (`StageClock`)."""
@@ -253,42 +323,71 @@ class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
 
     Each stage returns one vector: the step's start on its process, then
     (begin, end) of every forward and backward of a micro-batch, then of
-    its update.
+    its update. Inside `alone(k)` the step is stage k's work alone
+    (`alone_seconds`), and returns None unless k is the last stage.
     """
+    self._alone_steps.clear()  # traced with another optimizer, if any
 
-    @tf.function
-    def stamped_step(batch):
-      inputs, targets = batch
-      starts = []
-      for k, device in enumerate(self.devices):
-        with tf.device(device):
-          starts.append(self._stamp(k, []))
-      stamps = [[] for _ in self.stages]
-      loss, grads = self.forward_backward(inputs, targets, loss_fn,
-                                          stamps=stamps,
-                                          stand_ins=self._stand_ins)
-      update_begins = []
-      for k, device in enumerate(self.devices):
-        with tf.device(device):
-          update_begins.append(self._stamp(
-              k, [grads[i] for i in self._variable_index[k]]))
-      optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-      vectors = []
-      for k, device in enumerate(self.devices):
-        with tf.device(device):
-          # Reads after the update (automatic control dependencies order
-          # them after its assignments), so the stamp waits for it.
-          update_end = self._stamp(
-              k, [tf.identity(v) for v in self.stages[k].trainable_variables])
-          flat = [starts[k]] + [t for pair in stamps[k] for t in pair]
-          vectors.append(tf.stack(flat + [update_begins[k], update_end]))
-      return loss, vectors
+    def make_stamped_step(stage_indices: Optional[Sequence[int]]):
+      """The step of `stage_indices`' work alone on the stand-ins, or of
+      every stage (None)."""
+      runs = (range(self.num_stages) if stage_indices is None
+              else stage_indices)
+      # Stand-ins made for a stage alone are not the whole step's input
+      # unless the stages run apart.
+      apart = stage_indices is not None or self.stages_apart
+
+      @tf.function
+      def stamped_step(batch):
+        inputs, targets = batch
+        starts = {}
+        for k in runs:
+          with tf.device(self.devices[k]):
+            starts[k] = self._stamp(k, [])
+        stamps = [[] for _ in self.stages]
+        stand_ins = self._stand_ins if apart else None
+        loss, grads = self.forward_backward(inputs, targets, loss_fn,
+                                            stamps=stamps,
+                                            stand_ins=stand_ins,
+                                            stage_indices=stage_indices)
+        update_begins = {}
+        for k in runs:
+          with tf.device(self.devices[k]):
+            update_begins[k] = self._stamp(
+                k, [grads[i] for i in self._variable_index[k]])
+        variables = self.model.trainable_variables
+        pairs = (list(zip(grads, variables)) if stage_indices is None else
+                 [(grads[i], variables[i]) for k in runs
+                  for i in self._variable_index[k]])
+        # In a replica's context Keras "all-reduces" the gradients through
+        # one IdentityN of them all, so no stage's update could start
+        # before the last stage's gradients existed, and a stage's stamped
+        # update held that wait on its neighbours. The default strategy's
+        # merge_call applies them in cross-replica context, where Keras
+        # all-reduces nothing.
+        tf.distribute.get_replica_context().merge_call(
+            lambda _: optimizer.apply_gradients(pairs))
+        vectors = []
+        for k in runs:
+          with tf.device(self.devices[k]):
+            # Reads after the update (automatic control dependencies order
+            # them after its assignments), so the stamp waits for it.
+            update_end = self._stamp(k, [
+                tf.identity(v) for v in self.stages[k].trainable_variables])
+            flat = [starts[k]] + [t for pair in stamps[k] for t in pair]
+            vectors.append(tf.stack(flat + [update_begins[k], update_end]))
+        return loss, vectors
+
+      return stamped_step
 
     if self.stages_apart and self._stand_ins is None:
       raise RuntimeError("stages apart before measure_stages() made their "
                          "stand-ins")
+    stamped_step = make_stamped_step(None)
 
     def train_step(batch):
+      if self._alone_stage is not None:
+        return self._step_alone(batch, make_stamped_step)
       loss, vectors = stamped_step(batch)
       # Reading every stage's stamps waits for every stage's update, so
       # the host's span of the step covers all of it.
@@ -297,16 +396,27 @@ class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
 
     return train_step
 
+  def _step_alone(self, batch, make_stamped_step):
+    """One step of the stage inside `alone`, its stamps kept."""
+    stage = self._alone_stage
+    if stage not in self._alone_steps:
+      self._alone_steps[stage] = make_stamped_step((stage,))
+    loss, (vector,) = self._alone_steps[stage](batch)
+    # Reading the stamps waits for the stage's update.
+    self._alone_stamps = vector.numpy()
+    return loss
+
   def measure_stages(self, example_inputs, example_targets,
                      loss_fn: Callable, *,
                      optimizer: Optional[keras.optimizers.Optimizer] = None,
                      repeats: int = 3) -> None:
-    """Nothing to time alone: every step measures its stages. Stages
-    apart take their stand-ins from a step on the example batch."""
+    """Nothing to time here: every step measures its stages. Stand-ins
+    come from a step on the example batch: now for stages apart, on first
+    need for a stage timed `alone`."""
     del optimizer, repeats
+    self._example = (example_inputs, example_targets, loss_fn)
     if self.stages_apart:
-      self._stand_ins = pipeline_lib.make_stand_ins(
-          self, example_inputs, example_targets, loss_fn)
+      self._make_stand_ins()
 
   def record_step(self, start_s: float, end_s: float):
     """Records one step's measured bubble and update per stage; returns

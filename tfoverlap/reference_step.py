@@ -12,7 +12,9 @@ benchmark (BENCHMARKS section 17) attributed less than removing the input
 saved in every repeat. The variables of the model and the optimizer
 (Keras keeps its dropout seeds among the model's) are snapshotted first
 and put back after, so the run trains exactly as it would without the
-calibration.
+calibration. The stages of a pipeline on stage servers
+(`--pipeline_runtime=processes`) are timed one stage at a time
+(`_one_stage_at_a_time`), each with the host to itself.
 
   reference = reference_step.calibrate(
       train_step, batch, model=model, optimizer=optimizer, num_steps=5)
@@ -40,8 +42,26 @@ def snapshot(model, optimizer) -> Callable[[], None]:
     # replicas a step parted (a local step) are one again.
     for variable, value in zip(variables, saved):
       variable.value.assign(value)
+    # An eager assign to a variable on another server (a pipeline's stage
+    # server) is queued there and returns at once, and the client's next
+    # traced step is not ordered after it: seen in tests/tfoverlap/
+    # test_pipeline_processes.py, where a step right after the client
+    # assigned a stage's variables read values not yet written. Reading
+    # each value back waits for its assign, so training starts from what
+    # was put back.
+    for variable in variables:
+      if not _is_local(variable.value.device):
+        variable.value.numpy()
 
   return restore
+
+
+def _is_local(device: str) -> bool:
+  """Whether a variable's device is of a process with no cluster (job
+  localhost). A cluster's client reads its own back too: a pipeline's
+  client holds only the optimizer's few scalars."""
+  return not device.startswith("/job:") or device.startswith(
+      "/job:localhost/")
 
 
 def make_step_without_offload(make_train_step: Callable, offloader):
@@ -59,20 +79,58 @@ def make_step_without_offload(make_train_step: Callable, offloader):
   return step_without_offload
 
 
+def _one_stage_at_a_time(pipeline, time_alone: Callable[[], object]
+                         ) -> contention.StagesAlone:
+  """`time_alone()` inside `pipeline.alone(stage)` for each stage in turn,
+  the other stage servers idle.
+
+  As PyTorch's `_one_rank_at_a_time`, for its reason: a pipeline's stages
+  take turns in training, and timed side by side on a shared host each
+  stage alone would hold the others' work beside it, which is contention
+  in training (BENCHMARKS §17: TensorFlow's stages apart computed 3.45 ms
+  longer than in the pipeline, slowing each other on 2 cores). PyTorch's
+  ranks take turns at a barrier; here one client drives every stage, so
+  the turns are its loop.
+  """
+  references = []
+  for stage in range(pipeline.num_stages):
+    with pipeline.alone(stage):
+      references.append(time_alone())
+  return contention.StagesAlone(tuple(references))
+
+
 def calibrate(train_step, batch, *, model, optimizer, num_steps: int,
-              offloader=None, make_train_step: Optional[Callable] = None
-              ) -> Union[contention.ReferenceStep, offload_cost.OffloadCost]:
+              offloader=None, make_train_step: Optional[Callable] = None,
+              pipeline=None
+              ) -> Union[contention.ReferenceStep, offload_cost.OffloadCost,
+                         contention.StagesAlone]:
   """Times `train_step` on `batch`, a batch held resident.
 
   Args:
     offloader: the run's `offload.Offloader`, or None. With one, the step
       is timed with offload and without: a step function made anew by
       `make_train_step` and traced inside `Offloader.paused`.
+    pipeline: the run's `pipeline_processes.ProcessPipelineRuntime`, one
+      that `can_run_alone`, or None. With one, each stage is timed alone
+      (`ProcessPipelineRuntime.alone`), on stand-ins for its neighbours'
+      tensors, by its own stamps (`alone_seconds`), one stage at a time.
 
   Returns:
-    The reference step, or with offload the offload's cost.
+    The reference step, with offload the offload's cost, or with a
+    pipeline every stage's reference.
   """
   restore = snapshot(model, optimizer)
+  if pipeline is not None:
+
+    def run_step_alone() -> float:
+      train_step(batch)  # None but on the last stage; waits for the stage
+      # The stage's busy time, stamped on its process as in training: the
+      # client's span of the call would add its dispatch to the server.
+      return pipeline.alone_seconds()
+
+    return _one_stage_at_a_time(pipeline, lambda: contention.time_reference(
+        run_step_alone, num_steps=num_steps, restore=restore,
+        own_clock=True))
   if offloader is None:
     return contention.time_reference(
         # Reading the loss waits for the step's end.

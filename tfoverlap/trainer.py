@@ -17,6 +17,7 @@ import tensorflow as tf
 from overlap_core.planning import burst_report, command
 from overlap_core.planning import split as split_lib
 from overlap_core.runtime import background, cluster, compat, contention
+from overlap_core.runtime import pipeline_stats
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import paired_removal, run_record, skeleton
 from overlap_core.runtime.config import ConfigError, TrainConfig
@@ -193,8 +194,11 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
                               distributed_data=train_input,
                               steps_per_execution=k)
   if built.pipeline:
-    return _run_pipelined_loop(ctx, config, spec, built.pipeline, optimizer,
-                               iter(train_input))
+    return _run_pipelined_loop(
+        ctx, config, spec, built, train_input,
+        keep_reference=(keep_reference if _times_reference(config, built)
+                        else None),
+        resident_batch=resident_batch)
   # Timed offload copies are carved out of each step's compute span.
   timed_offload = (built.offload if built.offload and built.offload.timed
                    else None)
@@ -284,24 +288,49 @@ def _times_reference(config: TrainConfig,
   runs on a loaded host, against none of 4 without it, which costs the
   job its failure record and its one-line cause."""
   return (contention.times_reference(
-      config.run.reference_steps, pipelined=bool(built.pipeline),
+      config.run.reference_steps,
+      pipelined=bool(built.pipeline and not built.pipeline.can_run_alone),
       burst=bool(built.burst), fixed_offload=False)
           and config.run.loop == "ctl"
           and config.run.steps_per_execution == 1
           and config.distribute.strategy != "multi_worker")
 
 
-def _run_pipelined_loop(ctx: LoopContext, config: TrainConfig, spec, runtime,
-                        optimizer, iterator) -> float:
+def _run_pipelined_loop(ctx: LoopContext, config: TrainConfig, spec,
+                        built: parallelize.Parallelized, train_input, *,
+                        keep_reference=None, resident_batch=None) -> float:
   """The custom loop over GPipe steps, each step's compute span split into
-  stage compute, transfer and bubble from stages timed alone first."""
+  stage compute, transfer and bubble: from stages timed alone first
+  (devices), or as each stage's process stamped them (processes).
+
+  Where the stages can run alone (processes), `keep_reference`, if given,
+  is given each stage's work timed alone on `resident_batch()` before the
+  training iterator exists (`reference_step.calibrate`), and the compute
+  beyond it is carved out as contention, as PyTorch's pipeline does."""
+  runtime, optimizer = built.pipeline, built.optimizer
   loss_fn = steps.make_pipeline_loss(spec.task, config.data.batch_size)
   inputs, targets = steps.example_batch(runtime.model, spec.task,
                                         config.data.batch_size)
   runtime.measure_stages(inputs, targets, loss_fn, optimizer=optimizer)
+  train_step = runtime.make_train_step(optimizer, loss_fn)
+  split_compute = runtime.record_step
+  if keep_reference is not None:
+    reference = reference_step.calibrate(
+        train_step, resident_batch(), model=runtime.model,
+        optimizer=optimizer, num_steps=config.run.reference_steps,
+        pipeline=runtime)
+    keep_reference(reference)
+    split_compute = paired_removal.split_per_arm(
+        ctx.pairing,
+        functools.partial(reference.split_stage_compute, split_compute,
+                          pipeline_stats.STAGE_COMPUTE),
+        first_step=ctx.first_step)
+  if runtime.can_run_alone:
+    # Timed or not, no step runs alone from here on.
+    runtime.release_stand_ins()
   return loops.run_custom_loop(
-      ctx, train_step=runtime.make_train_step(optimizer, loss_fn),
-      iterator=iterator, split_compute=runtime.record_step)
+      ctx, train_step=train_step, iterator=iter(train_input),
+      split_compute=split_compute)
 
 
 def _describe_strategy(strategy, config: TrainConfig,
@@ -500,7 +529,14 @@ def _notes(config: TrainConfig, built, restored_step: int) -> list:
   if built.offload is not None and not built.offload.timed:
     notes.append("offload copies are counted, not timed: op determinism "
                  "refuses tf.timestamp, so they are part of compute")
-  if built.pipeline:
+  if built.pipeline and built.pipeline.can_run_alone:
+    notes.append("pipelined over stage servers: each step's compute span "
+                 "is split into stage_compute (each stage's busy time, "
+                 "stamped on its own process) and bubble (the rest), the "
+                 "mean stage's; where each stage was timed alone before "
+                 "training (strategy.reference_step), its stage_compute "
+                 "beyond that is contention; see pipeline.sources")
+  elif built.pipeline:
     notes.append("pipelined: each step's compute span is split into "
                  "stage_compute and transfer (stages and copies timed alone "
                  "before training) and bubble (the rest); see "

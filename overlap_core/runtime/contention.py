@@ -152,38 +152,8 @@ class ReferenceStep:
     """(start_s, end_s) -> a pipeline stage's spans, `inner`'s (its
     bubble, transfer and `compute` spans in the order they ran), with the
     stage's compute beyond the reference carved out of its first
-    `compute` spans as contention.
-
-    The reference here is the stage's own work timed alone, with no
-    neighbour to wait for, so the excess is taken over the step's
-    `compute` spans only: the waits are the bubble's and transfer's. As
-    in `split_compute`, the first compute span always starts with a
-    contention span, empty where there is no excess, so every step of a
-    run that derives the phase records it.
-    """
-    reference_s = self.reference_s  # a median: taken once, not per step
-    balance = ExcessBalance(reference_s)
-
-    def split(start_s: float, end_s: float) -> List[tuple]:
-      spans = inner(start_s, end_s)
-      left_s = balance.carve(
-          sum(e - b for name, b, e in spans if name == compute)
-          - reference_s)
-      carved = []
-      first = True
-      for name, begin, end in spans:
-        if name != compute or (left_s <= 0.0 and not first):
-          carved.append((name, begin, end))
-          continue
-        first = False
-        cut_s = begin + min(left_s, end - begin)
-        left_s -= cut_s - begin
-        carved.append((CONTENTION, begin, cut_s))
-        if cut_s < end:
-          carved.append((name, cut_s, end))
-      return carved
-
-    return split
+    `compute` spans as contention (`split_stage_compute`)."""
+    return split_stage_compute(self.reference_s, inner, compute)
 
   def to_dict(self) -> dict:
     return {"derived_from": "the run's step on a resident copy of its "
@@ -200,12 +170,104 @@ class ReferenceStep:
 COMPUTE = "compute"
 
 
+def split_stage_compute(reference_s: float, inner: Callable,
+                        compute: str) -> Callable:
+  """(start_s, end_s) -> a pipeline stage's spans, `inner`'s (its bubble,
+  transfer and `compute` spans in the order they ran), with the stage's
+  compute beyond `reference_s` carved out of its first `compute` spans as
+  contention.
+
+  The reference here is the stage's own work timed alone, with no
+  neighbour to wait for, so the excess is taken over the step's `compute`
+  spans only: the waits are the bubble's and transfer's. As in
+  `ReferenceStep.split_compute`, the first compute span always starts
+  with a contention span, empty where there is no excess, so every step
+  of a run that derives the phase records it.
+  """
+  balance = ExcessBalance(reference_s)
+
+  def split(start_s: float, end_s: float) -> List[tuple]:
+    spans = inner(start_s, end_s)
+    left_s = balance.carve(
+        sum(e - b for name, b, e in spans if name == compute)
+        - reference_s)
+    carved = []
+    first = True
+    for name, begin, end in spans:
+      if name != compute or (left_s <= 0.0 and not first):
+        carved.append((name, begin, end))
+        continue
+      first = False
+      cut_s = begin + min(left_s, end - begin)
+      left_s -= cut_s - begin
+      carved.append((CONTENTION, begin, cut_s))
+      if cut_s < end:
+        carved.append((name, cut_s, end))
+    return carved
+
+  return split
+
+
+@dataclasses.dataclass(frozen=True)
+class StagesAlone:
+  """Every stage of a pipeline timed alone, one stage at a time, where
+  one ledger stands for the mean stage.
+
+  A PyTorch rank holds one stage and keeps a ledger of its own, split
+  against its own `ReferenceStep`. TensorFlow's stage servers are driven
+  by one client, whose ledger is the mean stage's (`pipeline_processes.
+  ProcessPipelineRuntime.record_step`): its stage_compute is the mean of
+  the stages', so its contention is that beyond the mean of the stages'
+  references, which is the mean of each stage's own excess.
+
+  Attributes:
+    stages: each stage's `ReferenceStep`, in stage order: its own work on
+      stand-ins for its neighbours' tensors, as its clock timed it.
+  """
+  stages: Tuple[ReferenceStep, ...]
+
+  @property
+  def reference_s(self) -> float:
+    """The mean stage's work alone: the mean of the stages' medians."""
+    return statistics.mean(stage.reference_s for stage in self.stages)
+
+  @property
+  def cost_s(self) -> float:
+    """What timing every stage cost the run (each stage's calibration is
+    its own: they ran one after another)."""
+    return sum(stage.cost_s for stage in self.stages)
+
+  @property
+  def phases_derived(self) -> List[str]:
+    return [CONTENTION]
+
+  def split_stage_compute(self, inner: Callable, compute: str) -> Callable:
+    """`ReferenceStep.split_stage_compute` for the mean stage: `inner`'s
+    spans are the mean stage's, and so is the reference."""
+    return split_stage_compute(self.reference_s, inner, compute)
+
+  def to_dict(self) -> dict:
+    return {"derived_from": "each stage's own work of a step on stand-ins "
+                            "for its neighbours' tensors, timed alone "
+                            "before training, one stage at a time; the "
+                            "ledger's is the mean stage's",
+            "reference_ms": 1e3 * self.reference_s,
+            "per_stage": [{"stage": k, "reference_ms": 1e3 * s.reference_s,
+                           "step_ms": [1e3 * t for t in s.step_s],
+                           "cost_s": s.cost_s}
+                          for k, s in enumerate(self.stages)],
+            "warmup_calls": WARMUP_CALLS, "cost_s": self.cost_s}
+
+
 def times_reference(reference_steps: int, *, pipelined: bool, burst: bool,
                     fixed_offload: bool) -> bool:
   """Whether a run times its step alone before training, on both sides:
   not asked off (`--reference_steps=0`), and not a pipeline whose stages
   cannot run alone (`pipelined`: PyTorch's stages can, on stand-ins for
-  their neighbours' tensors, where a rank holds one stage) or a burst
+  their neighbours' tensors, where a rank holds one stage, and so can
+  TensorFlow's stage servers, `--pipeline_runtime=processes`; not
+  TensorFlow's devices runtime, whose stage_compute is its stages timed
+  alone already) or a burst
   plan, whose compute spans are split their own way, nor an offload no
   step can run without (`fixed_offload`: PyTorch's parameters offload
   keeps the weights on the host). Each trainer adds what only its
@@ -213,35 +275,42 @@ def times_reference(reference_steps: int, *, pipelined: bool, burst: bool,
   return reference_steps > 0 and not (pipelined or burst or fixed_offload)
 
 
-def time_reference(run_step: Callable[[], None], *, num_steps: int,
+def time_reference(run_step: Callable[[], Optional[float]], *,
+                   num_steps: int,
                    restore: Callable[[], None],
-                   before_call: Optional[Callable[[], None]] = None
-                   ) -> ReferenceStep:
+                   before_call: Optional[Callable[[], None]] = None,
+                   own_clock: bool = False) -> ReferenceStep:
   """Times `run_step` alone; then `restore()`.
 
   Args:
     run_step: runs one step on the resident batch and returns once it is
-      done (the device waited for).
+      done (the device waited for); with `own_clock`, returns the seconds
+      the step took by its own clock.
     num_steps: calls timed after `WARMUP_CALLS` untimed ones; at least 1.
     restore: puts back what the calls changed (weights, optimizer state,
       random streams).
     before_call: run before each call, untimed (replicas meeting at a
       barrier, so that their calls start together as their steps do).
+    own_clock: each call's time is what `run_step` returns, not the
+      host's span of the call: a TensorFlow pipeline stage's busy time,
+      stamped on its own process, as its steps in training are timed
+      (the client's span would add its dispatch to the stage server).
   """
   (reference,) = time_interleaved([run_step], num_steps=num_steps,
-                                  restore=restore, before_call=before_call)
+                                  restore=restore, before_call=before_call,
+                                  own_clock=own_clock)
   return reference
 
 
-def time_interleaved(run_steps: Sequence[Callable[[], None]], *,
+def time_interleaved(run_steps: Sequence[Callable[[], Optional[float]]], *,
                      num_steps: int,
                      restore: Callable[[], None],
-                     before_call: Optional[Callable[[], None]] = None
-                     ) -> List[ReferenceStep]:
+                     before_call: Optional[Callable[[], None]] = None,
+                     own_clock: bool = False) -> List[ReferenceStep]:
   """Times each of `run_steps` alone, interleaved call by call (so that a
   change of the host's load during the calibration moves them alike),
   each after `WARMUP_CALLS` untimed calls; then `restore()`. `before_call`
-  as in `time_reference`.
+  and `own_clock` as in `time_reference`.
 
   Returns:
     One `ReferenceStep` per function, in order; each `cost_s` is the
@@ -263,8 +332,9 @@ def time_interleaved(run_steps: Sequence[Callable[[], None]], *,
         if before_call:
           before_call()
         call_start = time.perf_counter()
-        run_step()
-        timed.append(time.perf_counter() - call_start)
+        own_s = run_step()
+        timed.append(own_s if own_clock else
+                     time.perf_counter() - call_start)
   finally:
     restore()
   cost_s = time.perf_counter() - start

@@ -114,6 +114,18 @@ def idle_intervals(start_s: float, end_s: float,
   return idle
 
 
+def busy_seconds(busy: Sequence[Tuple[float, float]]) -> float:
+  """The time the union of busy (start_s, end_s) intervals covers: a
+  stage's own work in a step, where `idle_intervals` leaves out of its
+  span what it covers (a stage timed alone has no span but its work)."""
+  if not busy:
+    return 0.0
+  start_s = min(b for b, _ in busy)
+  end_s = max(e for _, e in busy)
+  return (end_s - start_s) - sum(
+      e - b for _, b, e in idle_intervals(start_s, end_s, busy))
+
+
 class StageRecorder:
   """Bubble and transfer intervals of the current step, and every closed
   step's phase totals; thread-safe (gloo completes work on its own

@@ -5,13 +5,16 @@ The equivalence check is the in-process one of test_pipeline.py (its
 helpers, its tolerances: the same kernels on the same float64 values, in
 another summation order), run by a client process of its own, since
 connecting to a cluster changes the whole process's TensorFlow context.
-That client is this file run as a script.
+That client is this file run as a script. On one host it then times
+each stage alone, as the trainer does before training, and checks that
+the run trains on from exactly the state it would have had without.
 """
 
 import json
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,6 +38,9 @@ PIPELINE_FLAGS = ["--strategy=mirrored", f"--num_devices={STAGES}",
                   f"--pipeline_microbatches={MICROBATCHES}",
                   "--pipeline_split=even", "--pipeline_runtime=processes"]
 TIMEOUT_S = 240
+# Each stage's calls timed alone before a launched job trains: enough to
+# check what run.json holds of them, fewer than a run's default.
+REFERENCE_STEPS = 3
 
 
 def _tf_config(client: str, stages: list, role: str, index: int) -> str:
@@ -60,10 +66,14 @@ def test_two_stage_processes_train_like_the_unsplit_model(hosts):
   client = f"127.0.0.1:{ports[0]}"
   stages = [f"{host}:{port}" for host, port in zip(hosts, ports[1:])]
   servers = _start_stage_servers(client, stages)
+  # Once: the calibration is the same on loopback hosts.
+  times_stages_alone = hosts[0] == hosts[1]
   try:
-    result = _run_client(client, stages, servers)
+    result = _run_client(client, stages, servers, times_stages_alone)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "pipelined like the unsplit model" in result.stdout
+    if times_stages_alone:
+      assert "stages timed alone, the same training after" in result.stdout
     # The client gone, each stage server ends by itself, successfully.
     for server in servers:
       assert server.wait(timeout=30) == 0
@@ -71,7 +81,8 @@ def test_two_stage_processes_train_like_the_unsplit_model(hosts):
     processes.stop_processes(servers, grace_s=2)
 
 
-def _run_client(client: str, stages: list, servers: list):
+def _run_client(client: str, stages: list, servers: list,
+                times_stages_alone: bool):
   """This file run as the cluster's client, to its end; a stage server
   that dies first (its port taken before it bound it, say) fails the test
   at once, where the client would wait for the cluster until the timeout.
@@ -83,7 +94,7 @@ def _run_client(client: str, stages: list, servers: list):
       tempfile.TemporaryFile("w+") as err:
     runner = subprocess.Popen(
         [sys.executable, "-m", "tests.tfoverlap.test_pipeline_processes",
-         client, ",".join(stages)],
+         client, ",".join(stages), str(int(times_stages_alone))],
         cwd=REPO_ROOT, env=subprocess_env(), stdout=out, stderr=err,
         text=True)
     try:
@@ -114,7 +125,8 @@ def _launch(model_dir, *flags) -> subprocess.Popen:
 def test_launched_job_measures_each_stage_and_checkpoints_whole_model(
     tmp_path):
   job = _launch(tmp_path / "piped", "--train_steps=6", "--checkpoint=sync",
-                "--checkpoint_every=6", "--evaluate=false")
+                "--checkpoint_every=6", "--evaluate=false",
+                f"--reference_steps={REFERENCE_STEPS}")
   _, err = job.communicate(timeout=TIMEOUT_S)
   assert job.returncode == 0, err[-3000:]
   assert "listens on all interfaces" in err  # said, not hidden
@@ -124,9 +136,24 @@ def test_launched_job_measures_each_stage_and_checkpoints_whole_model(
   assert section["runtime"] == "processes"
   assert section["sources"]["bubble"].startswith("measured")
   assert section["sources"]["stage_compute"].startswith("measured")
-  # Transfer is not timed apart here (the ledger has no such phase).
+  # Each stage was timed alone first (the default --reference_steps), one
+  # at a time: the mean stage's stage_compute beyond that is contention.
+  assert "contention" in record["phases_derived"]
+  assert "contention" not in record["phases_measured"]
+  reference = record["strategy"]["reference_step"]
+  assert [row["stage"] for row in reference["per_stage"]] == [0, 1]
+  for row in reference["per_stage"]:
+    assert len(row["step_ms"]) == REFERENCE_STEPS
+    assert min(row["step_ms"]) > 0
+    assert row["reference_ms"] == pytest.approx(
+        statistics.median(row["step_ms"]))
+  assert reference["reference_ms"] == pytest.approx(statistics.mean(
+      row["reference_ms"] for row in reference["per_stage"]))
+  # Transfer is not timed apart here (the ledger has no such phase);
+  # contention is carved out of the mean stage's stage_compute.
   compute_span_ms = sum(1e3 * record["phases"][phase]["p50"]
-                        for phase in ("stage_compute", "bubble"))
+                        for phase in ("stage_compute", "contention",
+                                      "bubble"))
   for k, row in enumerate(section["per_stage"]):
     assert row["device"] == f"/job:worker/replica:0/task:{k}"
     # Forward and backward were stamped, not only the update.
@@ -154,7 +181,8 @@ def test_launched_job_measures_each_stage_and_checkpoints_whole_model(
 def test_stages_apart_run_on_their_stand_ins_and_measure_their_waits(
     tmp_path):
   job = _launch(tmp_path / "apart", "--train_steps=6", "--evaluate=false",
-                "--pipeline_stages_apart", *THREADS)
+                "--pipeline_stages_apart",
+                f"--reference_steps={REFERENCE_STEPS}", *THREADS)
   _, err = job.communicate(timeout=TIMEOUT_S)
   assert job.returncode == 0, err[-3000:]
   with open(tmp_path / "apart" / "run.json", encoding="utf-8") as f:
@@ -166,6 +194,11 @@ def test_stages_apart_run_on_their_stand_ins_and_measure_their_waits(
     # Each stage stamped its own forwards, backwards and update.
     assert row["compute_ms"] > row["update_ms"] > 0
   assert math.isfinite(record["final"]["train_loss"])
+  # As the pipeline's, its stages' compute beyond each stage timed alone
+  # is contention: the fidelity benchmark's bubble cell holds the change
+  # in bubble and contention together against the saving.
+  assert "contention" in record["phases_derived"]
+  assert "contention" in record["phases"]
 
 
 def _stage_server_pid(launcher_pid: int, stage: int) -> int:
@@ -190,9 +223,10 @@ def _stage_server_pid(launcher_pid: int, stage: int) -> int:
 
 
 def test_a_killed_stage_ends_the_job_with_one_line(tmp_path):
+  # No stage timed alone first: what is tested starts after step 2.
   job = _launch(tmp_path / "killed", "--train_steps=100000",
                 "--checkpoint=sync", "--checkpoint_every=2",
-                "--evaluate=false")
+                "--evaluate=false", "--reference_steps=0")
   try:
     checkpoints = tmp_path / "killed" / "checkpoints"
 
@@ -246,9 +280,11 @@ def _train_in_step(model, runtime, loss_fn):
   return losses, first_grads, [w.numpy() for w in model.weights]
 
 
-def _client_main(client: str, stages: list) -> None:
+def _client_main(client: str, stages: list,
+                 times_stages_alone: bool) -> None:
   """The client of the equivalence test: the unsplit model's reference on
-  this process, then the same steps through the stage servers."""
+  this process, then the same steps through the stage servers (and with
+  `times_stages_alone`, `_check_stages_alone`)."""
   # pylint: disable=g-import-not-at-top
   from overlap_core.runtime import cluster
   from tfoverlap import pipeline, pipeline_processes, steps
@@ -280,7 +316,57 @@ def _client_main(client: str, stages: list) -> None:
   for g, e, start in zip(got[2], expected[2], initial):
     same._assert_moved_alike(g, e, start)
   print("pipelined like the unsplit model", flush=True)
+  if times_stages_alone:
+    _check_stages_alone(model, runtime, loss_fn)
+    print("stages timed alone, the same training after", flush=True)
+
+
+def _check_stages_alone(model, runtime, loss_fn) -> None:
+  """Each stage timed alone, one at a time, with the run's own step
+  (`reference_step.calibrate`), then two steps trained at once: bit for
+  bit the two steps trained from the same state without the calibration.
+  (At once: reading the variables first would wait for the put-back,
+  which a run's first step does not.)"""
+  # pylint: disable=g-import-not-at-top
+  import keras
+  from overlap_core.runtime import contention
+  from tfoverlap import reference_step
+  from tests.tfoverlap import test_pipeline as same
+
+  # Momentum: the optimizer has slots for the calibration to disturb.
+  optimizer = keras.optimizers.SGD(same.LEARNING_RATE, momentum=0.9)
+  optimizer.build(model.trainable_variables)
+  batches = same._batches()
+  runtime.measure_stages(*batches[0], loss_fn)
+  train_step = runtime.make_train_step(optimizer, loss_fn)
+  variables = list(model.variables) + list(optimizer.variables)
+  start = [v.numpy() for v in variables]
+
+  def train_two_steps():
+    losses = [float(train_step(batch)) for batch in batches[1:]]
+    return losses, [v.numpy() for v in variables]
+
+  reference = reference_step.calibrate(
+      train_step, batches[0], model=model, optimizer=optimizer,
+      num_steps=2, pipeline=runtime)
+  runtime.release_stand_ins()
+  after_calibration = train_two_steps()
+  for variable, value in zip(variables, start):
+    variable.assign(value)
+    variable.numpy()  # waits for the assign on its stage server
+  without = train_two_steps()
+  assert after_calibration[0] == without[0]
+  for got, expected in zip(after_calibration[1], without[1]):
+    np.testing.assert_array_equal(got, expected)
+  # The steps moved the weights: the comparison is of training.
+  assert not all(np.array_equal(a, b) for a, b in zip(without[1], start))
+  assert isinstance(reference, contention.StagesAlone)
+  # One reference per stage, each from its own stamps: the busy time of
+  # its forwards, backwards and update, with no neighbour in between.
+  assert len(reference.stages) == runtime.num_stages
+  for stage in reference.stages:
+    assert len(stage.step_s) == 2 and min(stage.step_s) > 0
 
 
 if __name__ == "__main__":
-  _client_main(sys.argv[1], sys.argv[2].split(","))
+  _client_main(sys.argv[1], sys.argv[2].split(","), sys.argv[3] == "1")
