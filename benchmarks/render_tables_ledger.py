@@ -67,6 +67,9 @@ RESULTS = {
                      "paired within one run",
     "_bubble_tensorflow": "TensorFlow's bubble cell: its stage servers "
                           "against their stages run apart",
+    "_bubble_tensorflow_alone": "TensorFlow's bubble cell again, once each "
+                                "stage was timed alone, one at a time, for "
+                                "the contention phase",
 }
 
 
