@@ -44,7 +44,7 @@ from overlap_core.planning.profile import Profile
 from overlap_core.runtime import pipeline_stats
 from overlap_core.runtime.config import (ConfigError, PipelineConfig,
                                          TrainConfig)
-from tfoverlap import pipeline_timing
+from tfoverlap import pipeline_timing, reference_step
 from tfoverlap.planning.graph import (build_layer_graph, node_names,
                                       ordered_nodes)
 
@@ -540,6 +540,8 @@ def make_stand_ins(runtime: PipelineRuntime, inputs, targets,
   activations, gradients = crossing_tensors(inputs, targets)
   for variable, value in zip(runtime.model.variables, before):
     variable.assign(value)
+  # The first step must not read statistics not yet put back.
+  reference_step.wait_for_assigns(runtime.model.variables)
   devices = runtime.devices
   held_activations, held_gradients = [], []
   for c, (act, grad) in enumerate(zip(activations, gradients)):

@@ -20,7 +20,7 @@ calibration. The stages of a pipeline on stage servers
       train_step, batch, model=model, optimizer=optimizer, num_steps=5)
 """
 
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -42,18 +42,25 @@ def snapshot(model, optimizer) -> Callable[[], None]:
     # replicas a step parted (a local step) are one again.
     for variable, value in zip(variables, saved):
       variable.value.assign(value)
-    # An eager assign to a variable on another server (a pipeline's stage
-    # server) is queued there and returns at once, and the client's next
-    # traced step is not ordered after it: seen in tests/tfoverlap/
-    # test_pipeline_processes.py, where a step right after the client
-    # assigned a stage's variables read values not yet written. Reading
-    # each value back waits for its assign, so training starts from what
-    # was put back.
-    for variable in variables:
-      if not _is_local(variable.value.device):
-        variable.value.numpy()
+    wait_for_assigns(variables)
 
   return restore
+
+
+def wait_for_assigns(variables: Sequence) -> None:
+  """Returns once the assigns this client made to `variables` (Keras
+  variables) are done, on whichever server holds each.
+
+  An eager assign to a variable on another server (a pipeline's stage
+  server) is queued there and returns at once, and the client's next
+  traced step is not ordered after it: seen in tests/tfoverlap/
+  test_pipeline_processes.py, where a step right after the client
+  assigned a stage's variables read values not yet written. Reading each
+  value back waits for its assign.
+  """
+  for variable in variables:
+    if not _is_local(variable.value.device):
+      variable.value.numpy()
 
 
 def _is_local(device: str) -> bool:
