@@ -6,9 +6,12 @@ Every figure is read from `benchmarks/results/user_model_overhead.json`,
 which `python -m benchmarks.user_model_overhead` writes, or, for the
 PyTorch example with its sides in one process, from
 `user_model_overhead_torch_one_process.json`, and for the Keras example
-alone at 31 repeats, from `user_model_overhead_keras_r31.json`. Until a file exists its
-block says so and how to make it, instead of failing the render.
+alone, from `user_model_overhead_keras_r31.json` and `_keras_r21.json`
+(`RERUNS`). Until a file exists its block says so and how to make it,
+instead of failing the render.
 """
+
+import functools
 
 from benchmarks import harness
 from benchmarks import user_model_overhead
@@ -21,28 +24,20 @@ NOT_YET_RUN = (
     "`python -m benchmarks.render` then fills this table.")
 
 
-# The PyTorch example rerun with every repeat of both sides in one
-# process (`--sides_in=one_process`), apart from the full run's file.
-TORCH_ONE_PROCESS = f"{user_model_overhead.NAME}_torch_one_process"
-
-
-# The Keras example rerun alone at 31 repeats, its sides in one process.
-KERAS_R31 = f"{user_model_overhead.NAME}_keras_r31"
+# Reruns kept apart from the full run's file, each rendered the same way:
+# the suffix of its results file, and what it reran.
+RERUNS = {
+    "_torch_one_process": "the PyTorch example with every repeat of both "
+                          "sides in one process (--sides_in=one_process)",
+    "_keras_r31": "the Keras example alone at 31 repeats, its sides in one "
+                  "process",
+    "_keras_r21": "the Keras example alone at 21 repeats, on another host",
+}
 
 
 @table("user_model_overhead")
 def user_model_overhead_table() -> str:
   return _overhead_tables(user_model_overhead.NAME)
-
-
-@table(TORCH_ONE_PROCESS)
-def user_model_overhead_torch_one_process_table() -> str:
-  return _overhead_tables(TORCH_ONE_PROCESS)
-
-
-@table(KERAS_R31)
-def user_model_overhead_keras_r31_table() -> str:
-  return _overhead_tables(KERAS_R31)
 
 
 def _sides_in(data: dict) -> str:
@@ -107,3 +102,8 @@ def _gap_table(data: dict) -> str:
               ["example", "plain mean step ms", "trainer − plain",
                "wait for the batch", "trainer's bookkeeping (`other`)",
                "step's own work (the rest)"], rows))
+
+
+for _suffix in RERUNS:
+  _name = user_model_overhead.NAME + _suffix
+  table(_name)(functools.partial(_overhead_tables, _name))
