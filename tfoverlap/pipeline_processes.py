@@ -40,7 +40,7 @@ server process of its own, with its own threads:
 import contextlib
 import socket
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
@@ -194,6 +194,15 @@ def place_stage_variables(stages: Sequence[keras.Model],
             old, trainable=old.trainable, name=old.name.split(":")[0])
 
 
+def _busy_intervals(vector: np.ndarray, shift_s: float = 0.0
+                    ) -> List[Tuple[float, float]]:
+  """A stage's (begin, end) busy intervals from the vector its step
+  returns (the step's start there, then a (begin, end) pair per forward,
+  backward and the update), shifted by `shift_s` onto the client's clock."""
+  return [(float(b) + shift_s, float(e) + shift_s)
+          for b, e in vector[1:].reshape(-1, 2)]
+
+
 class StageClock:
   """Timestamps on one stage's task, ordered among that stage's alone.
 
@@ -293,9 +302,7 @@ class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
     on its own process, as `record_step` takes a stage's stage_compute."""
     if self._alone_stamps is None:
       raise RuntimeError("alone_seconds() before a step run alone")
-    return pipeline_stats.busy_seconds(
-        [(float(b), float(e))
-         for b, e in self._alone_stamps[1:].reshape(-1, 2)])
+    return pipeline_stats.busy_seconds(_busy_intervals(self._alone_stamps))
 
   def release_stand_ins(self) -> None:
     """Frees the stand-ins and the steps run alone on them, where no step
@@ -429,8 +436,7 @@ class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
     shift = start_s - min(float(v[0]) for v in self._last_stamps)
     idle_s = []
     for recorder, vector in zip(self.recorders, self._last_stamps):
-      busy = [(float(b) + shift, float(e) + shift)
-              for b, e in vector[1:].reshape(-1, 2)]
+      busy = _busy_intervals(vector, shift)
       bubbles = pipeline_stats.idle_intervals(start_s, end_s, busy)
       for interval in bubbles:
         recorder.record(*interval)
