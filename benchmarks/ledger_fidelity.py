@@ -221,7 +221,20 @@ def parse_args():
                       allowed=STRATEGIES, what="strategies")
   common.add_list_arg(parser, "phases", default=tuple(PHASES),
                       allowed=tuple(PHASES), what="phases")
+  parser.add_argument(
+      "--cells", default="",
+      help="Only these cells, as framework:strategy:phase, comma-separated "
+      "(e.g. tensorflow:mirrored:data_wait), of those --frameworks, "
+      "--strategies and --phases select; empty: all of them.")
   args = parser.parse_args()
+  args.cells = tuple(tuple(c.split(":")) for c in args.cells.split(",") if c)
+  for cell in args.cells:
+    framework, strategy, phase = (cell + ("", "", ""))[:3]
+    if (len(cell) != 3 or framework not in FRAMEWORKS
+        or strategy not in STRATEGIES or phase not in PHASES):
+      parser.error(f"--cells: {':'.join(cell)!r} is not framework:strategy:"
+                   f"phase; allowed: {'|'.join(FRAMEWORKS)}:"
+                   f"{'|'.join(STRATEGIES)}:{'|'.join(PHASES)}")
   for name, allowed in (("frameworks", FRAMEWORKS),
                         ("strategies", STRATEGIES),
                         ("phases", tuple(PHASES))):
@@ -243,7 +256,8 @@ def cells(args) -> list:
   """(framework, strategy, phase) of every cell asked for."""
   return [(f, s, p) for f in args.frameworks for p in args.phases
           for s in args.strategies
-          if s in PHASES[p].strategies and f in _frameworks(args, PHASES[p])]
+          if s in PHASES[p].strategies and f in _frameworks(args, PHASES[p])
+          and (not args.cells or (f, s, p) in args.cells)]
 
 
 def base_flags(args, strategy: str, steps: int) -> list:
@@ -352,6 +366,9 @@ def measure(args, repeats: int, scratch: str) -> harness.Measured:
                                    or {}).get("step_ms"),
             "phases_measured": record["phases_measured"],
             "phases_derived": record.get("phases_derived", []),
+            # What the run moved between phases after the fact
+            # (contention's settled balance), in ms per measured step.
+            "phases_moved_ms": record.get("phases_moved_ms"),
             "verdict": record.get("verdict"),
             "process": common.process_stats(stats)}
 

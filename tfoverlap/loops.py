@@ -23,7 +23,7 @@ from overlap_core.runtime.config import (CHECKPOINT_AUTO, ConfigError,
                                          TrainConfig)
 from overlap_core.runtime.loop_context import (LoopContext, ScalarWindows,
                                                after_execution, after_step,
-                                               compute_phase)
+                                               compute_phase, settle_split)
 
 
 def run_custom_loop(ctx: LoopContext, *, train_step, iterator,
@@ -47,6 +47,7 @@ def run_custom_loop(ctx: LoopContext, *, train_step, iterator,
       # the device work and not only its dispatch.
       loss = float(train_step(batch))
     after_step(ctx, step, loss)
+  settle_split(ctx.ledger, split_compute)
   return loss
 
 

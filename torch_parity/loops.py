@@ -15,7 +15,8 @@ import torch
 
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime.loop_context import (LoopContext, ScalarWindows,
-                                               after_step, compute_phase)
+                                               after_step, compute_phase,
+                                               settle_split)
 
 
 def _wait_for_step(device: torch.device,
@@ -71,6 +72,7 @@ def run_custom_loop(ctx: LoopContext, *, train_step, iterator,
         _wait_for_step(device, stream)
         loss = float(loss_tensor)
       after_step(ctx, step, loss)
+  settle_split(ctx.ledger, split_compute)
   return loss
 
 

@@ -28,8 +28,16 @@ on a 2-core host, and a span cannot be negative: carving each step's
 excess alone would keep the slow half of that jitter and drop the fast
 half, and call it contention. So a step that ran faster than the
 reference banks the difference, and the next steps' excess pays it back
-before any is carved (`ExcessBalance`): over a run, the jitter cancels
-and the phase's mean is the steps' mean excess over the reference.
+before any is carved (`ExcessBalance`). What the balance still holds when
+the loop ends ran below the reference after the excess it would have
+paid: the loop gives it back to compute, from the last steps that carved
+contention (`ContentionSplit.settle`), so that over a run the jitter
+cancels and the phase's mean is the steps' mean excess over the reference
+(up to the balance's cap). Unsettled, what the balance holds at the end
+is contention the steps never had, up to one reference step over the
+run: little over thousands of steps, more over the fidelity benchmark's
+halves of 50, and more in the half without the cause, whose steps leave
+it filled, than in the half with it, whose excess keeps it empty.
 
 What it cannot see: work that runs through the calibration as through
 the run (a background job, another process on the host) is inside the
@@ -37,6 +45,8 @@ reference too, so it is not contention.
 
   reference = time_reference(lambda: train_step(batch), num_steps=5)
   split = reference.split_compute()  # or .split_compute(inner=comm_split)
+  ...  # the loop: split(start_s, end_s) for each step's compute span
+  split.settle(ledger)
 """
 
 import dataclasses
@@ -45,6 +55,9 @@ import time
 from typing import Callable, List, Optional, Sequence, Tuple
 
 CONTENTION = "contention"  # the ledger phase: compute beyond the step alone
+# What `ContentionSplit.settle` gives back, as the ledger's summary names it
+# among its moves between phases (`StepLedger.relabel`).
+SETTLED_BALANCE = "contention_settled"
 # The reference is subtracted from every step, so its error is every
 # step's. The median of 5 calls moved by up to a millisecond from run to
 # run on a 2-core host. Of 24 runs of a 12 ms step timed with 15 calls,
@@ -83,6 +96,64 @@ class ExcessBalance:
                        self._cap_s)
     return carved_s
 
+  def take_banked(self) -> float:
+    """Empties the bank; returns what it held: time steps ran below the
+    reference that no later excess paid back."""
+    banked_s, self._bank_s = self._bank_s, 0.0
+    return banked_s
+
+
+class ContentionSplit:
+  """A split of each step's compute span that carves contention against a
+  reference (`ReferenceStep.split_compute`, `split_stage_compute`), called
+  once per step as the loops call any split; at the loop's end, `settle`
+  gives back to compute what its balance still holds.
+
+  Args:
+    split: (start_s, end_s) -> the step's spans, carving through `balance`.
+    balance: the split's `ExcessBalance`.
+    compute: the phase contention is carved out of, and given back to.
+  """
+
+  def __init__(self, split: Callable[[float, float], List[tuple]],
+               balance: ExcessBalance, compute: str):
+    self._split = split
+    self._balance = balance
+    self._compute = compute
+
+  def __call__(self, start_s: float, end_s: float) -> List[tuple]:
+    return self._split(start_s, end_s)
+
+  def settle(self, ledger, owns_step: Callable[[int], bool] = lambda _: True
+             ) -> float:
+    """Moves what the balance holds from the latest steps' contention back
+    to compute in `ledger` (a `ledger.StepLedger`), latest step first;
+    returns the seconds moved.
+
+    The balance holds time steps ran below the reference after the last
+    excess it paid: up to that much of the contention carved before them
+    was jitter that the run's end left unpaid.
+
+    Args:
+      owns_step: step number -> whether this split split that step's span
+        (False for the other arm's steps where a run alternates two
+        splits: `paired_removal.AlternatingCalls.settle`).
+    """
+    left_s = self._balance.take_banked()
+    moved = {}
+    steps = ledger.steps
+    for index in range(len(steps) - 1, -1, -1):
+      if left_s <= 0.0:
+        break
+      if not owns_step(steps[index].step):
+        continue
+      taken_s = min(steps[index].phases_s.get(CONTENTION, 0.0), left_s)
+      if taken_s > 0.0:
+        moved[index] = taken_s
+        left_s -= taken_s
+    ledger.relabel(moved, CONTENTION, self._compute, why=SETTLED_BALANCE)
+    return sum(moved.values())
+
 
 @dataclasses.dataclass(frozen=True)
 class ReferenceStep:
@@ -118,7 +189,8 @@ class ReferenceStep:
         self, step_s=tuple(s - part_s for s in self.step_s),
         holds_parts=False)
 
-  def split_compute(self, inner: Optional[Callable] = None) -> Callable:
+  def split_compute(self, inner: Optional[Callable] = None
+                    ) -> "ContentionSplit":
     """(start_s, end_s) -> the spans that tile a step's compute span:
     `inner`'s parts (an exposed all-reduce, say) first, then contention,
     then compute.
@@ -146,9 +218,10 @@ class ReferenceStep:
       return [*parts, (CONTENTION, compute_start_s, split_s),
               (COMPUTE, split_s, compute_end_s)]
 
-    return split
+    return ContentionSplit(split, balance, COMPUTE)
 
-  def split_stage_compute(self, inner: Callable, compute: str) -> Callable:
+  def split_stage_compute(self, inner: Callable, compute: str
+                          ) -> ContentionSplit:
     """(start_s, end_s) -> a pipeline stage's spans, `inner`'s (its
     bubble, transfer and `compute` spans in the order they ran), with the
     stage's compute beyond the reference carved out of its first
@@ -171,7 +244,7 @@ COMPUTE = "compute"
 
 
 def split_stage_compute(reference_s: float, inner: Callable,
-                        compute: str) -> Callable:
+                        compute: str) -> ContentionSplit:
   """(start_s, end_s) -> a pipeline stage's spans, `inner`'s (its bubble,
   transfer and `compute` spans in the order they ran), with the stage's
   compute beyond `reference_s` carved out of its first `compute` spans as
@@ -205,7 +278,7 @@ def split_stage_compute(reference_s: float, inner: Callable,
         carved.append((name, cut_s, end))
     return carved
 
-  return split
+  return ContentionSplit(split, balance, compute)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,7 +314,8 @@ class StagesAlone:
   def phases_derived(self) -> List[str]:
     return [CONTENTION]
 
-  def split_stage_compute(self, inner: Callable, compute: str) -> Callable:
+  def split_stage_compute(self, inner: Callable, compute: str
+                          ) -> ContentionSplit:
     """`ReferenceStep.split_stage_compute` for the mean stage: `inner`'s
     spans are the mean stage's, and so is the reference."""
     return split_stage_compute(self.reference_s, inner, compute)

@@ -240,6 +240,8 @@ class StepLedger:
     # spent between them (progress lines, framework internals) is "other"
     # and the step durations add up to the loop's wall time.
     self._previous_step_end: Optional[float] = None
+    # relabel's named moves: {why: {index into steps: seconds}}.
+    self._moves: Dict[str, Dict[int, float]] = {}
     self.origin_s = clock()
 
   @property
@@ -323,19 +325,21 @@ class StepLedger:
     return record
 
   def relabel(self, seconds_by_index: Dict[int, float], source: str,
-              target: str) -> None:
+              target: str, *, why: Optional[str] = None) -> None:
     """Counts part of some steps' `source` phase as `target` instead.
 
     For what only the whole run shows (`overlap_core.runtime.
-    replica_data_wait`): the step records' phases, and the trace's spans,
-    whose first `source` span of each step gives its leading seconds to
-    `target`. The steps' durations, and so the phases' sum, are
-    unchanged.
+    replica_data_wait`, `contention.ContentionSplit.settle`): the step
+    records' phases, and the trace's spans, whose first `source` span of
+    each step gives its leading seconds to `target`. The steps'
+    durations, and so the phases' sum, are unchanged.
 
     Args:
       seconds_by_index: {index into `steps`: seconds}, each at most that
         step's `source` time (more is clipped to it).
       source, target: phase names.
+      why: a name for the move, under which `summary` reports its mean
+        per measured step (`moved_ms`); None: not reported.
     """
     moved = {}
     for index, seconds in seconds_by_index.items():
@@ -346,6 +350,9 @@ class StepLedger:
       phases[source] -= seconds
       phases[target] = phases.get(target, 0.0) + seconds
       moved[index + 1] = seconds  # spans number the steps from 1
+      if why is not None:
+        by_index = self._moves.setdefault(why, {})
+        by_index[index] = by_index.get(index, 0.0) + seconds
     spans = []
     for span in self._spans:
       seconds = moved.pop(span.step, None) if span.name == source else None
@@ -374,8 +381,9 @@ class StepLedger:
       thread, while it lasted: the mean over the measured steps that read
       them, `samples_phase_cpu`), and `step` has them for the whole step
       (per step its readings cover: `StepRecord.cpu_steps`),
-      `cpu_mean` there including child processes. And `cpu`: see
-      `cpu_summary`.
+      `cpu_mean` there including child processes. `cpu`: see
+      `cpu_summary`. `moved_ms`: {why: ms per measured step} for each
+      named move of `relabel`.
     """
     if warmup_steps is None:
       warmup_steps = default_warmup_steps(len(self._steps))
@@ -411,12 +419,18 @@ class StepLedger:
     phases[STEP]["thread_cpu_mean"] = sum(
         r.thread_cpu_s for r in measured) / covered
     samples = sum(r.num_samples for r in measured)
+    first_measured = len(self._steps) - len(measured)
     return {
         "warmup_steps": min(warmup_steps, len(self._steps)),
         "measured_steps": len(measured),
         "samples_per_second": samples / step_total if step_total else 0.0,
         "phases": phases,
         "cpu": cpu_summary(phases[STEP]["cpu_mean"], phases[STEP]["mean"]),
+        "moved_ms": {
+            why: 1e3 * sum(seconds for index, seconds in by_index.items()
+                           if index >= first_measured)
+                 / max(len(measured), 1)
+            for why, by_index in sorted(self._moves.items())},
     }
 
 

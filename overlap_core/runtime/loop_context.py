@@ -78,6 +78,16 @@ class _SplitComputeSpan:
       self._cpu.__exit__(*exc_info)
 
 
+def settle_split(ledger: ledger_lib.StepLedger, split_compute) -> None:
+  """After a loop's last step: what the split's contention balance still
+  holds goes back to compute (`contention.ContentionSplit.settle`), for a
+  split that carves contention, or each arm's of one that alternates
+  (`paired_removal.AlternatingCalls.settle`)."""
+  settle = getattr(split_compute, "settle", None)
+  if settle is not None:
+    settle(ledger)
+
+
 def after_step(ctx: LoopContext, step: int, loss: float, *,
                may_checkpoint: bool = True,
                end_s: Optional[float] = None) -> None:

@@ -162,6 +162,20 @@ class AlternatingCalls:
       return self._without(*args)
     return self._with(*args)
 
+  def settle(self, ledger) -> float:
+    """Settles each arm that is a split carving contention
+    (`contention.ContentionSplit.settle`) over its own steps, as each
+    carved with a balance of its own (`split_per_arm`); the seconds
+    moved."""
+    return sum(
+        arm.settle(ledger, owns_step=owns_step)
+        for arm, owns_step in ((self._with, self._with_cause_step),
+                               (self._without, self._pairing.removed))
+        if hasattr(arm, "settle"))
+
+  def _with_cause_step(self, step: int) -> bool:
+    return not self._pairing.removed(step)
+
 
 class AlternatingBatches:
   """The pipeline's batches, or resident ones in steps without input.

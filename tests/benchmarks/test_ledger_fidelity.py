@@ -81,6 +81,7 @@ def test_cells_cover_each_phases_strategies():
     strategies = ledger_fidelity.STRATEGIES
     phases = tuple(ledger_fidelity.PHASES)
     two_runs = False
+    cells = ()
   cells = ledger_fidelity.cells(Args)
   assert ("tensorflow", "mirrored", "data_wait") in cells
   assert ("pytorch", "mirrored", "checkpoint_stall") in cells
@@ -100,6 +101,12 @@ def test_cells_cover_each_phases_strategies():
   cells = ledger_fidelity.cells(Args)
   assert ("pytorch", "mirrored", "exposed_comm") in cells
   assert ("tensorflow", "mirrored", "exposed_comm") not in cells
+  # --cells picks among them; a cell the selection has not is not run.
+  Args.two_runs = False
+  Args.cells = (("tensorflow", "mirrored", "data_wait"),
+                ("tensorflow", "default", "exposed_comm"))
+  assert ledger_fidelity.cells(Args) == [
+      ("tensorflow", "mirrored", "data_wait")]
 
 
 def test_a_run_that_holds_both_sides_is_a_pair_of_its_halves():

@@ -57,6 +57,75 @@ def test_the_bank_holds_at_most_one_reference_step():
   assert _carved_ms(split, [2.0] * 10 + [17.0])[-1] == pytest.approx(3.0)
 
 
+def _run(split, durations_ms, *, first_step=1):
+  """A ledger whose steps of `durations_ms` are each one compute span split
+  by `split`, back to back from 0, as the loops record them."""
+  ledger = ledger_lib.StepLedger(clock=lambda: 0.0)
+  start_s = 0.0
+  for step, duration_ms in enumerate(durations_ms, start=first_step):
+    end_s = start_s + duration_ms / 1e3
+    for name, begin, end in split(start_s, end_s):
+      ledger.add(name, begin, end)
+    ledger.end_step(step, 8, end_s=end_s)
+    start_s = end_s
+  return ledger
+
+
+def _phase_ms(ledger, name):
+  return [1e3 * r.phases_s.get(name, 0.0) for r in ledger.steps]
+
+
+def test_settling_gives_the_unpaid_balance_back_to_the_latest_carves():
+  # Against a 10 ms reference, two steps 2 ms over carve 4 ms; the two
+  # after run 1 ms under, which no later excess pays back: the steps'
+  # mean excess is 0.5 ms, not the 1 ms carved. Settling gives 2 ms back
+  # to compute from the latest carve first.
+  split = _reference(0.010).split_compute()
+  ledger = _run(split, [12.0, 12.0, 9.0, 9.0])
+  assert _phase_ms(ledger, ledger_lib.CONTENTION) == pytest.approx(
+      [2.0, 2.0, 0.0, 0.0])
+  assert split.settle(ledger) == pytest.approx(0.002)
+  assert _phase_ms(ledger, ledger_lib.CONTENTION) == pytest.approx(
+      [2.0, 0.0, 0.0, 0.0])
+  assert _phase_ms(ledger, ledger_lib.COMPUTE) == pytest.approx(
+      [10.0, 12.0, 9.0, 9.0])
+  assert sum(_phase_ms(ledger, ledger_lib.CONTENTION)) / 4 == pytest.approx(
+      (2 + 2 - 1 - 1) / 4)
+  # Each step still adds up; the move is reported per measured step.
+  assert ledger.summary(warmup_steps=0)["moved_ms"] == {
+      contention.SETTLED_BALANCE: pytest.approx(0.5)}
+  # Settled once: the balance is empty now.
+  assert split.settle(ledger) == 0.0
+
+
+def test_settling_moves_no_more_than_was_carved():
+  # The bank (3 ms) exceeds every carve before it (1 ms): only that
+  # moves, and no step's contention goes below zero.
+  split = _reference(0.010).split_compute()
+  ledger = _run(split, [11.0, 7.0])
+  assert split.settle(ledger) == pytest.approx(0.001)
+  assert _phase_ms(ledger, ledger_lib.CONTENTION) == pytest.approx([0.0, 0.0])
+
+
+def test_a_run_that_ends_on_its_excess_settles_nothing():
+  split = _reference(0.010).split_compute()
+  ledger = _run(split, [9.0, 12.0])
+  assert split.settle(ledger) == 0.0
+  assert _phase_ms(ledger, ledger_lib.CONTENTION) == pytest.approx([0.0, 1.0])
+  assert ledger.summary(warmup_steps=0)["moved_ms"] == {}
+
+
+def test_a_stage_settles_back_into_its_own_compute_phase():
+  def inner(start_s, end_s):
+    return [("stage_compute", start_s, end_s)]
+
+  split = _reference(0.010).split_stage_compute(inner, "stage_compute")
+  ledger = _run(split, [12.0, 9.0])
+  split.settle(ledger)
+  assert _phase_ms(ledger, ledger_lib.CONTENTION) == pytest.approx([1.0, 0.0])
+  assert _phase_ms(ledger, "stage_compute") == pytest.approx([11.0, 9.0])
+
+
 def test_a_stage_banks_its_time_below_the_reference_too():
   def inner(start_s, end_s):
     return [("stage_compute", start_s, end_s)]

@@ -2,6 +2,7 @@
 
 import pytest
 
+from overlap_core.runtime import contention
 from overlap_core.runtime import datasets
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import paired_removal
@@ -185,6 +186,29 @@ def test_each_arm_splits_against_the_reference_with_a_balance_of_its_own(
   arms = [split(float(step), 0.0) for step in range(1, 9)]
   assert arms == [1, 1, 2, 2, 2, 2, 1, 1]
   assert made == [[1.0, 2.0, 7.0, 8.0], [3.0, 4.0, 5.0, 6.0]]
+
+
+def test_each_arm_settles_its_own_balance_over_its_own_steps():
+  pairing = PairedRemoval(INPUT, block_steps=2)
+  reference = contention.ReferenceStep(step_s=(0.010,), cost_s=0.0)
+  split = paired_removal.split_per_arm(pairing, reference.split_compute,
+                                       first_step=1)
+  ledger = ledger_lib.StepLedger(clock=lambda: 0.0)
+  # Steps 1-8: with, with, without x4, with, with. The arm with the cause
+  # carves 2 ms in each of steps 1 and 2 and ends 1 ms under in steps 7
+  # and 8; the arm without carves 1 ms in step 3 and ends 1 ms under.
+  durations_ms = [12.0, 12.0, 11.0, 10.0, 10.0, 9.0, 9.0, 9.0]
+  start_s = 0.0
+  for step, duration_ms in enumerate(durations_ms, start=1):
+    end_s = start_s + duration_ms / 1e3
+    for name, begin, end in split(start_s, end_s):
+      ledger.add(name, begin, end)
+    ledger.end_step(step, 8, end_s=end_s)
+    start_s = end_s
+  assert split.settle(ledger) == pytest.approx(0.003)
+  contention_ms = [1e3 * r.phases_s[ledger_lib.CONTENTION]
+                   for r in ledger.steps]
+  assert contention_ms == pytest.approx([2.0, 0.0, 0.0, 0, 0, 0, 0, 0])
 
 
 def test_without_a_pairing_or_with_offload_the_split_is_one():
