@@ -41,6 +41,7 @@ timed elsewhere and has no CPU time.
 
 import dataclasses
 import math
+import statistics
 import time
 from typing import Callable, Dict, List, NamedTuple, Optional
 
@@ -242,6 +243,8 @@ class StepLedger:
     self._previous_step_end: Optional[float] = None
     # relabel's named moves: {why: {index into steps: seconds}}.
     self._moves: Dict[str, Dict[int, float]] = {}
+    # Each step's compute beyond the step alone, signed (record_excess).
+    self._excess_s: Dict[int, float] = {}
     self.origin_s = clock()
 
   @property
@@ -364,6 +367,16 @@ class StepLedger:
                 Span(source, span.step, split_s, span.end_s)]
     self._spans = spans
 
+  def record_excess(self, excess_by_index: Dict[int, float]) -> None:
+    """Records some steps' compute beyond the step timed alone, signed
+    (`contention.ContentionSplit.settle`), for `summary`'s
+    `against_step_alone`.
+
+    Args:
+      excess_by_index: {index into `steps`: seconds, negative below it}.
+    """
+    self._excess_s.update(excess_by_index)
+
   def window(self, since_step: int) -> List[StepRecord]:
     """The steps numbered above `since_step`."""
     return [r for r in self._steps if r.step > since_step]
@@ -383,7 +396,10 @@ class StepLedger:
       (per step its readings cover: `StepRecord.cpu_steps`),
       `cpu_mean` there including child processes. `cpu`: see
       `cpu_summary`. `moved_ms`: {why: ms per measured step} for each
-      named move of `relabel`.
+      named move of `relabel`. `against_step_alone`: over the measured
+      steps split against the step timed alone (`record_excess`), their
+      number, how many ran below it, and their median signed excess in
+      ms; None without such steps.
     """
     if warmup_steps is None:
       warmup_steps = default_warmup_steps(len(self._steps))
@@ -426,12 +442,26 @@ class StepLedger:
         "samples_per_second": samples / step_total if step_total else 0.0,
         "phases": phases,
         "cpu": cpu_summary(phases[STEP]["cpu_mean"], phases[STEP]["mean"]),
+        "against_step_alone": _against_step_alone(
+            [self._excess_s[i] for i in range(first_measured,
+                                               len(self._steps))
+             if i in self._excess_s]),
         "moved_ms": {
             why: 1e3 * sum(seconds for index, seconds in by_index.items()
                            if index >= first_measured)
                  / max(len(measured), 1)
             for why, by_index in sorted(self._moves.items())},
     }
+
+
+def _against_step_alone(excess_s: List[float]) -> Optional[dict]:
+  """How the measured steps' compute stood against the step timed alone:
+  None where no step was split against one."""
+  if not excess_s:
+    return None
+  return {"steps": len(excess_s),
+          "steps_below": sum(1 for e in excess_s if e < 0.0),
+          "median_excess_ms": 1e3 * statistics.median(excess_s)}
 
 
 def cpu_summary(work_s_per_step: float, step_s: float,

@@ -164,6 +164,7 @@ def build_run_record(*, framework: str, config: dict, environment: dict,
       "phases_measured": list(phases_measured),
       "phases_derived": list(phases_derived),
       "phases_moved_ms": ledger_summary.get("moved_ms", {}),
+      "against_step_alone": ledger_summary.get("against_step_alone"),
       "verdict": verdict_lib.step_verdict(
           ledger_summary["phases"], phases_measured).to_dict(),
       "steps_per_execution": steps_per_execution,

@@ -94,6 +94,9 @@ def test_settling_gives_the_unpaid_balance_back_to_the_latest_carves():
   # Each step still adds up; the move is reported per measured step.
   assert ledger.summary(warmup_steps=0)["moved_ms"] == {
       contention.SETTLED_BALANCE: pytest.approx(0.5)}
+  # How the steps stood against the reference goes to the summary.
+  assert ledger.summary(warmup_steps=0)["against_step_alone"] == {
+      "steps": 4, "steps_below": 2, "median_excess_ms": pytest.approx(0.5)}
   # Settled once: the balance is empty now.
   assert split.settle(ledger) == 0.0
 
@@ -113,6 +116,34 @@ def test_a_run_that_ends_on_its_excess_settles_nothing():
   assert split.settle(ledger) == 0.0
   assert _phase_ms(ledger, ledger_lib.CONTENTION) == pytest.approx([0.0, 1.0])
   assert ledger.summary(warmup_steps=0)["moved_ms"] == {}
+
+
+def test_steps_below_the_step_alone_at_the_median_say_it_was_timed_slow():
+  # Steps with nothing beside them 1 ms under a reference timed 1 ms slow,
+  # then 1.5 ms of input work beside the last two: no contention is carved,
+  # and the note says by how much it may be understated.
+  split = _reference(0.011).split_compute()
+  ledger = _run(split, [10.0, 10.0, 10.0, 11.5, 11.5])
+  split.settle(ledger)
+  assert sum(_phase_ms(ledger, ledger_lib.CONTENTION)) == 0.0
+  check = ledger.summary(warmup_steps=0)["against_step_alone"]
+  assert check == {"steps": 5, "steps_below": 3,
+                   "median_excess_ms": pytest.approx(-1.0)}
+  note = contention.understated_note(check)
+  assert note.startswith("contention may be understated: the steps' "
+                         "compute ran 1.00 ms below the step timed alone "
+                         "at the median (3 of 5 measured steps below it)")
+  # At or above the step alone at the median: nothing to say.
+  assert contention.understated_note(
+      {"steps": 2, "steps_below": 1, "median_excess_ms": 0.0}) is None
+  assert contention.understated_note(None) is None
+
+
+def test_a_run_split_against_no_step_alone_has_no_check():
+  ledger = ledger_lib.StepLedger(clock=lambda: 0.0)
+  ledger.add(ledger_lib.COMPUTE, 0.0, 0.01)
+  ledger.end_step(1, 8, end_s=0.01)
+  assert ledger.summary(warmup_steps=0)["against_step_alone"] is None
 
 
 def test_a_stage_settles_back_into_its_own_compute_phase():

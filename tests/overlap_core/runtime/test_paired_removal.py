@@ -209,6 +209,9 @@ def test_each_arm_settles_its_own_balance_over_its_own_steps():
   contention_ms = [1e3 * r.phases_s[ledger_lib.CONTENTION]
                    for r in ledger.steps]
   assert contention_ms == pytest.approx([2.0, 0.0, 0.0, 0, 0, 0, 0, 0])
+  # Every step's excess, each arm's against its own calls.
+  assert ledger.summary(warmup_steps=0)["against_step_alone"] == {
+      "steps": 8, "steps_below": 3, "median_excess_ms": pytest.approx(0.0)}
 
 
 def test_without_a_pairing_or_with_offload_the_split_is_one():
