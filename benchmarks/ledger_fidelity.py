@@ -347,8 +347,11 @@ def measure(args, repeats: int, scratch: str) -> harness.Measured:
           JOB: _half(halves[paired_removal.WITH]["phases_ms"], phase),
           REMOVED: _half(halves[paired_removal.WITHOUT]["phases_ms"], phase)}
       run["paired_removal"] = paired
+      saving = ("none (a half counted no step)"
+                if paired["saving_ms"] is None
+                else f"{paired['saving_ms']:.2f} ms")
       common.log(f"repeat {repeat + 1}/{repeats} {' '.join(side)}: saving "
-                 f"{paired['saving_ms']:.2f} ms, {phase} "
+                 f"{saving}, {phase} "
                  f"{run['halves'][JOB]['phase_ms']:.2f} ms with, "
                  f"{run['halves'][REMOVED]['phase_ms']:.2f} ms without")
     else:

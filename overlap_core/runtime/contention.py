@@ -433,8 +433,9 @@ def understated_note(check: Optional[dict]) -> Optional[str]:
   or None.
 
   A step with work beside it is not faster than the same step alone, so
-  such a reference was timed slow (a slow spell of the host during the
-  calibration), and a step's excess below it carves no contention: the
+  such a reference was timed slower than the run's steps ran (a slow
+  spell of the host during the calibration, say), and a step below it
+  carves no contention: the
   fidelity benchmark's runs whose step alone was timed above their steps
   without the cause attributed less than the cause's removal saved, and
   the others met the goal (BENCHMARKS §17).
@@ -444,5 +445,6 @@ def understated_note(check: Optional[dict]) -> Optional[str]:
   return (f"contention may be understated: the steps' compute ran "
           f"{-check['median_excess_ms']:.2f} ms below the step timed alone "
           f"at the median ({check['steps_below']} of {check['steps']} "
-          f"measured steps below it), so the step alone was timed slow and "
-          f"up to that much of each step's contention is in compute")
+          f"measured steps below it); a step below it carves no "
+          f"contention, so up to that much of a step's contention may be "
+          f"in compute")
