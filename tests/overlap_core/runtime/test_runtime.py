@@ -240,6 +240,17 @@ def test_breakdown_table_marks_unmeasured_phases():
   assert "100.0%" in rows["step"]
 
 
+def test_breakdown_table_says_when_contention_may_be_understated():
+  summary = run_fake_steps(lambda step: {ledger_lib.COMPUTE: 0.01},
+                           10).summary()
+  assert "note:" not in report.format_breakdown(summary)
+  summary["against_step_alone"] = {"steps": 9, "steps_below": 7,
+                                   "median_excess_ms": -0.5}
+  last = report.format_breakdown(summary).splitlines()[-1]
+  assert last.startswith("  note: contention may be understated: the "
+                         "steps' compute ran 0.50 ms below")
+
+
 def test_progress_prints_on_cadence(capsys):
   clock = FakeClock()
   ledger = ledger_lib.StepLedger(clock=clock)
