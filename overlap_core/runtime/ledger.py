@@ -332,7 +332,7 @@ class StepLedger:
     """Counts part of some steps' `source` phase as `target` instead.
 
     For what only the whole run shows (`overlap_core.runtime.
-    replica_data_wait`, `contention.ContentionSplit.settle`): the step
+    replica_data_wait`, `contention_split.ContentionSplit.settle`): the step
     records' phases, and the trace's spans, whose first `source` span of
     each step gives its leading seconds to `target`. The steps'
     durations, and so the phases' sum, are unchanged.
@@ -369,7 +369,7 @@ class StepLedger:
 
   def record_excess(self, excess_by_index: Dict[int, float]) -> None:
     """Records some steps' compute beyond the step timed alone, signed
-    (`contention.ContentionSplit.settle`), for `summary`'s
+    (`contention_split.ContentionSplit.settle`), for `summary`'s
     `against_step_alone`.
 
     Args:

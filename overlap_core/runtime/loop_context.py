@@ -80,7 +80,7 @@ class _SplitComputeSpan:
 
 def settle_split(ledger: ledger_lib.StepLedger, split_compute) -> None:
   """After a loop's last step: what the split's contention balance still
-  holds goes back to compute (`contention.ContentionSplit.settle`), for a
+  holds goes back to compute (`contention_split.ContentionSplit.settle`), for a
   split that carves contention, or each arm's of one that alternates
   (`paired_removal.AlternatingCalls.settle`)."""
   settle = getattr(split_compute, "settle", None)

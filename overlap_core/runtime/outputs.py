@@ -10,7 +10,7 @@ files and of the record is decided here, once.
 import os
 from typing import Iterable, Optional
 
-from overlap_core.runtime import contention, dir_lock
+from overlap_core.runtime import contention_split, dir_lock
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import paired_removal, run_record, trace, user_code
 from overlap_core.runtime.config import TrainConfig
@@ -91,7 +91,7 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
     outputs["tensorboard"] = os.path.join(out_dir, "tensorboard")
   outputs["run_record"] = os.path.join(out_dir, run_record.RUN_RECORD_NAME)
   summary = ledger.summary()
-  understated = contention.understated_note(summary["against_step_alone"])
+  understated = contention_split.understated_note(summary["against_step_alone"])
   if understated:
     notes = [*notes, understated]
   if cpu_of_processes is not None:

@@ -164,7 +164,7 @@ class AlternatingCalls:
 
   def settle(self, ledger) -> float:
     """Settles each arm that is a split carving contention
-    (`contention.ContentionSplit.settle`) over its own steps, as each
+    (`contention_split.ContentionSplit.settle`) over its own steps, as each
     carved with a balance of its own (`split_per_arm`); the seconds
     moved."""
     return sum(
@@ -241,7 +241,7 @@ def split_per_arm(pairing: Optional[PairedRemoval],
   alone, one for each arm where `pairing` removes the input, checkpoints
   or the all-reduce.
 
-  Contention's balance (`contention.ExcessBalance`) carries the time steps
+  Contention's balance (`contention_split.ExcessBalance`) carries the time steps
   ran below the reference into the steps after. One balance for the run
   would carry the arm without the cause's fast steps into the next block
   with it, and call that arm's contention compute. Offload's arms each

@@ -1,6 +1,6 @@
 """Human-readable summaries of a run: the end-of-run breakdown table."""
 
-from overlap_core.runtime import contention
+from overlap_core.runtime import contention_split
 from overlap_core.runtime import ledger as ledger_lib
 from overlap_core.runtime import verdict as verdict_lib
 
@@ -47,7 +47,7 @@ def format_breakdown(summary: dict, *, title: str = "Per-step breakdown",
                  + ("  (derived)" if name in phases_derived else ""))
   verdict = verdict_lib.step_verdict(phases, phases_measured)
   lines.append(f"  verdict: {verdict.describe()}")
-  understated = contention.understated_note(
+  understated = contention_split.understated_note(
       summary.get("against_step_alone"))
   if understated:
     lines.append(f"  note: {understated}")

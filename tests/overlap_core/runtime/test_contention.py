@@ -3,7 +3,7 @@ step's compute span."""
 
 import pytest
 
-from overlap_core.runtime import contention
+from overlap_core.runtime import contention, contention_split
 from overlap_core.runtime import ledger as ledger_lib
 
 
@@ -93,7 +93,7 @@ def test_settling_gives_the_unpaid_balance_back_to_the_latest_carves():
       (2 + 2 - 1 - 1) / 4)
   # Each step still adds up; the move is reported per measured step.
   assert ledger.summary(warmup_steps=0)["moved_ms"] == {
-      contention.SETTLED_BALANCE: pytest.approx(0.5)}
+      contention_split.SETTLED_BALANCE: pytest.approx(0.5)}
   # How the steps stood against the reference goes to the summary.
   assert ledger.summary(warmup_steps=0)["against_step_alone"] == {
       "steps": 4, "steps_below": 2, "median_excess_ms": pytest.approx(0.5)}
@@ -129,14 +129,14 @@ def test_steps_below_the_step_alone_at_the_median_say_it_was_timed_slow():
   check = ledger.summary(warmup_steps=0)["against_step_alone"]
   assert check == {"steps": 5, "steps_below": 3,
                    "median_excess_ms": pytest.approx(-1.0)}
-  note = contention.understated_note(check)
+  note = contention_split.understated_note(check)
   assert note.startswith("contention may be understated: the steps' "
                          "compute ran 1.00 ms below the step timed alone "
                          "at the median (3 of 5 measured steps below it)")
   # At or above the step alone at the median: nothing to say.
-  assert contention.understated_note(
+  assert contention_split.understated_note(
       {"steps": 2, "steps_below": 1, "median_excess_ms": 0.0}) is None
-  assert contention.understated_note(None) is None
+  assert contention_split.understated_note(None) is None
 
 
 def test_a_run_split_against_no_step_alone_has_no_check():
