@@ -36,16 +36,22 @@ class ExcessBalance:
     self._bank_s = 0.0
     # Each step's signed excess, in order: what `ContentionSplit.settle`
     # gives the ledger to check the reference against.
-    self.excess_s: List[float] = []
+    self._excess_s: List[float] = []
 
   def carve(self, signed_excess_s: float) -> float:
     """The excess to carve from a step `signed_excess_s` beyond the
     reference (negative: below it)."""
-    self.excess_s.append(signed_excess_s)
+    self._excess_s.append(signed_excess_s)
     carved_s = max(signed_excess_s - self._bank_s, 0.0)
     self._bank_s = min(max(self._bank_s - signed_excess_s, 0.0),
                        self._cap_s)
     return carved_s
+
+  def take_excess(self) -> List[float]:
+    """Empties the record of each step's signed excess; returns it, in the
+    order the steps were carved."""
+    excess_s, self._excess_s = self._excess_s, []
+    return excess_s
 
   def take_banked(self) -> float:
     """Empties the bank; returns what it held: time steps ran below the
@@ -98,8 +104,7 @@ class ContentionSplit:
     owned = [i for i, record in enumerate(steps) if owns_step(record.step)]
     # One call per owned step, the latest calls the latest steps'.
     ledger.record_excess(dict(zip(reversed(owned),
-                                  reversed(self._balance.excess_s))))
-    self._balance.excess_s.clear()
+                                  reversed(self._balance.take_excess()))))
     left_s = self._balance.take_banked()
     moved = {}
     for index in reversed(owned):
