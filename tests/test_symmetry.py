@@ -106,11 +106,14 @@ ONE_SIDED_NAMES = {
     "trainer": {"torch_parity": {"check_user_model"}},
     "steps": {
         # Keras' precision is a global policy; torch's is autocast and a
-        # gradient scaler per step. TensorFlow's pipeline step is its
-        # runtime's method; Keras' steps_per_execution has no torch twin.
+        # gradient scaler per step. TensorFlow's pipeline step, and its
+        # step with the stages apart, are its runtime's method
+        # (`make_train_step(apart=True)`); Keras' steps_per_execution has
+        # no torch twin.
         "tfoverlap": {"apply_precision_policy", "example_batch",
                       "make_multi_step_train_step"},
         "torch_parity": {"autocast", "build_grad_scaler",
+                         "make_apart_train_step",
                          "make_pipeline_train_step"},
     },
     # A tf.distribute strategy has no degrees of its own; torch's Strategy

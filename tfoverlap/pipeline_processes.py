@@ -324,7 +324,7 @@ class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
     return self._clocks[k](tensors)
 
   def make_train_step(self, optimizer: keras.optimizers.Optimizer,
-                      loss_fn: Callable):
+                      loss_fn: Callable, *, apart: bool = False):
     """train_step((inputs, targets)) -> loss: one GPipe step, one update;
     keeps the step's stamps for `record_step`.
 
@@ -332,17 +332,30 @@ class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
     (begin, end) of every forward and backward of a micro-batch, then of
     its update. Inside `alone(k)` the step is stage k's work alone
     (`alone_seconds`), and returns None unless k is the last stage.
+
+    Args:
+      apart: every stage's work on the stand-ins, as under
+        --pipeline_stages_apart, for the blocks of
+        --paired_removal=pipeline_waits (PyTorch's rank runs its stage
+        apart in `PipelineRuntime.apart`).
     """
     self._alone_steps.clear()  # traced with another optimizer, if any
+    if apart:
+      self._make_stand_ins()
 
-    def make_stamped_step(stage_indices: Optional[Sequence[int]]):
+    def make_stamped_step(stage_indices: Optional[Sequence[int]],
+                          whole_step_apart: bool):
       """The step of `stage_indices`' work alone on the stand-ins, or of
-      every stage (None)."""
+      every stage (None), apart on them or not."""
       runs = (range(self.num_stages) if stage_indices is None
               else stage_indices)
       # Stand-ins made for a stage alone are not the whole step's input
       # unless the stages run apart.
-      apart = stage_indices is not None or self.stages_apart
+      on_stand_ins = stage_indices is not None or whole_step_apart
+      stand_ins = self._stand_ins if on_stand_ins else None
+      if on_stand_ins and stand_ins is None:
+        # Without them the step would run the pipeline, silently.
+        raise RuntimeError("a step apart before its stand-ins were made")
 
       @tf.function
       def stamped_step(batch):
@@ -352,7 +365,6 @@ class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
           with tf.device(self.devices[k]):
             starts[k] = self._stamp(k, [])
         stamps = [[] for _ in self.stages]
-        stand_ins = self._stand_ins if apart else None
         loss, grads = self.forward_backward(inputs, targets, loss_fn,
                                             stamps=stamps,
                                             stand_ins=stand_ins,
@@ -390,7 +402,7 @@ class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
     if self.stages_apart and self._stand_ins is None:
       raise RuntimeError("stages apart before measure_stages() made their "
                          "stand-ins")
-    stamped_step = make_stamped_step(None)
+    stamped_step = make_stamped_step(None, apart or self.stages_apart)
 
     def train_step(batch):
       if self._alone_stage is not None:
@@ -407,7 +419,7 @@ class ProcessPipelineRuntime(pipeline_lib.PipelineRuntime):
     """One step of the stage inside `alone`, its stamps kept."""
     stage = self._alone_stage
     if stage not in self._alone_steps:
-      self._alone_steps[stage] = make_stamped_step((stage,))
+      self._alone_steps[stage] = make_stamped_step((stage,), True)
     loss, (vector,) = self._alone_steps[stage](batch)
     # Reading the stamps waits for the stage's update.
     self._alone_stamps = vector.numpy()

@@ -251,8 +251,8 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
           make_train_step, built.offload),
       inner_split=comm.split_compute if comm else None,
       first_step=ctx.first_step)
-  train_step = paired_removal.apply_all_reduce_removal(
-      ctx.pairing, train_step,
+  train_step = paired_removal.apply_step_removal(
+      ctx.pairing, paired_removal.ALL_REDUCE, train_step,
       lambda: steps.make_local_train_step(
           model, optimizer, strategy, task=spec.task,
           global_batch_size=config.data.batch_size),
@@ -272,7 +272,7 @@ def _split_without_all_reduce(pairing, reference, comm):
   nothing carved as exposed_comm, and contention beyond the step alone
   less the derived exposed all-reduce, which is what the ledger claims
   such a step costs. None elsewhere."""
-  if pairing is None or pairing.cause != paired_removal.ALL_REDUCE:
+  if not paired_removal.removes(pairing, paired_removal.ALL_REDUCE):
     return None
   return reference.less(comm.exposed_comm_s).split_compute
 
@@ -325,8 +325,14 @@ def _run_pipelined_loop(ctx: LoopContext, config: TrainConfig, spec,
         functools.partial(reference.split_stage_compute, split_compute,
                           pipeline_stats.STAGE_COMPUTE),
         first_step=ctx.first_step)
-  if runtime.can_run_alone:
-    # Timed or not, no step runs alone from here on.
+  removes_waits = paired_removal.removes(ctx.pairing,
+                                         paired_removal.PIPELINE_WAITS)
+  train_step = paired_removal.apply_step_removal(
+      ctx.pairing, paired_removal.PIPELINE_WAITS, train_step,
+      lambda: runtime.make_train_step(optimizer, loss_fn, apart=True),
+      first_step=ctx.first_step)
+  if runtime.can_run_alone and not removes_waits:
+    # Timed or not, no step runs alone or apart from here on.
     runtime.release_stand_ins()
   return loops.run_custom_loop(
       ctx, train_step=train_step, iterator=iter(train_input),

@@ -404,6 +404,7 @@ class PipelineRuntime:
     # --pipeline_stages_apart: every step on the stand-ins.
     self.stages_apart = stages_apart
     self._alone = False  # inside alone(): the stage timed by itself
+    self._apart = False  # inside apart(): a step of the stages apart
     # With replicas, gradients are all-reduced as the last micro-batch's
     # backward makes them final (overlap_all_reduce), or after the step.
     self.reducer = None
@@ -463,6 +464,22 @@ class PipelineRuntime:
         self.reducer.paused = False
       self.recorder.discard_pending()
 
+  @contextlib.contextmanager
+  def apart(self):
+    """Runs the enclosed steps as --pipeline_stages_apart runs every step:
+    this rank's stage on the stand-ins, with the closing wait for the loss
+    and the replicas' all-reduce, as in the pipeline
+    (--paired_removal=pipeline_waits; every rank's steps apart are the
+    same steps, numbered alike). What they record is the step's."""
+    if not self.can_run_alone:
+      raise RuntimeError("this pipeline's stages cannot run apart: "
+                         "stand-ins cover one stage per rank")
+    self._apart = True
+    try:
+      yield
+    finally:
+      self._apart = False
+
   def release_stand_ins(self) -> None:
     """Frees the stand-ins and the other stages they were made with,
     where no step will run apart again."""
@@ -495,7 +512,7 @@ class PipelineRuntime:
     if not self._alone:
       self._num_steps += 1
     with counting:
-      if self._alone or self.stages_apart:
+      if self._alone or self._apart or self.stages_apart:
         self._stand_ins.run(inputs, targets, losses)
       else:
         with self.timer.timing():

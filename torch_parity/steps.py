@@ -183,6 +183,20 @@ def make_local_train_step(train_step, strategy):
   return step_without_all_reduce
 
 
+def make_apart_train_step(train_step, pipeline):
+  """`train_step` with this rank's stage apart (`PipelineRuntime.apart`):
+  on stand-ins for its neighbours' tensors, neither waiting for them nor
+  transferring, for the blocks of --paired_removal=pipeline_waits.
+  TensorFlow's client makes its step apart from its stages
+  (`ProcessPipelineRuntime.make_train_step(apart=True)`)."""
+
+  def step_apart(batch):
+    with pipeline.apart():
+      return train_step(batch)
+
+  return step_apart
+
+
 @torch.no_grad()
 def _batch_sums(model, task, inputs, targets, precision, device):
   with autocast(precision, device):

@@ -218,7 +218,7 @@ def _gradients_apart(config: TrainConfig):
     return lambda step: True
   pairing = paired_removal.from_config(config.run.paired_removal,
                                        config.run.paired_block_steps)
-  if pairing is not None and pairing.cause == paired_removal.ALL_REDUCE:
+  if paired_removal.removes(pairing, paired_removal.ALL_REDUCE):
     return pairing.removed
   return None
 
@@ -485,13 +485,20 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
       first_step=ctx.first_step)
   # A step without its all-reduce is split against the same step alone,
   # timed with the all-reduce paused (`reference_step`).
-  train_step = paired_removal.apply_all_reduce_removal(
-      ctx.pairing, train_step,
+  train_step = paired_removal.apply_step_removal(
+      ctx.pairing, paired_removal.ALL_REDUCE, train_step,
       functools.partial(steps.make_local_train_step, train_step,
                         strategy),
       first_step=ctx.first_step)
-  if parallel.pipeline:
-    # Timed or not, no step runs alone from here on.
+  removes_waits = paired_removal.removes(ctx.pairing,
+                                         paired_removal.PIPELINE_WAITS)
+  train_step = paired_removal.apply_step_removal(
+      ctx.pairing, paired_removal.PIPELINE_WAITS, train_step,
+      functools.partial(steps.make_apart_train_step, train_step,
+                        parallel.pipeline),
+      first_step=ctx.first_step)
+  if parallel.pipeline and not removes_waits:
+    # Timed or not, no step runs alone or apart from here on.
     parallel.pipeline.release_stand_ins()
   # The loader draws its workers' seed from torch's generator; forked,
   # the training stream (dropout) is the one a checkpoint restores.

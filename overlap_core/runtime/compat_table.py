@@ -192,6 +192,13 @@ FEATURES = {f.name: f for f in (
             {"offload": "none"}),
     Feature("reference_steps=0", lambda c, h: c.run.reference_steps == 0,
             {"reference_steps": "0"}),
+    # No pipeline flags here: the row that refuses it without a pipeline
+    # needs an example where none is configured.
+    Feature("paired_removal=pipeline_waits", _paired("pipeline_waits"),
+            {"paired_removal": "pipeline_waits", "paired_block_steps": "2",
+             "train_steps": "4"}),
+    Feature("no_pipeline", lambda c, h: c.pipeline.stages <= 1,
+            {"pipeline_stages": "1"}),
     Feature("paired_removal=checkpoint", _paired("checkpoint"),
             {"paired_removal": "checkpoint", "paired_block_steps": "2",
              "train_steps": "4", "checkpoint": "sync",
@@ -538,6 +545,34 @@ ROWS = (
     Row(("stages_apart", "evaluate"), BOTH, "evaluate",
         "stages apart train on stand-ins, a model the job does not train",
         "false", _STAGES_APART),
+    # The same intervention in alternate blocks of one run.
+    Row(("paired_removal=pipeline_waits", "no_pipeline"), BOTH,
+        "paired_removal", "there are no pipeline stages to run apart",
+        "none, input, checkpoint, offload or all_reduce",
+        "without --pipeline_stages > 1"),
+    Row(("paired_removal=pipeline_waits", "pipeline_runtime=devices"), (TF,),
+        "paired_removal",
+        "the devices runtime derives its bubble from the stages timed "
+        "alone, which steps apart would check against itself",
+        "none or checkpoint (--pipeline_runtime=processes runs its stages "
+        "apart)", "with --pipeline_runtime=devices"),
+    Row(("paired_removal=pipeline_waits", "stages_apart"), BOTH,
+        "paired_removal", "every step runs its stages apart already",
+        "none or checkpoint", _STAGES_APART),
+    Row(("paired_removal=pipeline_waits",
+         ("schedule=1f1b", "schedule=interleaved_1f1b",
+          "schedule=zero_bubble")), (PT,),
+        "paired_removal",
+        "stages apart run GPipe's order, the forwards then the backwards, "
+        "and are compared with a GPipe pipeline", "none or checkpoint",
+        "with a schedule other than gpipe"),
+    Row(("paired_removal=pipeline_waits", _SAVES), BOTH, "checkpoint",
+        "the steps apart train on stand-ins, a model the job does not "
+        "train, which no checkpoint should hold", "none",
+        "with --paired_removal=pipeline_waits"),
+    Row(("paired_removal=pipeline_waits", "evaluate"), BOTH, "evaluate",
+        "the steps apart train on stand-ins, a model the job does not train",
+        "false", "with --paired_removal=pipeline_waits"),
     Row(("pipeline", "strategy=multi_worker"), (TF,), "strategy",
         DATA_PARALLEL_REFUSAL, "mirrored", _PIPELINED),
     Row(("pipeline", _NOT_DDP), (TF,), "strategy",

@@ -32,7 +32,15 @@ The causes, and how a step goes without them:
               training). The replicas' weights part from the first such
               step on, as under --all_reduce=off, so such a run saves no
               checkpoint and evaluates nothing; what it measures is the
-              steps' cost, which weights that differ do not change.
+              steps' cost, which weights that differ do not change;
+  pipeline_waits
+              every stage runs the step apart, on stand-ins for its
+              neighbours' tensors made before training (as
+              --pipeline_stages_apart runs every step), so it neither
+              waits for them nor transfers: what the bubble and transfer
+              phases say their cause costs. Those steps train on the
+              stand-ins, so such a run saves no checkpoint and evaluates
+              nothing, as a run of stages apart does.
 
 The first `settle_steps` of every block are not counted in either half:
 there the previous block's work is still ending. After a block without
@@ -58,7 +66,8 @@ INPUT = "input"
 CHECKPOINT = "checkpoint"
 OFFLOAD = "offload"
 ALL_REDUCE = "all_reduce"
-CAUSES = (NONE, INPUT, CHECKPOINT, OFFLOAD, ALL_REDUCE)
+PIPELINE_WAITS = "pipeline_waits"
+CAUSES = (NONE, INPUT, CHECKPOINT, OFFLOAD, ALL_REDUCE, PIPELINE_WAITS)
 DEFAULT_BLOCK_STEPS = 20
 WITH, WITHOUT = "with", "without"
 # The block pattern: a block's index modulo 4 is "without" at 1 and 2.
@@ -71,6 +80,12 @@ _WITHOUT_IN_FOUR = (1, 2)
 # 17 of 21, by 0.21 ms (BENCHMARKS §17). Contention, carved against that
 # step, cannot be negative, so the ledger lost the difference.
 RESIDENT_BATCHES_MAX_BYTES = 1 << 30
+
+
+def in_block_without(step: int, block_steps: int) -> bool:
+  """Whether `step` (numbered from 1) falls in a block without the cause,
+  in the order with, without, without, with, repeated."""
+  return ((step - 1) // block_steps) % 4 in _WITHOUT_IN_FOUR
 
 
 class PairedRemoval:
@@ -97,7 +112,7 @@ class PairedRemoval:
 
   def removed(self, step: int) -> bool:
     """Whether `step` runs without the cause."""
-    return ((step - 1) // self.block_steps) % 4 in _WITHOUT_IN_FOUR
+    return in_block_without(step, self.block_steps)
 
   def counted(self, step: int) -> bool:
     """Whether `step` counts in its half: past its block's settling."""
@@ -137,6 +152,11 @@ class PairedRemoval:
 def from_config(cause: str, block_steps: int) -> Optional[PairedRemoval]:
   """The run's pairing, or None for --paired_removal=none."""
   return None if cause == NONE else PairedRemoval(cause, block_steps)
+
+
+def removes(pairing: Optional[PairedRemoval], cause: str) -> bool:
+  """Whether the run's pairing (None: none) removes `cause`."""
+  return pairing is not None and pairing.cause == cause
 
 
 class AlternatingCalls:
@@ -261,17 +281,18 @@ def split_per_arm(pairing: Optional[PairedRemoval],
                           pairing, first_step=first_step)
 
 
-def apply_all_reduce_removal(pairing: Optional[PairedRemoval], train_step,
-                             make_step_without: Callable[[], Callable], *,
-                             first_step: int) -> Callable:
-  """`train_step`, alternating with its variant without the gradient
-  all-reduce where `pairing` removes it.
+def apply_step_removal(pairing: Optional[PairedRemoval], cause: str,
+                       train_step, make_step_without: Callable[[], Callable],
+                       *, first_step: int) -> Callable:
+  """`train_step`, alternating with its variant without `cause` where
+  `pairing` removes it: ALL_REDUCE (the step that all-reduces no
+  gradient) or PIPELINE_WAITS (the stages' step apart).
 
   Args:
-    make_step_without: () -> the step that all-reduces no gradient,
-      called only where the all-reduce is removed.
+    make_step_without: () -> the step without the cause, called only
+      where `pairing` removes it.
   """
-  if pairing is None or pairing.cause != ALL_REDUCE:
+  if not removes(pairing, cause):
     return train_step
   return AlternatingCalls(train_step, make_step_without(), pairing,
                           first_step=first_step)

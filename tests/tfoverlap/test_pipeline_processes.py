@@ -122,6 +122,15 @@ def _launch(model_dir, *flags) -> subprocess.Popen:
       stderr=subprocess.PIPE, text=True)
 
 
+def _launched_record(model_dir, *flags) -> dict:
+  """The run.json of a launched job that must succeed."""
+  job = _launch(model_dir, *flags)
+  _, err = job.communicate(timeout=TIMEOUT_S)
+  assert job.returncode == 0, err[-3000:]
+  with open(model_dir / "run.json", encoding="utf-8") as f:
+    return json.load(f)
+
+
 def test_launched_job_measures_each_stage_and_checkpoints_whole_model(
     tmp_path):
   job = _launch(tmp_path / "piped", "--train_steps=6", "--checkpoint=sync",
@@ -180,13 +189,9 @@ def test_launched_job_measures_each_stage_and_checkpoints_whole_model(
 
 def test_stages_apart_run_on_their_stand_ins_and_measure_their_waits(
     tmp_path):
-  job = _launch(tmp_path / "apart", "--train_steps=6", "--evaluate=false",
-                "--pipeline_stages_apart",
-                f"--reference_steps={REFERENCE_STEPS}", *THREADS)
-  _, err = job.communicate(timeout=TIMEOUT_S)
-  assert job.returncode == 0, err[-3000:]
-  with open(tmp_path / "apart" / "run.json", encoding="utf-8") as f:
-    record = json.load(f)
+  record = _launched_record(tmp_path / "apart", "--train_steps=6",
+                            "--evaluate=false", "--pipeline_stages_apart",
+                            f"--reference_steps={REFERENCE_STEPS}", *THREADS)
   section = record["pipeline"]
   assert section["stages_apart"] is True
   assert section["sources"]["bubble"].startswith("measured")
@@ -199,6 +204,26 @@ def test_stages_apart_run_on_their_stand_ins_and_measure_their_waits(
   # in bubble and contention together against the saving.
   assert "contention" in record["phases_derived"]
   assert "contention" in record["phases"]
+
+
+def test_steps_apart_in_alternate_blocks_are_each_halfs_own(tmp_path):
+  # --paired_removal=pipeline_waits: blocks of 2 steps, with, without,
+  # without, with, the steps without run apart on stand-ins made before
+  # training, which the run keeps after its calibration.
+  record = _launched_record(tmp_path / "paired", "--train_steps=8",
+                            "--evaluate=false",
+                            "--paired_removal=pipeline_waits",
+                            "--paired_block_steps=2",
+                            f"--reference_steps={REFERENCE_STEPS}", *THREADS)
+  section = record["paired_removal"]
+  assert section["cause"] == "pipeline_waits"
+  for half in section["halves"].values():
+    assert half["steps"] > 0
+    # Both halves' stages were stamped: their waits are bubble, and
+    # their compute beyond each stage timed alone is contention.
+    assert half["phases_ms"]["bubble"] > 0
+    assert "contention" in half["phases_ms"]
+  assert math.isfinite(record["final"]["train_loss"])
 
 
 def _stage_server_pid(launcher_pid: int, stage: int) -> int:

@@ -11,7 +11,7 @@ alone changes nothing the run trains.
 
 import pytest
 
-from overlap_core.runtime import contention, pipeline_stats
+from overlap_core.runtime import contention, paired_removal, pipeline_stats
 from overlap_core.runtime import run_record
 
 from tests.helpers import run_module
@@ -100,3 +100,24 @@ def test_stage_replicas_time_their_stage_without_the_all_reduce(
   assert reference["with_all_reduce"] is False
   assert contention.CONTENTION in record["phases_derived"]
   assert record["phases"][pipeline_stats.EXPOSED_COMM]["mean"] > 0.0
+
+
+def test_steps_apart_in_alternate_blocks_transfer_nothing(tmp_path_factory):
+  # --paired_removal=pipeline_waits: blocks of 2 steps, with, without,
+  # without, with; every rank numbers its steps alike, so the ranks'
+  # steps apart are the same steps.
+  record = _train(tmp_path_factory, "paired", "--train_steps=8",
+                  f"--paired_removal={paired_removal.PIPELINE_WAITS}",
+                  "--paired_block_steps=2")
+  section = record["paired_removal"]
+  assert section["cause"] == paired_removal.PIPELINE_WAITS
+  halves = section["halves"]
+  assert halves[paired_removal.WITH]["steps"] > 0
+  assert halves[paired_removal.WITHOUT]["steps"] > 0
+  # The pipeline's steps send and receive; the steps apart do not.
+  assert halves[paired_removal.WITH]["phases_ms"][
+      pipeline_stats.TRANSFER] > 0
+  assert halves[paired_removal.WITHOUT]["phases_ms"][
+      pipeline_stats.TRANSFER] == 0
+  # Each half's compute beyond the stage timed alone is its contention.
+  assert contention.CONTENTION in halves[paired_removal.WITHOUT]["phases_ms"]

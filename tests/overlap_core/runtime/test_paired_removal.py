@@ -233,8 +233,8 @@ def test_without_a_pairing_or_with_offload_the_split_is_one():
 def test_the_all_reduce_is_removed_step_by_step_and_split_its_own_way():
   pairing = PairedRemoval(paired_removal.ALL_REDUCE, block_steps=2)
   made = []
-  step = paired_removal.apply_all_reduce_removal(
-      pairing, lambda batch: ("with", batch),
+  step = paired_removal.apply_step_removal(
+      pairing, paired_removal.ALL_REDUCE, lambda batch: ("with", batch),
       lambda: made.append(1) or (lambda batch: ("without", batch)),
       first_step=3)  # a run resumed after step 2: step 3 is without
   assert made == [1]
@@ -247,14 +247,21 @@ def test_the_all_reduce_is_removed_step_by_step_and_split_its_own_way():
       "with", "with", "without", "without"]
 
 
-def test_only_an_all_reduce_pairing_swaps_the_step():
+@pytest.mark.parametrize("cause", [paired_removal.ALL_REDUCE,
+                                   paired_removal.PIPELINE_WAITS])
+def test_only_a_pairing_of_the_steps_cause_swaps_the_step(cause):
   def train_step(batch):
     return batch
 
   def make_step_without():
-    raise AssertionError("made where the all-reduce stays")
+    raise AssertionError(f"made where {cause} stays")
 
-  for pairing in (None, PairedRemoval(INPUT, 2),
-                  PairedRemoval(paired_removal.OFFLOAD, 2)):
-    assert paired_removal.apply_all_reduce_removal(
-        pairing, train_step, make_step_without, first_step=1) is train_step
+  others = [c for c in paired_removal.CAUSES[1:] if c != cause]
+  for pairing in [None] + [PairedRemoval(c, 2) for c in others]:
+    assert paired_removal.apply_step_removal(
+        pairing, cause, train_step, make_step_without,
+        first_step=1) is train_step
+  swapped = paired_removal.apply_step_removal(
+      PairedRemoval(cause, 2), cause, train_step,
+      lambda: (lambda batch: -batch), first_step=1)
+  assert [swapped(1) for _ in range(4)] == [1, 1, -1, -1]
