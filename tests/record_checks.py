@@ -27,6 +27,35 @@ def run_small_cnn(module: str, model_dir, *args):
   return result, run_record.load_run_record(str(model_dir))
 
 
+def trace_phase_us_by_step(record: dict, phase: str) -> dict:
+  """{step: microseconds} of `phase` in the run's trace, its spans summed
+  per step.
+
+  A step can hold more than one span of a phase: where the loop's end
+  settles contention back to compute (`ContentionSplit.settle`), the
+  settled part is a compute span of its own before the rest.
+  """
+  events = trace.load_trace(record["outputs"]["trace"])["traceEvents"]
+  by_step = {}
+  for event in events:
+    if event.get("name") == phase:
+      step = event["args"]["step"]
+      by_step[step] = by_step.get(step, 0.0) + event["dur"]
+  return by_step
+
+
+def check_trace_median_is_the_records(record: dict, phase: str) -> None:
+  """The trace's per-step median of `phase` over the measured steps is the
+  record's p50: both come from one ledger. Every step holds the phase."""
+  by_step = trace_phase_us_by_step(record, phase)
+  assert sorted(by_step) == list(range(1, record["steps"] + 1))
+  median_us = statistics.median(
+      us for step, us in by_step.items() if step > record["warmup_steps"])
+  # The trace rounds each span to a nanosecond; 1e-3 relative is far above.
+  assert record["phases"][phase]["p50"] * 1e6 == pytest.approx(median_us,
+                                                               rel=1e-3)
+
+
 def offload_copy_spans_us(record: dict) -> list:
   """The run's offload phase where it is the copies timed in series, after
   checking that the phases still partition each step: its trace spans,

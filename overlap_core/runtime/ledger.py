@@ -46,8 +46,8 @@ import time
 from typing import Callable, Dict, List, NamedTuple, Optional
 
 from overlap_core.runtime import cpu_clock as cpu_clock_lib
-from overlap_core.runtime import (comm_stats, contention, offload_stats,
-                                  pipeline_stats)
+from overlap_core.runtime import (comm_stats, contention, contention_split,
+                                  offload_stats, pipeline_stats)
 
 DATA_WAIT = "data_wait"  # blocked waiting for the next batch
 COMPUTE = "compute"  # forward, backward, gradient all-reduce and update
@@ -58,6 +58,11 @@ OTHER = "other"  # step time outside any phase: logging, bookkeeping
 OFFLOAD = offload_stats.OFFLOAD  # what offload adds to the step
 EXPOSED_COMM = comm_stats.EXPOSED_COMM  # all-reduce backward did not hide
 CONTENTION = contention.CONTENTION  # compute slowed by work beside the step
+# The moves `relabel` may name. `summary` reports each, zero where nothing
+# moved, so that every run's record has the same keys whatever its steps
+# did: a run whose last steps ran below the step alone settles some
+# contention back to compute, and one a little slower settles none.
+NAMED_MOVES = (contention_split.SETTLED_BALANCE,)
 # Phases recorded in place of part or all of a step's compute span.
 COMPUTE_PARTS = pipeline_stats.PHASES + (OFFLOAD, EXPOSED_COMM,
                                          CONTENTION)
@@ -341,9 +346,12 @@ class StepLedger:
       seconds_by_index: {index into `steps`: seconds}, each at most that
         step's `source` time (more is clipped to it).
       source, target: phase names.
-      why: a name for the move, under which `summary` reports its mean
-        per measured step (`moved_ms`); None: not reported.
+      why: a name for the move, one of `NAMED_MOVES`, under which
+        `summary` reports its mean per measured step (`moved_ms`); None:
+        not reported.
     """
+    if why is not None and why not in NAMED_MOVES:
+      raise ValueError(f"unknown move {why!r}: name one of {NAMED_MOVES}")
     moved = {}
     for index, seconds in seconds_by_index.items():
       phases = self._steps[index].phases_s
@@ -396,10 +404,11 @@ class StepLedger:
       (per step its readings cover: `StepRecord.cpu_steps`),
       `cpu_mean` there including child processes. `cpu`: see
       `cpu_summary`. `moved_ms`: {why: ms per measured step} for each
-      named move of `relabel`. `against_step_alone`: over the measured
-      steps split against the step timed alone (`record_excess`), their
-      number, how many ran below it, and their median signed excess in
-      ms; None without such steps.
+      of `NAMED_MOVES`, zero where `relabel` made none.
+      `against_step_alone`: over the measured steps split against the
+      step timed alone (`record_excess`), their number, how many ran
+      below it, and their median signed excess in ms; None without such
+      steps.
     """
     if warmup_steps is None:
       warmup_steps = default_warmup_steps(len(self._steps))
@@ -447,10 +456,11 @@ class StepLedger:
                                                len(self._steps))
              if i in self._excess_s]),
         "moved_ms": {
-            why: 1e3 * sum(seconds for index, seconds in by_index.items()
+            why: 1e3 * sum(seconds for index, seconds
+                           in self._moves.get(why, {}).items()
                            if index >= first_measured)
                  / max(len(measured), 1)
-            for why, by_index in sorted(self._moves.items())},
+            for why in NAMED_MOVES},
     }
 
 

@@ -4,7 +4,6 @@ import dataclasses
 import glob
 import math
 import os
-import statistics
 
 import keras
 import numpy as np
@@ -19,6 +18,7 @@ from overlap_core.runtime import run_record
 from overlap_core.runtime import trace
 
 from tests.helpers import REPO_ROOT, run_error_line, run_module
+from tests.record_checks import check_trace_median_is_the_records
 
 tfo_flags.define_flags()
 QUICK = ["--log_every_steps=10"]
@@ -135,14 +135,7 @@ def test_run_record_and_trace_hold_what_they_claim(single_run):
   events = trace.load_trace(record["outputs"]["trace"])["traceEvents"]
   step_events = [e for e in events if e.get("name") == "step"]
   assert [e["args"]["step"] for e in step_events] == list(range(1, 26))
-  compute_us = sorted(e["dur"] for e in events if e.get("name") == "compute")
-  assert len(compute_us) == 25
-  # The record's median is the trace's median: both come from one ledger.
-  median_us = statistics.median(
-      e["dur"] for e in events if e.get("name") == "compute" and
-      e["args"]["step"] > record["warmup_steps"])
-  assert record["phases"]["compute"]["p50"] * 1e6 == pytest.approx(median_us,
-                                                                    rel=1e-3)
+  check_trace_median_is_the_records(record, "compute")
 
   event_files = glob.glob(os.path.join(record["outputs"]["tensorboard"],
                                        "events.out.tfevents.*"))

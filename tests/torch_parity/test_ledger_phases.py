@@ -37,11 +37,16 @@ def input_bound_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def resident_run(tmp_path_factory):
   # The same job, its batches kept on the device: the input is free. Its
-  # steps take 2 to 3 ms, so one step the host took the training thread
-  # off its core for 2 ms (the suite's other worker) is 0.5 ms a step over
-  # 4 measured steps, an "input-bound" 20%; over 55 it is under 2%.
+  # steps take 1.2 to 3 ms and its wait for a resident batch about 4 us,
+  # so what can make it "input-bound" (5% of the step) is the host taking
+  # the training thread off its core inside those waits. One such
+  # descheduling of a busy 2-core host lasts up to about 12 ms (the
+  # scheduler's latency with two runnable threads a core); over 55
+  # measured steps one made the wait 5% (a clean-clone CI run). Over 590,
+  # 5% of the step is at least 35 ms of waiting, which would take three
+  # such deschedulings all landing in 2.4 ms of waits.
   return _train(tmp_path_factory, "resident", *INPUT_BOUND,
-                "--synthetic_on_device", "--train_steps=60")
+                "--synthetic_on_device", "--train_steps=600")
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ frameworks differ, a refusal instead of a silently ignored flag.
 
 import json
 import platform
-import statistics
 import subprocess
 import sys
 import warnings
@@ -19,6 +18,7 @@ from overlap_core.runtime import trace
 
 from tests.helpers import (REPO_ROOT, run_error_line, run_module,
                            subprocess_env)
+from tests.record_checks import check_trace_median_is_the_records
 
 QUICK = ["--log_every_steps=10"]
 TINY = ["--model=mlp", "--strategy=default", "--batch_size=32"]
@@ -169,12 +169,7 @@ def test_run_record_has_the_tensorflow_schema_and_no_tensorflow_import(
   events = trace.load_trace(record["outputs"]["trace"])["traceEvents"]
   steps = [e["args"]["step"] for e in events if e.get("name") == "step"]
   assert steps == list(range(1, 31))
-  median_us = statistics.median(
-      e["dur"] for e in events if e.get("name") == "compute" and
-      e["args"]["step"] > record["warmup_steps"])
-  # The record and the trace come from one ledger.
-  assert record["phases"]["compute"]["p50"] * 1e6 == pytest.approx(
-      median_us, rel=1e-3)
+  check_trace_median_is_the_records(record, "compute")
 
   events = event_accumulator.EventAccumulator(record["outputs"]["tensorboard"])
   events.Reload()

@@ -6,6 +6,8 @@ import pytest
 from overlap_core.runtime import contention, contention_split
 from overlap_core.runtime import ledger as ledger_lib
 
+from tests.helpers import one_line_error
+
 
 def _reference(*step_s):
   return contention.ReferenceStep(step_s=tuple(step_s), cost_s=0.0)
@@ -115,7 +117,18 @@ def test_a_run_that_ends_on_its_excess_settles_nothing():
   ledger = _run(split, [9.0, 12.0])
   assert split.settle(ledger) == 0.0
   assert _phase_ms(ledger, ledger_lib.CONTENTION) == pytest.approx([0.0, 1.0])
-  assert ledger.summary(warmup_steps=0)["moved_ms"] == {}
+  # The record keeps its keys: the move is there, at zero.
+  assert ledger.summary(warmup_steps=0)["moved_ms"] == {
+      contention_split.SETTLED_BALANCE: 0.0}
+
+
+def test_a_move_the_record_does_not_list_is_refused():
+  # The record lists every named move, so a new one must be listed too.
+  ledger = _run(_reference(0.010).split_compute(), [12.0])
+  message = one_line_error(ledger.relabel, {0: 0.001},
+                           ledger_lib.CONTENTION, ledger_lib.COMPUTE,
+                           why="tidied")
+  assert "unknown move 'tidied'" in message
 
 
 def test_steps_below_the_step_alone_at_the_median_say_it_was_timed_slow():
