@@ -157,10 +157,20 @@ def build_loss(task: str):
 JIT_COMPILE = {"auto": "auto", "true": True, "false": False}
 
 
-def run(config, jit_compile: str = "auto") -> dict:
-  """Trains as configured with plain `model.fit`; returns the timings that
-  main writes as --result_json. Callable again in the same process with
-  the same thread and device settings (TensorFlow keeps them once set).
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+  """A compiled model and its distributed input, ready for `model.fit`."""
+  model: object
+  dataset: object
+  strategy: object
+  spec: object
+
+
+def prepare(config, jit_compile: str = "auto") -> Prepared:
+  """Builds and compiles the model and its input as plain Keras would,
+  from the trainer's configuration. Callable again in the same process
+  with the same thread and device settings (TensorFlow keeps them once
+  set).
 
   Args:
     jit_compile: model.compile's, as --jit_compile takes it.
@@ -173,18 +183,12 @@ def run(config, jit_compile: str = "auto") -> dict:
     raise ConfigError("data_service", config.data.data_service,
                       "the plain Keras baseline has no data service; "
                       "allowed: empty")
-  total_steps = config.run.train_steps
-  warmup_steps = default_warmup_steps(total_steps)
-  measured_steps = total_steps - warmup_steps
-  if measured_steps < 1:
-    raise ConfigError("train_steps", total_steps, "allowed: at least 2")
   configure_devices(config.distribute.strategy, config.distribute.num_devices,
                     config.run.intra_op_threads, config.run.inter_op_threads)
 
   # pylint: disable=g-import-not-at-top
   import keras
-  import tensorflow as tf
-  from tfoverlap import data, models
+  from tfoverlap import data
   # pylint: enable=g-import-not-at-top
 
   keras.utils.set_random_seed(config.run.seed)
@@ -214,7 +218,35 @@ def run(config, jit_compile: str = "auto") -> dict:
   else:
     input_fn = data.make_input_fn(data_cfg, split="train", task=spec.task,
                                   seed=config.run.seed, upscale=spec.upscale)
-  dataset = data.distribute_input(strategy, input_fn, data_cfg)
+  return Prepared(model=model,
+                  dataset=data.distribute_input(strategy, input_fn, data_cfg),
+                  strategy=strategy, spec=spec)
+
+
+def run(config, jit_compile: str = "auto") -> dict:
+  """Trains as configured with plain `model.fit`; returns the timings that
+  main writes as --result_json. Callable again in the same process, as
+  `prepare` is.
+
+  Args:
+    jit_compile: model.compile's, as --jit_compile takes it.
+
+  Raises:
+    ConfigError: what the baseline or the trainer refuses of the
+      configuration, the user's model or data.
+  """
+  total_steps = config.run.train_steps
+  warmup_steps = default_warmup_steps(total_steps)
+  measured_steps = total_steps - warmup_steps
+  if measured_steps < 1:
+    raise ConfigError("train_steps", total_steps, "allowed: at least 2")
+  prepared = prepare(config, jit_compile)
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  from tfoverlap import models
+  # pylint: enable=g-import-not-at-top
+  model, dataset = prepared.model, prepared.dataset
+  strategy, spec = prepared.strategy, prepared.spec
 
   def timed_fit(num_steps: int):
     start = time.perf_counter()

@@ -45,6 +45,7 @@ each step (a plain loop need not), so on a GPU the device is waited for at
 the end of the timed steps instead; on the CPU every step is synchronous.
 """
 
+import dataclasses
 import statistics
 import sys
 import time
@@ -142,10 +143,23 @@ def check_supported(config) -> None:
                       f"{', '.join(PRECISIONS)}")
 
 
-def run(config) -> dict:
-  """Trains as configured, the plain way; returns the timings that main
-  writes as --result_json. Callable again in the same process (the
-  thread pools are set as the trainer sets them, `configure_host`).
+@dataclasses.dataclass
+class Prepared:
+  """A model, its optimizer and loss, and the batches to train it on, as
+  a plain loop sets them up. `batches` holds the loader's workers: drop
+  it (`del prepared.batches`) to end them."""
+  model: object
+  optimizer: object
+  loss_fn: object
+  batches: object
+  device: object
+  spec: object
+
+
+def prepare(config) -> Prepared:
+  """Builds the model, optimizer, loss and batches as the plain loop does,
+  from the trainer's configuration. Callable again in the same process
+  (the thread pools are set as the trainer sets them, `configure_host`).
 
   Raises:
     ConfigError: what `check_supported` or the trainer refuses of the
@@ -153,15 +167,9 @@ def run(config) -> dict:
   """
   # pylint: disable=g-import-not-at-top
   import torch
-  from overlap_core.runtime.ledger import default_warmup_steps
-  from torch_parity import data, distribute, models, steps
+  from torch_parity import data, distribute
   # pylint: enable=g-import-not-at-top
-
   check_supported(config)
-  total_steps = config.run.train_steps
-  warmup_steps = default_warmup_steps(total_steps)
-  if total_steps - warmup_steps < 1:
-    raise ConfigError("train_steps", total_steps, "allowed: at least 2")
   distribute.configure_host(config.run)
   torch.manual_seed(config.run.seed)
   device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -170,8 +178,6 @@ def run(config) -> dict:
   model = model.to(device)
   optimizer = build_optimizer(config.model.optimizer,
                               config.model.learning_rate, model.parameters())
-  loss_fn = build_loss(spec.task)
-
   if config.data.synthetic_on_device:
     resident = next(data.make_resident_iterator(
         config.data, task=spec.task, seed=config.run.seed,
@@ -181,21 +187,55 @@ def run(config) -> dict:
     batches = iter(data.make_loader(
         config.data, split="train", task=spec.task, seed=config.run.seed,
         upscale=spec.upscale))
+  return Prepared(model=model, optimizer=optimizer,
+                  loss_fn=build_loss(spec.task), batches=batches,
+                  device=device, spec=spec)
 
+
+def train_step(prepared: Prepared, precision: str, inputs, targets):
+  """One plain step on a batch; its loss, not read back."""
+  # pylint: disable=g-import-not-at-top
+  from torch_parity import steps
+  # pylint: enable=g-import-not-at-top
+  inputs = inputs.to(prepared.device, non_blocking=True)
+  targets = targets.to(prepared.device, non_blocking=True)
+  prepared.optimizer.zero_grad()
+  with steps.autocast(precision, prepared.device):
+    outputs = prepared.model(inputs)
+  loss = prepared.loss_fn(outputs, targets)
+  loss.backward()
+  prepared.optimizer.step()
+  return loss
+
+
+def run(config) -> dict:
+  """Trains as configured, the plain way; returns the timings that main
+  writes as --result_json. Callable again in the same process, as
+  `prepare` is.
+
+  Raises:
+    ConfigError: what `check_supported` or the trainer refuses of the
+      configuration, the user's model or data.
+  """
+  # pylint: disable=g-import-not-at-top
+  import torch
+  from overlap_core.runtime.ledger import default_warmup_steps
+  from torch_parity import models
+  # pylint: enable=g-import-not-at-top
+  total_steps = config.run.train_steps
+  warmup_steps = default_warmup_steps(total_steps)
+  if total_steps - warmup_steps < 1:
+    raise ConfigError("train_steps", total_steps, "allowed: at least 2")
+  prepared = prepare(config)
+  model, spec, device = prepared.model, prepared.spec, prepared.device
+  loss_fn, batches = prepared.loss_fn, prepared.batches
   ends_s = [time.perf_counter()]
   waits_s = []
   for _ in range(total_steps):
     wait_start_s = time.perf_counter()
     inputs, targets = next(batches)
     waits_s.append(time.perf_counter() - wait_start_s)
-    inputs = inputs.to(device, non_blocking=True)
-    targets = targets.to(device, non_blocking=True)
-    optimizer.zero_grad()
-    with steps.autocast(config.model.precision, device):
-      outputs = model(inputs)
-    loss = loss_fn(outputs, targets)
-    loss.backward()
-    optimizer.step()
+    loss = train_step(prepared, config.model.precision, inputs, targets)
     ends_s.append(time.perf_counter())
   if device.type == "cuda":
     torch.cuda.synchronize(device)
@@ -203,7 +243,7 @@ def run(config) -> dict:
   final_loss = float(loss.detach())
   # The loader's workers end here, not whenever the iterator is collected:
   # a caller that runs again in this process gets its cores back.
-  del batches
+  del batches, prepared.batches
 
   steps_s = [b - a for a, b in zip(ends_s, ends_s[1:])][warmup_steps:]
   waits_s = waits_s[warmup_steps:]

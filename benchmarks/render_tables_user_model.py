@@ -7,13 +7,18 @@ which `python -m benchmarks.user_model_overhead` writes, or, for the
 PyTorch example with its sides in one process, from
 `user_model_overhead_torch_one_process.json`, and for the Keras example
 alone, from `user_model_overhead_keras_r31.json` and `_keras_r21.json`
-(`RERUNS`). Until a file exists its block says so and how to make it,
+(`RERUNS`); the comparisons within one run, in blocks, from
+`fit_ledger_blocks.json` (Keras) and `loop_ledger_blocks.json` (PyTorch),
+which `python -m benchmarks.fit_ledger_blocks` and
+`python -m benchmarks.loop_ledger_blocks` write. Until a file exists its block says so and how to make it,
 instead of failing the render.
 """
 
 import functools
 
+from benchmarks import fit_ledger_blocks
 from benchmarks import harness
+from benchmarks import loop_ledger_blocks
 from benchmarks import user_model_overhead
 from benchmarks.render_tables import (DASH, MissingResults, f3, g, load,
                                       markdown, table)
@@ -46,6 +51,18 @@ def _sides_in(data: dict) -> str:
   return data.get("sides_in", "processes").replace("_", " ")
 
 
+def _host_caption(data: dict) -> str:
+  """When and where a results file was measured, and whether the harness
+  found the host busy."""
+  busy = data.get("harness", {}).get("host_busy")
+  load_at_start = data["machine"].get("load_average_at_start")
+  return (f"{data['machine']['date']}, {data['machine']['cpu_count']} "
+          "cores, load average at start "
+          f"{f'{load_at_start[0]:.2f}' if load_at_start else DASH}; host "
+          "busy (harness rules): "
+          f"{DASH if busy is None else ('yes' if busy else 'no')}")
+
+
 def _overhead_tables(results_name: str) -> str:
   try:
     data = load(results_name)
@@ -62,13 +79,7 @@ def _overhead_tables(results_name: str) -> str:
           f3(c["time_ratio_of_medians"]), harness.format_interval(c["judged"]),
           harness.verdict(c["judged"], c["judged"]["target"],
                           c["judged"]["direction"])])
-  busy = data.get("harness", {}).get("host_busy")
-  load_at_start = data["machine"].get("load_average_at_start")
-  caption = (f"Repeats: {data['repeats']}; {data['machine']['date']}, "
-             f"{data['machine']['cpu_count']} cores, load average at start "
-             f"{f'{load_at_start[0]:.2f}' if load_at_start else DASH}; host "
-             f"busy (harness rules): "
-             f"{DASH if busy is None else ('yes' if busy else 'no')}; "
+  caption = (f"Repeats: {data['repeats']}; {_host_caption(data)}; "
              f"sides run in: {_sides_in(data)}.")
   return caption + "\n\n" + markdown(
       ["example", "framework", "steps per run", "sides (trainer / plain)",
@@ -102,6 +113,37 @@ def _gap_table(data: dict) -> str:
               ["example", "plain mean step ms", "trainer − plain",
                "wait for the batch", "trainer's bookkeeping (`other`)",
                "step's own work (the rest)"], rows))
+
+
+def _blocks_table(name: str) -> str:
+  """A blocks benchmark's table (`fit_ledger_blocks`, `loop_ledger_blocks`)."""
+  try:
+    data = load(name)
+  except MissingResults:
+    return (f"Not yet run. `python -m benchmarks.{name}` writes "
+            f"`benchmarks/results/{name}.json`; "
+            "`python -m benchmarks.render` then fills this table.")
+  s = data["summary"]
+  judged_ratio = s["judged"]
+  ratios = judged_ratio["per_repeat"]
+  caption = (f"Runs: {data['repeats']} of {data['steps_per_run']} steps "
+             f"(the first {data['warmup_steps']} not counted), blocks of "
+             f"{data['block_steps']}; {_host_caption(data)}.")
+  return caption + "\n\n" + markdown(
+      ["example", "off: mean step ms", "on: mean step ms", "on − off ms",
+       "per-run ratios, lowest to highest",
+       "per-run ratio: median [interval] (coverage)",
+       f"target ≤ {data['target']:g}"],
+      [[f"`{data['example']}`", f3(s["off_mean_ms_median"]),
+        f3(s["on_mean_ms_median"]), f"{s['extra_ms_median']:+.3f}",
+        f"{min(ratios):.3f} to {max(ratios):.3f}",
+        harness.format_interval(judged_ratio),
+        harness.verdict(judged_ratio, judged_ratio["target"],
+                        judged_ratio["direction"])]])
+
+
+for _name in (fit_ledger_blocks.NAME, loop_ledger_blocks.NAME):
+  table(_name)(functools.partial(_blocks_table, _name))
 
 
 for _suffix in RERUNS:
