@@ -13,14 +13,15 @@ the phase and in `contention`, the compute beyond the step timed alone
 (`overlap_core.runtime.contention`). The phase alone is reported beside
 it.
 
-Where the trainer can remove the cause for some steps only (the input,
-checkpoints, offload, the gradient all-reduce: `--paired_removal`,
-`overlap_core.runtime.paired_removal`), one run holds both sides: blocks
-of 20 steps alternate with and without the cause, and its run.json gives
-each half's phases over the steps counted. That run trains twice
---train_steps. Elsewhere (the bubble) the two sides are two runs, paired within each repeat (`benchmarks.harness`: interleaved,
-the first side rotating), as every cell was before the trainer could
-alternate (--two_runs still runs them so). Two runs differ in the
+The trainer removes every cause for some steps only (the input,
+checkpoints, offload, the gradient all-reduce, the pipeline's waits:
+`--paired_removal`, `overlap_core.runtime.paired_removal`), so one run
+holds both sides: blocks of 20 steps alternate with and without the
+cause, and its run.json gives each half's phases over the steps counted.
+That run trains twice --train_steps. --two_runs runs the two sides as
+two runs instead, paired within each repeat (`benchmarks.harness`:
+interleaved, the first side rotating), as every cell was before the
+trainer could alternate. Two runs differ in the
 processes' own speed: a 2-core host runs one process about half a
 millisecond a step faster or slower than the next; the two halves of one
 run share its process, its calibration of the step alone, and its host.
@@ -40,7 +41,9 @@ or in the contention the cause's work made beside the step:
                     steps (in one run, the blocks without take none; in
                     two runs, --checkpoint=none). Reported apart: the
                     stall, and the rest of the step's increase (the save's
-                    interference with the steps around it).
+                    interference with the steps around it). These runs
+                    train four times --train_steps, so that each holds
+                    four times the saves.
   offload           offload off against activations offloaded (in one
                     run, the blocks without run with offload paused; in
                     two runs, --offload=none), default strategy only.
@@ -72,9 +75,10 @@ removed: with an input pipeline beside the steps, a synchronous save lets
 the pipeline run ahead, and the steps after it find their batches ready
 and their cores free, a saving of the input's, not of the checkpoint's.
 
-  bubble            the stages run apart (--pipeline_stages_apart against
-                    a 2-stage GPipe pipeline of 4 micro-batches, whose
-                    stages are processes: PyTorch's ranks; TensorFlow's
+  bubble            the stages run apart (--paired_removal=pipeline_waits,
+                    or --pipeline_stages_apart with --two_runs) in a
+                    2-stage GPipe pipeline of 4 micro-batches, whose
+                    stages are processes (PyTorch's ranks; TensorFlow's
                     stage servers, --pipeline_runtime=processes, each on
                     one thread, whose waits are stamped on each stage's
                     process): each stage computes the
@@ -93,8 +97,8 @@ and their cores free, a saving of the input's, not of the checkpoint's.
                     when apart, which shrinks the saving, is attributed
                     there; BENCHMARKS §17 ran before they were). What stays is
                     the step's closing loss all-reduce, where the faster
-                    stage waits for the slower one in both runs, bubble
-                    in both.
+                    stage waits for the slower one on both sides,
+                    bubble on both.
 
 Not covered here, and why: the bubble of TensorFlow's devices runtime.
 It derives the bubble from its stages timed alone, so stages apart would
@@ -166,6 +170,8 @@ class Removal(NamedTuple):
   framework_job: Mapping[str, Sequence[str]] = {}
   # The frameworks whose sides run through their launcher.
   launched: Tuple[str, ...] = ()
+  # The cell's runs train this many times --train_steps (not --quick).
+  steps_scale: int = 1
 
 
 # Input made free on both sides of a cell that removes something else
@@ -178,7 +184,14 @@ PHASES = {
         [*RESIDENT, "--checkpoint=sync",
          f"--checkpoint_every={CHECKPOINT_EVERY}"],
         ["--checkpoint=none"], STRATEGIES,
-        in_run=paired_removal.CHECKPOINT),
+        in_run=paired_removal.CHECKPOINT,
+        # A save is an event, not a step's part: at --train_steps=100 the
+        # counted half holds 10 of them, and DDP's saving ran from -0.85
+        # to 3.73 ms over 81 runs (its step's change: 1.0 ms standard
+        # deviation), leaving the median's interval wider than the goal.
+        # Four times the saves halved that spread (0.45 ms) and decided
+        # the cell (BENCHMARKS §17).
+        steps_scale=4),
     "offload": Removal([*RESIDENT, "--offload=activations"],
                        ["--offload=none"], ("default",),
                        in_run=paired_removal.OFFLOAD),
@@ -192,6 +205,7 @@ PHASES = {
     "bubble": Removal([*RESIDENT, *PIPELINE_FLAGS],
                       ["--pipeline_stages_apart"], ("mirrored",),
                       attributed=("bubble", "transfer"),
+                      in_run=paired_removal.PIPELINE_WAITS,
                       framework_job={"tensorflow": TF_STAGE_PROCESSES_FLAGS},
                       launched=("tensorflow",)),
 }
@@ -210,7 +224,8 @@ def parse_args():
   common.add_synthetic_job_args(parser)
   parser.add_argument("--train_steps", type=int, default=100,
                       help="Steps of a two-run side; a run that holds "
-                      "both sides trains twice as many.")
+                      "both sides trains twice as many, and a checkpoint "
+                      "cell's runs four times that.")
   parser.add_argument("--two_runs", action="store_true",
                       help="Every cell as two runs, one with the cause and "
                       "one without, as before the trainer could remove "
@@ -292,7 +307,7 @@ def side_flags(args, side) -> list:
   flags, and a framework's own after them)."""
   framework, strategy, phase, variant = side
   removal = PHASES[phase]
-  steps = 12 if args.quick else args.train_steps
+  steps = 12 if args.quick else args.train_steps * removal.steps_scale
   job = [*removal.job, *removal.framework_job.get(framework, ())]
   if variant == IN_RUN:
     block_steps = (QUICK_IN_RUN_BLOCK_STEPS if args.quick

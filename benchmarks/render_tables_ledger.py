@@ -73,6 +73,17 @@ RESULTS = {
     "_noisy_cells_r41": "the four cells the full run left noisy, at 41 "
                         "repeats, once contention's balance was settled at "
                         "the loop's end",
+    "_ddp_checkpoint_r81": "PyTorch's DDP checkpoint cell, the one of those "
+                           "four left noisy, at 81 repeats",
+    "_bubble_in_run_r21": "both bubble cells, the stages run apart in "
+                          "alternate blocks of one run",
+    "_ddp_checkpoint_s400_r41": "PyTorch's DDP checkpoint cell at 41 "
+                                "repeats, its runs four times as long",
+    "_bubble_two_runs": "the full run from before the bubble cells were "
+                        "paired within one run and the checkpoint cells "
+                        "ran four times the steps",
+    "_ddp_input_r41": "PyTorch's DDP input cell, which the full run left "
+                      "leaning over, at 41 repeats",
 }
 
 
@@ -172,6 +183,10 @@ def reference_gap_table(name: str) -> str:
        "others"], rows)
 
 
-for _name in (ledger_fidelity.NAME, ledger_fidelity.NAME + "_noisy_cells_r41"):
+for _name in (ledger_fidelity.NAME, ledger_fidelity.NAME + "_bubble_two_runs",
+              ledger_fidelity.NAME + "_noisy_cells_r41",
+              ledger_fidelity.NAME + "_ddp_checkpoint_r81",
+              ledger_fidelity.NAME + "_ddp_checkpoint_s400_r41",
+              ledger_fidelity.NAME + "_ddp_input_r41"):
   table(_name + "_reference_gap")(
       functools.partial(reference_gap_table, _name))

@@ -142,6 +142,12 @@ def test_the_causes_the_trainer_alternates_run_in_one_run_unless_asked():
       ledger_fidelity.IN_RUN,)
   flags = ledger_fidelity.side_flags(Args, side)
   assert "--paired_removal=input" in flags and "--train_steps=200" in flags
+  # A checkpoint cell's runs hold four times the saves.
+  flags = ledger_fidelity.side_flags(
+      Args, ("pytorch", "mirrored", "checkpoint_stall",
+             ledger_fidelity.IN_RUN))
+  assert "--paired_removal=checkpoint" in flags
+  assert "--train_steps=800" in flags
   side = ("tensorflow", "mirrored", "exposed_comm", ledger_fidelity.IN_RUN)
   assert ledger_fidelity.variants(Args, "exposed_comm") == (
       ledger_fidelity.IN_RUN,)
@@ -149,16 +155,19 @@ def test_the_causes_the_trainer_alternates_run_in_one_run_unless_asked():
   assert "--paired_removal=all_reduce" in flags
   # The model whose gradients cross in more than the tolerance's floor.
   assert flags[-4:-2] == ledger_fidelity.COMM_MODEL_FLAGS
-  # The bubble only a second run can remove; TensorFlow's stages are
-  # stage servers, each on one thread.
-  assert ledger_fidelity.variants(Args, "bubble") == (
-      ledger_fidelity.JOB, ledger_fidelity.REMOVED)
-  side = ("tensorflow", "mirrored", "bubble", ledger_fidelity.REMOVED)
+  # The pipeline's waits too; TensorFlow's stages are stage servers, each
+  # on one thread.
+  assert ledger_fidelity.variants(Args, "bubble") == (ledger_fidelity.IN_RUN,)
+  side = ("tensorflow", "mirrored", "bubble", ledger_fidelity.IN_RUN)
   flags = ledger_fidelity.side_flags(Args, side)
-  assert flags[-1] == "--pipeline_stages_apart"
+  assert "--paired_removal=pipeline_waits" in flags
   assert set(ledger_fidelity.TF_STAGE_PROCESSES_FLAGS) <= set(flags)
   assert "--pipeline_runtime=processes" not in ledger_fidelity.side_flags(
       Args, ("pytorch",) + side[1:])
   Args.two_runs = True
   assert ledger_fidelity.variants(Args, "data_wait") == (
       ledger_fidelity.JOB, ledger_fidelity.REMOVED)
+  # As two runs, the stages run apart for the whole of the second.
+  side = ("tensorflow", "mirrored", "bubble", ledger_fidelity.REMOVED)
+  assert ledger_fidelity.side_flags(Args, side)[-1] == (
+      "--pipeline_stages_apart")
