@@ -18,7 +18,7 @@ from overlap_core.planning import burst_report, command
 from overlap_core.planning import split as split_lib
 from overlap_core.runtime import background, compat, contention, pipeline_stats
 from overlap_core.runtime import ledger as ledger_lib
-from overlap_core.runtime import datasets, paired_removal, replica_data_wait
+from overlap_core.runtime import datasets, paired_removal, replica_phases
 from overlap_core.runtime import run_record, skeleton
 from overlap_core.runtime import user_code
 from overlap_core.runtime.config import TrainConfig
@@ -291,9 +291,9 @@ class _TorchSide:
     self._replica_digests = None
     self._example_shape = None  # one example's inputs, of the user's data
     self._reference = None  # the step timed alone, once timed
-    # What the replicas' data wait moved in this one's ledger
-    # (`replica_data_wait`).
-    self._data_wait_moved = None
+    # What taking data wait and contention over the replicas moved in
+    # this one's ledger (`replica_phases`).
+    self._moved_over_replicas = None
 
   def check_supported(self, config: TrainConfig) -> None:
     check_supported(config)
@@ -388,10 +388,9 @@ class _TorchSide:
     else:
       if self._strategy.world_size > 1 and _times_all_reduce(
           self._strategy, built):
-        self._data_wait_moved = (
-            replica_data_wait.count_data_wait_over_replicas(
-                ledger, self._strategy.max_over_processes,
-                gradients_apart=_gradients_apart(config)))
+        self._moved_over_replicas = replica_phases.count_over_replicas(
+            ledger, self._strategy.max_over_processes,
+            gradients_apart=_gradients_apart(config))
       self._strategy.average_buffers(built.model)
       if _gradients_apart(config) is not None:
         # Replicas that trained apart: run.json shows how far (equal
@@ -434,8 +433,8 @@ class _TorchSide:
                                    ledger, self._replica_digests)
     if self._reference:
       described["reference_step"] = self._reference.to_dict()
-    if self._data_wait_moved is not None:
-      described["data_wait_over_replicas"] = self._data_wait_moved
+    if self._moved_over_replicas is not None:
+      described["phases_over_replicas"] = self._moved_over_replicas
     return described
 
   def num_params(self, model) -> int:

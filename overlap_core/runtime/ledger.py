@@ -337,7 +337,7 @@ class StepLedger:
     """Counts part of some steps' `source` phase as `target` instead.
 
     For what only the whole run shows (`overlap_core.runtime.
-    replica_data_wait`, `contention_split.ContentionSplit.settle`): the step
+    replica_phases`, `contention_split.ContentionSplit.settle`): the step
     records' phases, and the trace's spans, whose first `source` span of
     each step gives its leading seconds to `target`. The steps'
     durations, and so the phases' sum, are unchanged.

@@ -206,7 +206,8 @@ def test_a_ddp_step_carves_exposed_comm_then_contention(replica_runs):
 def test_a_replica_waiting_for_a_peers_input_counts_it_as_data_wait(
     slow_rank_run):
   phases = slow_rank_run["phases"]
-  moved = slow_rank_run["strategy"]["data_wait_over_replicas"]
+  moved = slow_rank_run["strategy"]["phases_over_replicas"][
+      ledger_lib.DATA_WAIT]
   # Rank 0 (its record) had its own batches at once, reached the
   # all-reduce first and waited there for rank 1's: exposed_comm in its
   # own ledger, data wait once the replicas' waits are exchanged. The
@@ -215,7 +216,7 @@ def test_a_replica_waiting_for_a_peers_input_counts_it_as_data_wait(
   # half of it is a floor that a busy host's jitter does not reach, and
   # rank 0's own wait alone (a fraction of a millisecond) is far below it.
   floor_ms = SLOW_RANK_BATCH_MS / 2
-  assert moved["into_data_wait_ms_mean"] >= floor_ms
+  assert moved["into_ms_mean"] >= floor_ms
   assert 1e3 * phases[ledger_lib.DATA_WAIT]["mean"] >= floor_ms
   assert (phases[ledger_lib.DATA_WAIT]["mean"]
           > phases[ledger_lib.EXPOSED_COMM]["mean"])
@@ -227,11 +228,11 @@ def test_a_replica_waiting_for_a_peers_input_counts_it_as_data_wait(
 def test_one_replica_moves_nothing_between_its_phases(replica_runs):
   one, two = replica_runs
   # One replica has no peer to wait for: nothing to exchange.
-  assert "data_wait_over_replicas" not in one["strategy"]
+  assert "phases_over_replicas" not in one["strategy"]
   # Two with resident batches wait for no input, theirs or a peer's. The
   # replicas' wait is never more than the longer of their own (max of
   # wait + compute is at most max wait + max compute), which here is a
   # resident batch's hand-over: well under a millisecond.
-  moved = two["strategy"]["data_wait_over_replicas"]
-  assert moved["into_data_wait_ms_mean"] < 1.0
+  moved = two["strategy"]["phases_over_replicas"][ledger_lib.DATA_WAIT]
+  assert moved["into_ms_mean"] < 1.0
 
