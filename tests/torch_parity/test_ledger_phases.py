@@ -37,16 +37,17 @@ def input_bound_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def resident_run(tmp_path_factory):
   # The same job, its batches kept on the device: the input is free. Its
-  # steps take 1.2 to 3 ms and its wait for a resident batch about 4 us,
-  # so what can make it "input-bound" (5% of the step) is the host taking
-  # the training thread off its core inside those waits. One such
-  # descheduling of a busy 2-core host lasts up to about 12 ms (the
-  # scheduler's latency with two runnable threads a core); over 55
-  # measured steps one made the wait 5% (a clean-clone CI run). Over 590,
-  # 5% of the step is at least 35 ms of waiting, which would take three
-  # such deschedulings all landing in 2.4 ms of waits.
+  # steps take 0.75 to 3 ms and its wait for a resident batch about 4 us,
+  # so what can make it "input-bound" (5% of the step) is a pause inside
+  # those waits: the host taking the training thread off its core (up to
+  # about 12 ms on a busy 2-core host, the scheduler's latency with two
+  # runnable threads a core), or the garbage collector, which runs where
+  # objects are made, as fetching a batch makes them. Over 55 measured
+  # steps one such pause made the wait 5%, and over 590 steps of 0.75 ms
+  # two did (clean-clone CI runs). Over 2390, 5% of the step is at least
+  # 90 ms of waiting: seven such pauses, all landing in 10 ms of waits.
   return _train(tmp_path_factory, "resident", *INPUT_BOUND,
-                "--synthetic_on_device", "--train_steps=600")
+                "--synthetic_on_device", "--train_steps=2400")
 
 
 @pytest.fixture(scope="module")
