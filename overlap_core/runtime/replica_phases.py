@@ -18,12 +18,12 @@ compute alone:
 
 The fidelity benchmark saw both (BENCHMARKS page 17): in PyTorch's DDP
 cell, the step that resident batches saved beyond the data wait followed
-the change in `exposed_comm`, run by run; and where the wait was taken
-over the replicas but contention was still rank 0's own, the attribution
-ran above the saving by what rank 0's `exposed_comm` shrank in the half
-with the input. What this does not see: with the input free every step,
-the `exposed_comm` that stays grew (in 18 of 21 runs of that cell), which
-no exchange of phases can tell.
+the change in `exposed_comm`, run by run. Taking contention over the
+replicas too brought that cell's median within its goal. What this does
+not see: rank 0's `exposed_comm` that stays is still shorter in the half
+with the input (in 14 of 21 runs of the full run on page 17), a change
+that does not follow contention's: the all-reduce's own tail, which no
+exchange of phases can tell.
 
 So after training the replicas exchange, per step, the time each took to
 reach the all-reduce (its data wait and its compute but the all-reduce's
