@@ -230,10 +230,11 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
     split_compute = comm.split_compute
   reference = None
   if _times_reference(config, built) and keep_reference is not None:
-    reference = reference_step.calibrate(
-        train_step, resident_batch(), model=model, optimizer=optimizer,
-        num_steps=config.run.reference_steps, offloader=built.offload,
-        make_train_step=make_train_step)
+    calibrate = functools.partial(
+        reference_step.calibrate, train_step, resident_batch(), model=model,
+        optimizer=optimizer, num_steps=config.run.reference_steps,
+        offloader=built.offload, make_train_step=make_train_step)
+    reference = calibrate()
     keep_reference(reference)
     if built.offload:
       # The derived cost replaces the copies' split.
@@ -244,6 +245,8 @@ def _run_loop(ctx: LoopContext, strategy, config: TrainConfig, spec,
         first_step=ctx.first_step,
         make_split_without=_split_without_all_reduce(ctx.pairing, reference,
                                                      comm))
+    split_compute = contention.retime_after_loop(split_compute, reference,
+                                                 calibrate, keep_reference)
   train_step, split_compute = paired_removal.apply_offload_removal(
       ctx.pairing, train_step, split_compute, cost=reference,
       # Called only where offload is removed, a run with no burst plan.

@@ -458,11 +458,13 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
   reference = None
   if (_times_reference(config, parallel) and stream is None
       and keep_reference is not None):
-    reference = reference_step.calibrate(
-        train_step, _resident_first_batch(config, spec, strategy),
+    calibrate = functools.partial(
+        reference_step.calibrate, train_step,
+        _resident_first_batch(config, spec, strategy),
         model=parallel.model, optimizer=parallel.optimizer,
         strategy=strategy, num_steps=config.run.reference_steps,
         offloader=parallel.offload, pipeline=parallel.pipeline)
+    reference = calibrate()
     keep_reference(reference)
     if parallel.pipeline:
       make_split = functools.partial(reference.split_stage_compute,
@@ -475,6 +477,11 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
           inner=_split_compute(parallel, strategy, offload_derived=True))
     split_compute = paired_removal.split_per_arm(
         ctx.pairing, make_split, first_step=ctx.first_step)
+    if not parallel.pipeline:
+      # A pipeline's stages give up their stand-ins before the loop
+      # (below), so they are timed alone once, before it.
+      split_compute = contention.retime_after_loop(
+          split_compute, reference, calibrate, keep_reference)
   train_step, split_compute = paired_removal.apply_offload_removal(
       ctx.pairing, train_step, split_compute, cost=reference,
       make_step_without=functools.partial(

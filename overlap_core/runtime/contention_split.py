@@ -16,6 +16,9 @@ COMPUTE = "compute"
 # What `ContentionSplit.settle` gives back, as the ledger's summary names it
 # among its moves between phases (`StepLedger.relabel`).
 SETTLED_BALANCE = "contention_settled"
+# What `ContentionSplit.settle` carves once more where the step alone, timed
+# again after the loop, came out lower than before it (`lower_by_s`).
+RETIMED_REFERENCE = "contention_retimed"
 
 
 class ExcessBalance:
@@ -46,6 +49,24 @@ class ExcessBalance:
     self._bank_s = min(max(self._bank_s - signed_excess_s, 0.0),
                        self._cap_s)
     return carved_s
+
+  def lower(self, by_s: float) -> List[float]:
+    """Carves the steps so far once more, against a reference `by_s`
+    lower, as if it had been the reference from the first step; returns
+    each step's carve beyond the one it had, in order, and holds what the
+    new carve leaves (the bank, the record of excess, the cap).
+
+    A lower reference carves no step less: every excess is `by_s` larger,
+    so the bank holds no more after any step, and each carve is at least
+    what it was.
+    """
+    carved = ExcessBalance(self._cap_s)
+    lowered = ExcessBalance(self._cap_s - by_s)
+    extra_s = [lowered.carve(excess_s + by_s) - carved.carve(excess_s)
+               for excess_s in self._excess_s]
+    self._cap_s, self._bank_s = lowered._cap_s, lowered._bank_s
+    self._excess_s = lowered._excess_s
+    return extra_s
 
   def take_excess(self) -> List[float]:
     """Empties the record of each step's signed excess; returns it, in the
@@ -81,11 +102,16 @@ class ContentionSplit:
   def __call__(self, start_s: float, end_s: float) -> List[tuple]:
     return self._split(start_s, end_s)
 
-  def settle(self, ledger, owns_step: Callable[[int], bool] = lambda _: True
-             ) -> float:
+  def settle(self, ledger, owns_step: Callable[[int], bool] = lambda _: True,
+             lower_by_s: float = 0.0) -> float:
     """Moves what the balance holds from the latest steps' contention back
     to compute in `ledger` (a `ledger.StepLedger`), latest step first;
     returns the seconds moved.
+
+    With `lower_by_s`, the steps are first carved once more against a
+    reference that much lower (`ExcessBalance.lower`: the step alone timed
+    again after the loop, `RetimedSplit`), each step's further carve moved
+    from compute to contention.
 
     The balance holds time steps ran below the reference after the last
     excess it paid: up to that much of the contention carved before them
@@ -102,6 +128,11 @@ class ContentionSplit:
     """
     steps = ledger.steps
     owned = [i for i, record in enumerate(steps) if owns_step(record.step)]
+    if lower_by_s > 0.0:
+      # One call per owned step, the latest calls the latest steps'.
+      extra_s = self._balance.lower(lower_by_s)
+      ledger.relabel(dict(zip(reversed(owned), reversed(extra_s))),
+                     self._compute, CONTENTION, why=RETIMED_REFERENCE)
     # One call per owned step, the latest calls the latest steps'.
     ledger.record_excess(dict(zip(reversed(owned),
                                   reversed(self._balance.take_excess()))))

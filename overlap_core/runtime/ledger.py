@@ -62,7 +62,8 @@ CONTENTION = contention.CONTENTION  # compute slowed by work beside the step
 # moved, so that every run's record has the same keys whatever its steps
 # did: a run whose last steps ran below the step alone settles some
 # contention back to compute, and one a little slower settles none.
-NAMED_MOVES = (contention_split.SETTLED_BALANCE,)
+NAMED_MOVES = (contention_split.SETTLED_BALANCE,
+               contention_split.RETIMED_REFERENCE)
 # Phases recorded in place of part or all of a step's compute span.
 COMPUTE_PARTS = pipeline_stats.PHASES + (OFFLOAD, EXPOSED_COMM,
                                          CONTENTION)

@@ -182,13 +182,14 @@ class AlternatingCalls:
       return self._without(*args)
     return self._with(*args)
 
-  def settle(self, ledger) -> float:
+  def settle(self, ledger, lower_by_s: float = 0.0) -> float:
     """Settles each arm that is a split carving contention
     (`contention_split.ContentionSplit.settle`) over its own steps, as each
-    carved with a balance of its own (`split_per_arm`); the seconds
-    moved."""
+    carved with a balance of its own (`split_per_arm`), against a
+    reference `lower_by_s` lower where it was timed again after the loop;
+    the seconds moved."""
     return sum(
-        arm.settle(ledger, owns_step=owns_step)
+        arm.settle(ledger, owns_step=owns_step, lower_by_s=lower_by_s)
         for arm, owns_step in ((self._with, self._with_cause_step),
                                (self._without, self._pairing.removed))
         if hasattr(arm, "settle"))

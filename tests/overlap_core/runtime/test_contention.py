@@ -95,7 +95,8 @@ def test_settling_gives_the_unpaid_balance_back_to_the_latest_carves():
       (2 + 2 - 1 - 1) / 4)
   # Each step still adds up; the move is reported per measured step.
   assert ledger.summary(warmup_steps=0)["moved_ms"] == {
-      contention_split.SETTLED_BALANCE: pytest.approx(0.5)}
+      contention_split.SETTLED_BALANCE: pytest.approx(0.5),
+      contention_split.RETIMED_REFERENCE: 0.0}
   # How the steps stood against the reference goes to the summary.
   assert ledger.summary(warmup_steps=0)["against_step_alone"] == {
       "steps": 4, "steps_below": 2, "median_excess_ms": pytest.approx(0.5)}
@@ -119,7 +120,84 @@ def test_a_run_that_ends_on_its_excess_settles_nothing():
   assert _phase_ms(ledger, ledger_lib.CONTENTION) == pytest.approx([0.0, 1.0])
   # The record keeps its keys: the move is there, at zero.
   assert ledger.summary(warmup_steps=0)["moved_ms"] == {
-      contention_split.SETTLED_BALANCE: 0.0}
+      contention_split.SETTLED_BALANCE: 0.0,
+      contention_split.RETIMED_REFERENCE: 0.0}
+
+
+def test_the_reference_is_the_lower_median_of_the_two_timings():
+  timed_slow = _reference(0.014, 0.013, 0.015)
+  assert timed_slow.lowered_by_s == 0.0  # not timed again yet
+  retimed = timed_slow.with_later(_reference(0.010, 0.011, 0.009))
+  assert retimed.reference_s == 0.010
+  assert retimed.lowered_by_s == pytest.approx(0.004)
+  # A later timing slower than the first (work still beside it) leaves
+  # the reference where it was.
+  assert timed_slow.with_later(_reference(0.020)).lowered_by_s == 0.0
+  assert retimed.to_dict()["later_step_ms"] == pytest.approx(
+      [10.0, 11.0, 9.0])
+
+
+def test_a_lower_reference_found_after_the_loop_carves_every_step_again():
+  # The loop split against a 12 ms step alone that a slow spell of the
+  # host inflated; timed again after the loop it is 10 ms. Live, the
+  # steps (11, 13, 10, 12 ms) carve nothing: the 11 ms step banks 1 ms,
+  # which the 13 ms step's excess pays back, and the 10 ms step banks
+  # what the last one's zero excess leaves. Carved again against 10 ms
+  # they carve 1, 3, 0 and 2 ms, the steps' excess over the lower
+  # reference, 1.5 ms a step.
+  kept = []
+  split = contention.retime_after_loop(
+      _reference(0.012).split_compute(), _reference(0.012),
+      retime=lambda: _reference(0.010), keep=kept.append)
+  ledger = _run(split, [11.0, 13.0, 10.0, 12.0])
+  assert _phase_ms(ledger, ledger_lib.CONTENTION) == pytest.approx(
+      [0.0, 0.0, 0.0, 0.0])
+  split.settle(ledger)
+  assert _phase_ms(ledger, ledger_lib.CONTENTION) == pytest.approx(
+      [1.0, 3.0, 0.0, 2.0])
+  # Each step still adds up, what moved is named, and the record keeps
+  # both timings.
+  assert [1e3 * r.duration_s for r in ledger.steps] == pytest.approx(
+      [11.0, 13.0, 10.0, 12.0])
+  assert sum(_phase_ms(ledger, ledger_lib.COMPUTE)) == pytest.approx(40.0)
+  assert ledger.summary(warmup_steps=0)["moved_ms"][
+      contention_split.RETIMED_REFERENCE] == pytest.approx(1.5)
+  (record,) = kept
+  assert record.reference_s == 0.010 and record.step_s == (0.012,)
+  assert ledger.summary(warmup_steps=0)["against_step_alone"][
+      "median_excess_ms"] == pytest.approx(1.5)
+
+
+def test_a_reference_no_lower_after_the_loop_leaves_the_carve_alone():
+  kept = []
+  split = contention.retime_after_loop(
+      _reference(0.010).split_compute(), _reference(0.010),
+      retime=lambda: _reference(0.011), keep=kept.append)
+  ledger = _run(split, [12.0, 9.0, 12.0])
+  before = _phase_ms(ledger, ledger_lib.CONTENTION)
+  split.settle(ledger)
+  assert _phase_ms(ledger, ledger_lib.CONTENTION) == pytest.approx(before)
+  assert kept[0].reference_s == 0.010
+
+
+def test_only_a_plain_step_alone_is_timed_again():
+  # An offload's cost and a pipeline's stages are timed once, before the
+  # loop: their splits are left as they are.
+  split = _reference(0.010).split_compute()
+  stages = contention.StagesAlone(stages=(_reference(0.010),))
+  assert contention.retime_after_loop(split, stages, retime=None,
+                                      keep=None) is split
+
+
+def test_lowering_the_balance_never_carves_a_step_less():
+  balance = contention_split.ExcessBalance(0.010)
+  excess_s = [0.001, -0.003, 0.002, -0.001, 0.004, -0.010, 0.0005]
+  carved = [balance.carve(e) for e in excess_s]
+  extra = balance.lower(0.0015)
+  assert all(e >= 0.0 for e in extra)
+  again = contention_split.ExcessBalance(0.0085)
+  assert [c + e for c, e in zip(carved, extra)] == pytest.approx(
+      [again.carve(e + 0.0015) for e in excess_s])
 
 
 def test_a_move_the_record_does_not_list_is_refused():
