@@ -382,6 +382,11 @@ def measure(args, repeats: int, scratch: str) -> harness.Measured:
             # Its timed calls: a slow spell of the host shows there.
             "reference_calls_ms": (record["strategy"].get("reference_step")
                                    or {}).get("step_ms"),
+            # The same calls timed again after the loop (empty where the
+            # reference is timed once); the reference is the lower median.
+            "reference_later_calls_ms": (
+                record["strategy"].get("reference_step")
+                or {}).get("later_step_ms"),
             "phases_measured": record["phases_measured"],
             "phases_derived": record.get("phases_derived", []),
             # What the run moved between phases after the fact
