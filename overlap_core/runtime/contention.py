@@ -93,7 +93,8 @@ class ReferenceStep:
 
   @property
   def reference_s(self) -> float:
-    """The lower median of the two timings (one before the loop's end):
+    """The median of the timing before the loop, or where the step was
+    timed again after it (`RetimedSplit`), the lower of the two medians:
     a slow spell of the host raises the calls it falls on, and nothing
     makes a step alone faster than it is."""
     return min(statistics.median(timed)
