@@ -55,7 +55,8 @@ def define_flags():
       "reference_steps", contention.DEFAULT_REFERENCE_STEPS,
       "Steps timed before training on a resident copy of the run's first "
       "batch, before its input pipeline starts, so nothing is read beside "
-      "them: the step alone. The ledger's "
+      "them, and again after the loop: the step alone, the lower of the "
+      "two medians. The ledger's "
       "contention phase is each step's compute beyond it, the cost of the "
       "work running beside the step (input pipeline, checkpoint persist). "
       "Weights, optimizer state and random streams are put back after. "

@@ -63,9 +63,13 @@ from overlap_core.runtime.contention_split import (COMPUTE, CONTENTION,
 # run on a 2-core host. Of 24 runs of a 12 ms step timed with 15 calls,
 # 3 had a slow episode of the host (calls 3 to 5 ms slower, 8 to 11 in a
 # row) over more than half of them, which moved their median by 1.5 to
-# 3 ms. 31 calls keep the median out of an episode of that length. With
-# the warm-up, 31 calls of a 12 ms step cost 0.4 s, once.
-DEFAULT_REFERENCE_STEPS = 31
+# 3 ms. 31 calls kept the median out of an episode of that length, but
+# not out of a spell over all of them, 3 to 8 ms, in 3 of 42 runs of the
+# fidelity benchmark's one-process input cells. Timed twice, before the
+# loop and after it (`RetimedSplit`), the lower median is out of a spell
+# over either timing, so each takes 15 calls: with the warm-ups, the two
+# cost a run of a 17 ms step 0.7 s, as one timing of 31 calls did.
+DEFAULT_REFERENCE_STEPS = 15
 # The first call traces or initializes lazily, and the next few still run
 # slower while the framework's thread pools and allocator settle.
 WARMUP_CALLS = 5
