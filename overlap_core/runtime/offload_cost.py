@@ -90,6 +90,16 @@ class OffloadCost:
             "without_offload": self.without_offload.to_dict()}
 
 
+# The offload's cost is timed once, before the loop, and is the difference
+# of two medians. At 15 calls a way, both offload cells of the fidelity
+# benchmark were noisy at 15 repeats (signed miss over tolerance 0.29
+# [-0.39, 1.33] and -0.09 [-0.63, 1.73]), where at 31 both had met at 21
+# (0.12 [-0.14, 0.52] and -0.04 [-0.16, 0.07]; BENCHMARKS §17). So each
+# way takes twice the calls of one timing of the plain step alone, which
+# is timed twice (`contention.RetimedSplit`).
+TIMED_ONCE_CALLS = 2
+
+
 def time_with_and_without(with_offload: Callable[[], None],
                           without_offload: Callable[[], None], *,
                           num_steps: int,
@@ -101,9 +111,11 @@ def time_with_and_without(with_offload: Callable[[], None],
     with_offload: runs one step on the resident batch and returns once it
       is done (the device waited for).
     without_offload: the same step with offload taken off.
-    num_steps: calls timed each way; at least 1.
+    num_steps: the run's --reference_steps, at least 1; each way is timed
+      over `TIMED_ONCE_CALLS` times that many calls.
     restore: puts back what the calls changed.
   """
   timed_with, timed_without = contention.time_interleaved(
-      [with_offload, without_offload], num_steps=num_steps, restore=restore)
+      [with_offload, without_offload],
+      num_steps=TIMED_ONCE_CALLS * num_steps, restore=restore)
   return OffloadCost(with_offload=timed_with, without_offload=timed_without)

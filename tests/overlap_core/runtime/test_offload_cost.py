@@ -59,9 +59,11 @@ def test_the_two_ways_are_timed_interleaved_and_restored():
   cost = offload_cost.time_with_and_without(
       lambda: calls.append("with"), lambda: calls.append("without"),
       num_steps=3, restore=lambda: restored.append(True))
-  assert calls == ["with", "without"] * (contention.WARMUP_CALLS + 3)
+  # Timed once, each way takes twice the run's calls per timing.
+  timed = offload_cost.TIMED_ONCE_CALLS * 3
+  assert calls == ["with", "without"] * (contention.WARMUP_CALLS + timed)
   assert len(cost.with_offload.step_s) == len(
-      cost.without_offload.step_s) == 3
+      cost.without_offload.step_s) == timed
   assert restored == [True]
   with pytest.raises(ValueError, match="num_steps"):
     offload_cost.time_with_and_without(lambda: None, lambda: None,
