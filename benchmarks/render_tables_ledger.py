@@ -96,6 +96,8 @@ RESULTS = {
     "_retimed_15_calls_r15": "every cell but the checkpoint cells at 15 "
                              "repeats, once each timing of the step alone "
                              "took 15 calls",
+    "_offload_30_calls_r15": "both offload cells at 15 repeats, once the "
+                             "offload's cost took twice the calls each way",
 }
 
 
