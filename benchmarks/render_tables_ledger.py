@@ -161,6 +161,19 @@ def _signed_miss(run: dict, tolerance_ms: float) -> float:
           - saving_ms) / tolerance_ms
 
 
+def _gap_cells(name: str, timed: str):
+  """(cell, runs) for each in-run input and checkpoint cell of the results
+  file `name`, with the cell's runs that recorded `timed` (a timing of
+  the step alone)."""
+  data = load(name)
+  for cell in data["summary"]:
+    if cell["phase"] not in _GAP_PHASES or cell["pairing"] != "in one run":
+      continue
+    yield cell, [r for r in data["runs"]
+                 if r["side"][:3] == [cell["framework"], cell["strategy"],
+                                      cell["phase"]] and r.get(timed)]
+
+
 def reference_gap_table(name: str) -> str:
   """Per in-run input and checkpoint cell of the results file `name`: the
   runs whose step alone was timed above the step of their half without
@@ -168,14 +181,8 @@ def reference_gap_table(name: str) -> str:
   others. A phase cannot be negative, so steps below the reference carve
   no contention: in such a run the half with the cause carves only its
   steps' excess over a reference that is too high."""
-  data = load(name)
   rows = []
-  for cell in data["summary"]:
-    if cell["phase"] not in _GAP_PHASES or cell["pairing"] != "in one run":
-      continue
-    runs = [r for r in data["runs"]
-            if r["side"][:3] == [cell["framework"], cell["strategy"],
-                                 cell["phase"]] and r.get("reference_ms")]
+  for cell, runs in _gap_cells(name, "reference_ms"):
     gap_ms = [r["reference_ms"] - _step_without_cause_ms(r) for r in runs]
     # The lowest timed call as the reference instead: what the half
     # without the cause would then carve.
@@ -216,15 +223,8 @@ def retimed_reference_table(name: str) -> str:
   timing's median against the step of the half without the cause, how
   many runs the second timing lowered the reference in, and by how much
   in those runs."""
-  data = load(name)
   rows = []
-  for cell in data["summary"]:
-    if cell["phase"] not in _GAP_PHASES or cell["pairing"] != "in one run":
-      continue
-    runs = [r for r in data["runs"]
-            if r["side"][:3] == [cell["framework"], cell["strategy"],
-                                 cell["phase"]]
-            and r.get("reference_later_calls_ms")]
+  for cell, runs in _gap_cells(name, "reference_later_calls_ms"):
     before_ms = [statistics.median(r["reference_calls_ms"]) for r in runs]
     after_ms = [statistics.median(r["reference_later_calls_ms"])
                 for r in runs]
