@@ -207,5 +207,10 @@ def check_paired_offload(record: dict):
   offload_ms = paired_phase_ms(record, ledger_lib.OFFLOAD)
   derived_ms = record["strategy"]["reference_step"]["offload_ms"]
   assert offload_ms[WITHOUT] == 0.0
-  assert offload_ms[WITH] <= derived_ms * (1 + 1e-9)
+  # A step's span is (start + cost) - start on perf_counter, which counts
+  # from boot: one rounding of a clock reading is up to half its ulp,
+  # 1.8e-12 s after 4 hours, 2.4e-10 s after a year, so a mean of such
+  # spans exceeds the cost by at most about 5e-10 s. A relative slack
+  # (1e-9 of a cost near 1 ms, 1e-12 s) failed once on a host up 4 hours.
+  assert offload_ms[WITH] <= derived_ms + 1e-6
   assert (offload_ms[WITH] > 0.0) == (derived_ms > 0.0)

@@ -55,5 +55,7 @@ def test_the_half_without_the_all_reduce_carries_none_of_it(tmp_path):
   # training, capped at a step's compute span.
   derived_ms = record["strategy"]["exposed_comm"]["exposed_comm_ms"]
   with_ms = record_checks.paired_phase_ms(record, ledger_lib.EXPOSED_COMM)
-  assert with_ms[WITH] <= derived_ms * (1 + 1e-9)
+  # At most the derived cost, up to the clock's rounding (how much:
+  # `record_checks.check_paired_offload`).
+  assert with_ms[WITH] <= derived_ms + 1e-6
   assert ledger_lib.EXPOSED_COMM in record["phases_derived"]
