@@ -475,13 +475,11 @@ def _run_loop(ctx, config: TrainConfig, spec, strategy, parallel,
       make_split = functools.partial(
           reference.split_compute,
           inner=_split_compute(parallel, strategy, offload_derived=True))
-    split_compute = paired_removal.split_per_arm(
-        ctx.pairing, make_split, first_step=ctx.first_step)
-    if not parallel.pipeline:
-      # A pipeline's stages give up their stand-ins before the loop
-      # (below), so they are timed alone once, before it.
-      split_compute = contention.retime_after_loop(
-          split_compute, reference, calibrate, keep_reference)
+    split_compute = contention.retime_after_loop(
+        paired_removal.split_per_arm(ctx.pairing, make_split,
+                                     first_step=ctx.first_step),
+        reference, calibrate, keep_reference,
+        pipelined=bool(parallel.pipeline))
   train_step, split_compute = paired_removal.apply_offload_removal(
       ctx.pairing, train_step, split_compute, cost=reference,
       make_step_without=functools.partial(

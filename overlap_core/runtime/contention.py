@@ -233,12 +233,14 @@ class RetimedSplit:
 
 def retime_after_loop(split: Callable, reference,
                       retime: Callable[[], object],
-                      keep: Callable[[object], None]) -> Callable:
+                      keep: Callable[[object], None], *,
+                      pipelined: bool = False) -> Callable:
   """`split`, timing the step alone again at the loop's end
   (`RetimedSplit`) where `reference` is a plain step alone, which both
   trainers' loops settle; `split` as it is for an offload's cost or a
-  pipeline's stages, whose references are timed once."""
-  if type(reference) is not ReferenceStep:
+  pipeline's stages (`pipelined`: a stage gives up its stand-ins before
+  the loop), whose references are timed once."""
+  if pipelined or type(reference) is not ReferenceStep:
     return split
   return RetimedSplit(split, reference, retime, keep)
 
