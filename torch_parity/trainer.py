@@ -434,7 +434,8 @@ class _TorchSide:
     if self._reference:
       described["reference_step"] = self._reference.to_dict()
     if self._moved_over_replicas is not None:
-      described["phases_over_replicas"] = self._moved_over_replicas
+      described[replica_phases.OVER_REPLICAS_KEY] = (
+          self._moved_over_replicas)
     return described
 
   def num_params(self, model) -> int:

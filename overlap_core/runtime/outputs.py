@@ -12,7 +12,8 @@ from typing import Iterable, Optional
 
 from overlap_core.runtime import contention_split, dir_lock
 from overlap_core.runtime import ledger as ledger_lib
-from overlap_core.runtime import paired_removal, run_record, trace, user_code
+from overlap_core.runtime import paired_removal, replica_phases, run_record
+from overlap_core.runtime import trace, user_code
 from overlap_core.runtime.config import TrainConfig
 
 
@@ -94,6 +95,8 @@ def write_worker_outputs(config: TrainConfig, out_dir: str,
   understated = contention_split.understated_note(summary["against_step_alone"])
   if understated:
     notes = [*notes, understated]
+  notes = [*notes, *replica_phases.hidden_all_reduce_notes(
+      summary["phases"], strategy)]
   if cpu_of_processes is not None:
     work_s, processes = cpu_of_processes
     summary["cpu"] = ledger_lib.cpu_summary(

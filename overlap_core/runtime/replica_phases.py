@@ -21,9 +21,10 @@ cell, the step that resident batches saved beyond the data wait followed
 the change in `exposed_comm`, run by run. Taking contention over the
 replicas too brought that cell's median within its goal. What this does
 not see: rank 0's `exposed_comm` that stays is still shorter in the half
-with the input (in 14 of 21 runs of the full run on page 17), a change
-that does not follow contention's: the all-reduce's own tail, which no
-exchange of phases can tell.
+with the input (in 14 to 18 of 21 runs of the full runs on page 17), a
+change that does not follow contention's: the all-reduce's own tail,
+which no exchange of phases can tell. A run whose waits can bound it
+says so in its notes (`hidden_all_reduce_notes`).
 
 So after training the replicas exchange, per step, the time each took to
 reach the all-reduce (its data wait and its compute but the all-reduce's
@@ -54,8 +55,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from overlap_core.runtime import comm_stats
 from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.runtime import paired_removal
+from overlap_core.runtime import verdict
 
-__all__ = ["slowest_replica_gap", "count_over_replicas"]
+__all__ = ["slowest_replica_gap", "count_over_replicas",
+           "hidden_all_reduce_notes"]
 
 # The phases of a step that are not its compute before the all-reduce.
 _NOT_COMPUTE = (ledger_lib.DATA_WAIT, comm_stats.EXPOSED_COMM,
@@ -63,6 +67,9 @@ _NOT_COMPUTE = (ledger_lib.DATA_WAIT, comm_stats.EXPOSED_COMM,
 # The phases taken over the replicas, in the order they are moved: the
 # data wait's formula holds contention inside compute.
 PHASES = (ledger_lib.DATA_WAIT, ledger_lib.CONTENTION)
+# run.json's strategy section holds what `count_over_replicas` moved under
+# this key, where the phases were so taken.
+OVER_REPLICAS_KEY = "phases_over_replicas"
 
 
 def slowest_replica_gap(slowest_with_s: Sequence[float],
@@ -155,3 +162,46 @@ def _move(ledger: ledger_lib.StepLedger, phase: str,
       "into_ms_mean": 1e3 * sum(max(s, 0.0) for s in measured) / count,
       "out_of_ms_mean": 1e3 * sum(max(-s, 0.0) for s in measured) / count,
   }
+
+
+# A replica's own waits, each with the --paired_removal cause that takes
+# it away.
+_OWN_WAITS = ((ledger_lib.DATA_WAIT, paired_removal.INPUT),
+              (ledger_lib.CHECKPOINT_STALL, paired_removal.CHECKPOINT))
+
+
+def hidden_all_reduce_notes(phases: Dict[str, dict],
+                            strategy: dict) -> List[str]:
+  """The run's notes on its waits taken over the replicas that can bound
+  it (`verdict.BOUND_FRAC` of the step or more); none where the waits
+  were not so taken.
+
+  Args:
+    phases: the ledger summary's phases, each with its `fraction`.
+    strategy: run.json's strategy section.
+
+  Such a wait is time the step stood still, but not all of it is what
+  removing its cause saves. While a replica waits, the buckets its peers
+  hand over meet no backward on its cores, so the all-reduce runs faster
+  beside it; with the cause gone the replicas run backward together, and
+  the all-reduce's tail after the last one is longer. In the fidelity
+  benchmark's DDP input and checkpoint cells on 2 cores, rank 0's
+  `exposed_comm` grew when the cause went in 18 and 20 of 21 runs, and
+  the attribution ran past the saving by that much, run by run
+  (correlation -0.95 and -0.84; BENCHMARKS page 17). No exchange of
+  phases can tell the tail a step would have had without its cause; a
+  paired run measures the saving itself.
+  """
+  if strategy.get(OVER_REPLICAS_KEY) is None:
+    return []
+  notes = []
+  for phase, cause in _OWN_WAITS:
+    fraction = phases.get(phase, {}).get("fraction", 0.0)
+    if fraction >= verdict.BOUND_FRAC:
+      notes.append(
+          f"{phase} is {100 * fraction:.1f}% of the step, the slowest "
+          f"replica's wait; removing its cause can save less, by the "
+          f"all-reduce time the wait hid (while one replica waits, the "
+          f"others' all-reduce has its cores); --paired_removal={cause} "
+          f"measures the saving in one run")
+  return notes

@@ -2,6 +2,7 @@
 
 from overlap_core.runtime import contention_split
 from overlap_core.runtime import ledger as ledger_lib
+from overlap_core.runtime import replica_phases
 from overlap_core.runtime import verdict as verdict_lib
 
 # offload under compute: it is the part of compute offload added.
@@ -51,6 +52,9 @@ def format_breakdown(summary: dict, *, title: str = "Per-step breakdown",
       summary.get("against_step_alone"))
   if understated:
     lines.append(f"  note: {understated}")
+  for note in replica_phases.hidden_all_reduce_notes(
+      phases, summary.get("strategy", {})):
+    lines.append(f"  note: {note}")
   return "\n".join(lines)
 
 

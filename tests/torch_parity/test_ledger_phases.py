@@ -233,6 +233,10 @@ def test_a_replica_waiting_for_a_peers_input_counts_it_as_data_wait(
   # What moved left exposed_comm: the phases still add up to the step.
   parts = sum(phases[p]["mean"] for p in phases if p != ledger_lib.STEP)
   assert parts == pytest.approx(phases[ledger_lib.STEP]["mean"], rel=1e-6)
+  # A wait that bounds the run says that its removal may save less.
+  [note] = [n for n in slow_rank_run["notes"]
+            if n.startswith(f"{ledger_lib.DATA_WAIT} is ")]
+  assert "--paired_removal=input measures the saving" in note
 
 
 def test_one_replica_moves_nothing_between_its_phases(replica_runs):

@@ -4,7 +4,7 @@ exchange's arithmetic, on ledgers driven by a fake clock."""
 import pytest
 
 from overlap_core.runtime import ledger as ledger_lib
-from overlap_core.runtime import replica_phases
+from overlap_core.runtime import replica_phases, verdict
 from overlap_core.runtime.comm_stats import EXPOSED_COMM
 
 from tests.overlap_core.runtime.test_runtime import FakeClock
@@ -159,3 +159,33 @@ def test_a_step_without_the_gradient_all_reduce_keeps_its_own_phases():
                                    EXPOSED_COMM: 8.5}
   assert _phases_ms(ledger, 1) == {DATA_WAIT: 4.0, COMPUTE: 5.0,
                                    CONTENTION: 2.0, EXPOSED_COMM: 0.0}
+
+
+def _phases(**fractions):
+  return {name: {"fraction": f} for name, f in fractions.items()}
+
+
+OVER_REPLICAS = {replica_phases.OVER_REPLICAS_KEY: {}}
+
+
+def test_a_wait_that_can_bound_the_run_says_what_removal_may_not_save():
+  bound = verdict.BOUND_FRAC
+  [note] = replica_phases.hidden_all_reduce_notes(
+      _phases(data_wait=bound, checkpoint_stall=bound / 2), OVER_REPLICAS)
+  assert note.startswith(f"data_wait is {100 * bound:.1f}% of the step")
+  assert "--paired_removal=input" in note
+  [note] = replica_phases.hidden_all_reduce_notes(
+      _phases(data_wait=0.0, checkpoint_stall=0.3), OVER_REPLICAS)
+  assert note.startswith("checkpoint_stall is 30.0%")
+  assert "--paired_removal=checkpoint" in note
+  assert len(replica_phases.hidden_all_reduce_notes(
+      _phases(data_wait=0.3, checkpoint_stall=0.3), OVER_REPLICAS)) == 2
+
+
+def test_waits_not_taken_over_replicas_or_below_the_cut_have_no_note():
+  # One process, or TensorFlow's replicas: no exchange, no such note.
+  assert not replica_phases.hidden_all_reduce_notes(
+      _phases(data_wait=0.5), {"name": "mirrored"})
+  assert not replica_phases.hidden_all_reduce_notes(
+      _phases(data_wait=verdict.BOUND_FRAC * 0.99), OVER_REPLICAS)
+  assert not replica_phases.hidden_all_reduce_notes({}, OVER_REPLICAS)

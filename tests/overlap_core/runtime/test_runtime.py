@@ -251,6 +251,20 @@ def test_breakdown_table_says_when_contention_may_be_understated():
                          "steps' compute ran 0.50 ms below")
 
 
+def test_breakdown_table_says_a_replicas_wait_may_save_less():
+  # Each step waits 3 ms for input and computes 7 (the fake clock adds
+  # 1 ms of other): data_wait is 27.3% of the step.
+  summary = run_fake_steps(lambda step: {ledger_lib.DATA_WAIT: 0.003,
+                                         ledger_lib.COMPUTE: 0.007},
+                           10).summary()
+  assert "note:" not in report.format_breakdown(summary)
+  # A record whose replicas' waits were taken over the replicas.
+  summary["strategy"] = {"phases_over_replicas": {}}
+  last = report.format_breakdown(summary).splitlines()[-1]
+  assert last.startswith("  note: data_wait is 27.3% of the step, the "
+                         "slowest replica's wait")
+
+
 def test_progress_prints_on_cadence(capsys):
   clock = FakeClock()
   ledger = ledger_lib.StepLedger(clock=clock)
