@@ -176,10 +176,6 @@ def hidden_all_reduce_notes(phases: Dict[str, dict],
   it (`verdict.BOUND_FRAC` of the step or more); none where the waits
   were not so taken.
 
-  Args:
-    phases: the ledger summary's phases, each with its `fraction`.
-    strategy: run.json's strategy section.
-
   Such a wait is time the step stood still, but not all of it is what
   removing its cause saves. While a replica waits, the buckets its peers
   hand over meet no backward on its cores, so the all-reduce runs faster
@@ -191,6 +187,10 @@ def hidden_all_reduce_notes(phases: Dict[str, dict],
   (correlation -0.95 and -0.84; BENCHMARKS page 17). No exchange of
   phases can tell the tail a step would have had without its cause; a
   paired run measures the saving itself.
+
+  Args:
+    phases: the ledger summary's phases, each with its `fraction`.
+    strategy: run.json's strategy section.
   """
   if strategy.get(OVER_REPLICAS_KEY) is None:
     return []
