@@ -127,9 +127,13 @@ def _train(model, step):
   return losses, first_grads, [w.numpy() for w in model.weights]
 
 
-@pytest.mark.parametrize("name", ["vgg16", "resnet18"])
-def test_two_stages_train_like_the_unsplit_model(name, two_cpu_devices):
-  model = _model(name)
+def test_two_stages_train_like_the_unsplit_model(two_cpu_devices):
+  # ResNet-18 has what VGG-16 would add (convolutions, pooling, a dense
+  # head) and what it lacks (skip connections that cross the cut's
+  # neighbourhood, BatchNorm statistics); a plain stack's split is held
+  # to the unsplit model by the stage-process tests (the MLP) and by
+  # PyTorch's pipeline tests (VGG-16).
+  model = _model("resnet18")
   initial = model.get_weights()
   loss_fn = steps.make_pipeline_loss("classification", BATCH)
   expected = _train(model, _unsplit_step(model, loss_fn))
