@@ -129,10 +129,10 @@ def _train(model, step):
 
 def test_two_stages_train_like_the_unsplit_model(two_cpu_devices):
   # ResNet-18 has what VGG-16 would add (convolutions, pooling, a dense
-  # head) and what it lacks (skip connections that cross the cut's
-  # neighbourhood, BatchNorm statistics); a plain stack's split is held
-  # to the unsplit model by the stage-process tests (the MLP) and by
-  # PyTorch's pipeline tests (VGG-16).
+  # head) and what it lacks (skip connections, BatchNorm statistics); a
+  # plain stack's split is held to the unsplit model by the stage-process
+  # test (small_cnn, test_pipeline_processes.py) and by PyTorch's
+  # pipeline tests (VGG-16).
   model = _model("resnet18")
   initial = model.get_weights()
   loss_fn = steps.make_pipeline_loss("classification", BATCH)
