@@ -166,6 +166,11 @@ class Offloader:
             recomputed = original(again, *args, **kwargs)
           grads = tape.gradient(recomputed, [again] + variables,
                                 output_gradients=upstream)
+          # The input's gradient reads the weights again, and nothing else
+          # orders that read before the optimizer's update of those weights:
+          # their own gradients do not need it. Released together, no
+          # weight's gradient (so no update) precedes the input's.
+          grads = tf.tuple(grads)
           return grads[0], grads[1:]
 
         return outputs, grad
