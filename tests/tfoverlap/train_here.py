@@ -37,7 +37,13 @@ def train_here(**flags: str) -> dict:
   try:
     trainer.train(config)
   finally:
-    # --deterministic holds for the whole process; the next run here, or
-    # the next test, must not inherit it.
-    tf_config.disable_op_determinism()
+    undo_process_settings()
   return run_record.load_run_record(flags["model_dir"])
+
+
+def undo_process_settings() -> None:
+  """Undoes what a trainer run sets for the whole process: the next run
+  here, or the next test, must not inherit --deterministic or a
+  --precision policy (a layer built later would compute in bfloat16)."""
+  tf_config.disable_op_determinism()
+  keras.mixed_precision.set_global_policy("float32")

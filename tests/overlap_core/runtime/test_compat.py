@@ -195,18 +195,16 @@ def covering_runs(framework, tmp_path):
   return runs
 
 
-def _undo_determinism(framework):
-  """--deterministic is process-wide in both frameworks; the next run in
-  this process must not inherit it."""
+def _undo_process_settings(framework):
+  """--deterministic (and TensorFlow's --precision) is process-wide; the
+  next run in this process must not inherit it."""
   # pylint: disable=g-import-not-at-top
   if framework == PT:
     import torch
     torch.use_deterministic_algorithms(False)
   else:
-    # The public API has enable_op_determinism only; the same module
-    # turns it off.
-    from tensorflow.python.framework import config as tf_config
-    tf_config.disable_op_determinism()
+    from tests.tfoverlap.train_here import undo_process_settings
+    undo_process_settings()
 
 
 @pytest.mark.parametrize("framework", [TF, PT])
@@ -219,7 +217,7 @@ def test_every_cheap_yes_trains_two_steps(framework, tmp_path):
     try:
       trainer.train(config)
     finally:
-      _undo_determinism(framework)
+      _undo_process_settings(framework)
     record = run_record.load_run_record(config.run.model_dir)
     assert record["steps"] == 2, (names, record)
 
