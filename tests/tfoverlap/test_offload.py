@@ -15,7 +15,7 @@ from tfoverlap import distribute, offload
 
 from tests.helpers import run_module
 from tests.record_checks import (copied_ms, derived_offload_spans_us,
-                                 offload_copy_spans_us, run_small_cnn)
+                                 offload_copy_spans_us)
 from tests.tfoverlap.train_here import train_here
 
 BATCH = 2
@@ -170,16 +170,10 @@ def _run(capsys, model_dir, **flags):
   return capsys.readouterr().err, record
 
 
-def test_trainer_records_offload_and_matches_the_plain_run(tmp_path):
-  # Each run is a command of its own, not `_run`: the claim is that a
-  # process trains the same weights with and without offload, and a pytest
-  # worker's process carries what its earlier tests left (once in five
-  # full-suite runs there, the offloaded digest differed from the plain
-  # one's, which no fresh process has reproduced, loaded or not).
-  _, plain = run_small_cnn("tfoverlap.train", tmp_path / "plain")
-  result, offloaded = run_small_cnn("tfoverlap.train", tmp_path / "offloaded",
-                                    "--offload=activations")
-  stderr = result.stderr
+def test_trainer_records_offload_and_matches_the_plain_run(tmp_path, capsys):
+  _, plain = _run(capsys, tmp_path / "plain")
+  stderr, offloaded = _run(capsys, tmp_path / "offloaded",
+                           offload="activations")
   assert plain["offload"] is None
   section = offloaded["offload"]
   assert section["offloaded_layers"] == ["conv1_1", "conv1_2", "conv2_1",
