@@ -1,8 +1,8 @@
 """A fitted per-layer cost model: layer time from the layer's configuration.
 
 Per layer type ("conv2d", "linear", ...), a polynomial regression
-(scikit-learn `PolynomialFeatures` + `LinearRegression`) of forward and
-backward seconds against features of the layer:
+(`polyfit.PolynomialFit`) of forward and backward seconds against features
+of the layer:
 
   flops+bytes    forward FLOPs and activation bytes moved at the batch
                  (what a roofline says time follows), and the layer's
@@ -47,9 +47,6 @@ leave-one-layer-out error reported like the families').
   fwd_s, bwd_s = model.predict(graph.nodes[3], batch_size=16)
   fit_fwd_s, fit_bwd_s = model.fitted(graph.nodes[3], batch_size=16)
   update_s = model.predict_update(graph.nodes[3])
-
-scikit-learn is imported inside `fit_cost_model` only, so importing the
-planning package stays light.
 """
 
 import dataclasses
@@ -57,6 +54,7 @@ import statistics
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from overlap_core.planning.graph import LayerGraph, LayerNode
+from overlap_core.planning.polyfit import PolynomialFit, group_k_fold
 from overlap_core.planning.profile import Profile, UpdateTiming
 
 _DERIVED = ("flops_per_sample", "bytes_per_sample", "param_bytes")
@@ -120,7 +118,7 @@ class FamilyFit:
   candidate_errors: Mapping[str, Optional[float]]
   backward_over_forward: float
   config_keys: Tuple[str, ...]
-  estimator: object = dataclasses.field(repr=False, compare=False)
+  estimator: PolynomialFit = dataclasses.field(repr=False, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,16 +381,6 @@ def update_shares(profile: Profile) -> List[UpdateTiming]:
           for u in profile.updates]
 
 
-def _make_estimator(degree: int):
-  from sklearn.linear_model import LinearRegression  # pylint: disable=g-import-not-at-top
-  from sklearn.pipeline import make_pipeline  # pylint: disable=g-import-not-at-top
-  from sklearn.preprocessing import PolynomialFeatures, StandardScaler  # pylint: disable=g-import-not-at-top
-  # Scaling first: FLOPs (1e9) and kernel sizes (3) in one polynomial
-  # would otherwise leave the least squares badly conditioned.
-  return make_pipeline(StandardScaler(), PolynomialFeatures(degree),
-                       LinearRegression())
-
-
 def config_keys(samples: Sequence[Sample]) -> Tuple[str, ...]:
   """The configuration numbers any sample of a family has, sorted."""
   return tuple(sorted({k for s in samples for k, v in s.config.items()
@@ -405,20 +393,19 @@ def _fit(samples: Sequence[Sample], feature_set: str, degree: int,
   y = [[s.forward_s, s.backward_s] for s in samples]
   weights = [1.0 / max(s.forward_s + s.backward_s, 1e-12) ** 2
              for s in samples]
-  estimator = _make_estimator(degree)
-  estimator.fit(x, y, linearregression__sample_weight=weights)
-  return estimator
+  # Standardized first (PolynomialFit): FLOPs (1e9) and kernel sizes (3)
+  # in one polynomial would otherwise leave the least squares badly
+  # conditioned.
+  return PolynomialFit.fit(x, y, degree=degree, sample_weight=weights)
 
 
 def _holdout_error(samples: Sequence[Sample], feature_set: str,
                    degree: int, keys: Sequence[str]) -> float:
   """Median relative error of the total over group k-fold by configuration."""
-  from sklearn.model_selection import GroupKFold  # pylint: disable=g-import-not-at-top
   keys = sorted({s.config_key for s in samples})
   groups = [keys.index(s.config_key) for s in samples]
   errors = []
-  folds = GroupKFold(n_splits=min(5, len(keys)))
-  for train, test in folds.split(samples, groups=groups):
+  for train, test in group_k_fold(groups, n_splits=min(5, len(keys))):
     estimator = _fit([samples[i] for i in train], feature_set, degree, keys)
     for i in test:
       s = samples[i]
