@@ -23,6 +23,8 @@ setuptools.setup(
         "overlap_core", "overlap_core.*", "flags", "flags.*",
         "tfoverlap", "tfoverlap.*", "torch_parity", "torch_parity.*",
         "overlap_compare", "overlap_compare.*"]),
+    # The UCI digits that --dataset=digits reads (data/README.md).
+    package_data={"overlap_core": ["runtime/data/*"]},
     install_requires=[
         "absl-py>=2.1",
         "numpy>=1.26",
@@ -32,7 +34,6 @@ setuptools.setup(
         "tensorboard==2.21.*",  # tf.summary; tensorflow-cpu 2.21 lacks it
         "tensorflow-datasets==4.9.*",
         "importlib_resources",  # tensorflow-datasets needs it at import
-        "scikit-learn>=1.3",  # ships the embedded digits dataset
     ],
     extras_require={
         # Pinned: 2.13.0 is the CPU wheel; a looser range pulls a CUDA build.

@@ -10,7 +10,7 @@ def define_flags():
       "your callable(split, ...) returning an unbatched tf.data.Dataset / "
       "torch Dataset of (x, y), or None for a split it lacks; the trainer "
       "batches, shards, shuffles and prefetches it. "
-      "digits: scikit-learn's 8x8 digits, shipped with the package. "
+      "digits: the UCI 8x8 handwritten digits (1797), shipped with the package. "
       "synthetic: random images of --image_size. tfds: --tfds_name read from "
       "--data_dir, never downloaded. image_folder: "
       "<data_dir>/<split>/<label>/<image>.")

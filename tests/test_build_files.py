@@ -105,6 +105,18 @@ def test_a_new_module_or_test_is_reported_until_regenerated(tmp_path):
   assert 'name = "overlap_core_test_runtime"' in tests_build
 
 
+def test_a_file_a_library_ships_is_its_data(tmp_path):
+  root = str(tmp_path)
+  _small_tree(root)
+  _write(root, "overlap_core/runtime/data/table.csv.gz")
+  assert any("overlap_core/BUILD is stale" in p
+             for p in update_build.find_problems(root))
+  update_build.write(root)
+  build = _build_text_at(root, "overlap_core")
+  assert 'data = ["runtime/data/table.csv.gz"]' in build
+  assert "table.csv.gz" not in build.split("data =")[0]  # not a source
+
+
 def test_unknown_python_directory_is_reported(tmp_path):
   root = str(tmp_path)
   _small_tree(root)

@@ -32,9 +32,8 @@ from tests.helpers import REPO_ROOT, subprocess_env
 
 # Synthetic images through the whole input pipeline (shuffle, parallel
 # decode, prefetch), read per index as a file source is: the claims need a
-# shuffled pipeline whose position a checkpoint restores, not real images,
-# and digits would load scikit-learn into every PyTorch trainer, half of
-# its start. The MLP on 8x8 images keeps each process quick.
+# shuffled pipeline whose position a checkpoint restores, not real images.
+# The MLP on 8x8 images keeps each process quick.
 EXACT = ("--model=mlp", "--dataset=synthetic", "--image_size=8",
          "--strategy=default", "--deterministic", "--batch_size=32",
          "--log_every_steps=5", "--tensorboard=false", "--trace=false",

@@ -73,17 +73,30 @@ def _is_skipped_dir(parent: str, name: str) -> bool:
           or os.path.exists(os.path.join(parent, name, "pyvenv.cfg")))
 
 
-def python_files(root: str, subdir: str) -> List[str]:
-  """Every .py file under root/subdir, as sorted paths relative to subdir."""
+def _files(root: str, subdir: str, wanted) -> List[str]:
+  """The files under root/subdir whose name `wanted` accepts, as sorted
+  paths relative to subdir."""
   found = []
   top = os.path.join(root, subdir)
   for dirpath, dirnames, filenames in os.walk(top):
     dirnames[:] = [d for d in dirnames if not _is_skipped_dir(dirpath, d)]
     rel_dir = os.path.relpath(dirpath, top)
     for name in filenames:
-      if name.endswith(".py"):
+      if wanted(name):
         found.append(os.path.normpath(os.path.join(rel_dir, name)))
   return sorted(found)
+
+
+def python_files(root: str, subdir: str) -> List[str]:
+  """Every .py file under root/subdir, as sorted paths relative to subdir."""
+  return _files(root, subdir, lambda name: name.endswith(".py"))
+
+
+def package_data_files(root: str, lib: str) -> List[str]:
+  """The files a library reads at run time (such as the digits it ships):
+  everything under it but its modules, BUILD and bytecode."""
+  return _files(root, lib, lambda name: not name.endswith(
+      (".py", ".pyc")) and name != "BUILD")
 
 
 def imported_modules(path: str) -> set:
@@ -219,7 +232,7 @@ def library_visibility(lib: str, allowed_deps: Dict[str, tuple]) -> List[str]:
   return [f"//{user}:__pkg__" for user in users] + [f"//{TESTS_DIR}:__pkg__"]
 
 
-def _library_build(lib: str, targets: Dict[str, List[str]],
+def _library_build(root: str, lib: str, targets: Dict[str, List[str]],
                    deps: Dict[str, list], visibility: List[str]) -> str:
   rules = {}
   for label in (t for t in targets if t.split(":")[0] == f"//{lib}"):
@@ -230,6 +243,7 @@ def _library_build(lib: str, targets: Dict[str, List[str]],
     rules[name] = _rule(
         "py_library", name,
         srcs=[os.path.relpath(f, lib) for f in targets[label]],
+        data=package_data_files(root, lib),
         visibility=visibility, deps=_sorted_labels(local))
   return HEADER + "".join("\n" + rules[name] for name in sorted(rules))
 
@@ -300,7 +314,7 @@ def generate(root: str) -> Dict[str, str]:
   builds = {"BUILD": _top_build(root)}
   for lib in libraries:
     builds[os.path.join(lib, "BUILD")] = _library_build(
-        lib, targets, deps, library_visibility(lib, allowed_deps))
+        root, lib, targets, deps, library_visibility(lib, allowed_deps))
   builds[os.path.join(TESTS_DIR, "BUILD")] = _tests_build(root, libraries)
   if python_files(root, TOOLS_DIR):
     builds[os.path.join(TOOLS_DIR, "BUILD")] = _tools_build(root)

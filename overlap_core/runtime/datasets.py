@@ -254,33 +254,21 @@ def device_buffer_size(prefetch: int) -> int:
   return max(1, prefetch)
 
 
-# scikit-learn's copy of the digits: 1797 rows of 64 pixel values (0 to 16)
-# and the digit, the file its `load_digits` reads.
-_DIGITS_FILE = ("datasets", "data", "digits.csv.gz")
+# The UCI 8x8 digits the package ships (data/README.md): 1797 rows of 64
+# pixel counts (0 to 16), then the digit.
+DIGITS_FILE = os.path.join(os.path.dirname(__file__), "data",
+                           "digits.csv.gz")
 
 
 def _read_digits() -> tuple:
-  """(pixels [1797, 64], digits [1797]) as `sklearn.datasets.load_digits`
-  gives them, read from its file without importing scikit-learn: importing
-  `sklearn.datasets` (scipy and more) took about 2 s of every trainer's
-  start on 2 cores, and the file takes milliseconds. Where the file is not
-  where this release of scikit-learn is known to keep it, `load_digits`
-  reads it."""
-  spec = importlib.util.find_spec("sklearn")  # finds; imports nothing
-  roots = spec.submodule_search_locations if spec else None
-  for root in roots or ():
-    path = os.path.join(root, *_DIGITS_FILE)
-    if os.path.isfile(path):
-      table = np.loadtxt(path, delimiter=",")
-      return table[:, :-1], table[:, -1]
-  from sklearn import datasets  # pylint: disable=g-import-not-at-top
-  digits = datasets.load_digits()
-  return digits.data, digits.target
+  """(pixels [1797, 64], digits [1797]), as the file holds them."""
+  table = np.loadtxt(DIGITS_FILE, delimiter=",")
+  return table[:, :-1], table[:, -1]
 
 
 @functools.lru_cache(maxsize=1)
 def load_digits_splits() -> Dict[str, tuple]:
-  """scikit-learn's digits, split identically in every process and run.
+  """The shipped digits, split identically in every process and run.
 
   Returns:
     {"train": (images, labels), "eval": (images, labels)}: images float32

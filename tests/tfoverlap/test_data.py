@@ -1,6 +1,6 @@
 """Tests of tfoverlap.data: real tf.data pipelines on the CPU.
 
-Sources are real: scikit-learn's digits, a TFDS dataset this file writes with
+Sources are real: the shipped UCI digits, a TFDS dataset this file writes with
 TFDS's own writer, and PNG files it writes for an image folder. Distribution
 runs MirroredStrategy over the two logical CPUs that conftest.py creates.
 """
@@ -17,6 +17,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from tfoverlap import data, distribute
+from overlap_core.runtime import datasets
 from overlap_core.runtime.config import AUTOTUNE, ConfigError, DataConfig
 from tests import fixtures
 from tests.fixtures import TFDS_NAME, data_config, image_counter
@@ -183,7 +184,6 @@ def test_digits_describe_and_batches():
 
 
 def test_digits_train_and_eval_partition_the_data_set():
-  from sklearn import datasets  # pylint: disable=g-import-not-at-top
   cfg = make_cfg(shuffle_buffer=0, batch_size=DIGITS_TRAIN)
   train_images, train_labels = first_batches(
       data.make_input_fn(cfg, split="train", task="classification",
@@ -192,8 +192,8 @@ def test_digits_train_and_eval_partition_the_data_set():
       data.make_input_fn(cfg, split="eval", task="classification", seed=0)(
           None))
   assert len(train_labels) == DIGITS_TRAIN and len(eval_labels) == DIGITS_EVAL
-  everything = np.repeat(datasets.load_digits().images[..., None] / 16.0, 3,
-                         axis=-1)
+  pixels, _ = datasets._read_digits()  # pylint: disable=protected-access
+  everything = np.repeat(pixels.reshape(-1, 8, 8, 1) / 16.0, 3, axis=-1)
   # Together exactly the whole data set: no example is in both splits.
   assert (image_counter(np.concatenate([train_images, eval_images]), 16) ==
           image_counter(everything, 16))

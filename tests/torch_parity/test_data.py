@@ -1,6 +1,6 @@
 """Tests of torch_parity.data: real PyTorch DataLoaders on the CPU.
 
-Sources are real: scikit-learn's digits, a TFDS dataset this file writes with
+Sources are real: the shipped UCI digits, a TFDS dataset this file writes with
 TFDS's own writer, and PNG files it writes for an image folder. Where both
 frameworks serve the same examples, the tf.data pipeline of tfoverlap.data is
 the reference, compared pixel for pixel (NHWC there, NCHW here). Worker
