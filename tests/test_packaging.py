@@ -18,6 +18,7 @@ import zipfile
 import pytest
 
 from tests.helpers import REPO_ROOT
+from tools import update_build
 
 # Top-level packages that are part of the project but never installed.
 NOT_INSTALLED = ("benchmarks", "examples", "tests", "tools")
@@ -50,6 +51,12 @@ def _installable_modules(root):
         and os.path.isfile(os.path.join(root, name, "__init__.py"))):
       modules |= _python_files(root, name)
   return modules
+
+
+def _package_data(root):
+  """Every file a package reads at run time, as the BUILD files list it."""
+  return {os.path.join(lib, f) for lib in update_build.existing_libraries(root)
+          for f in update_build.package_data_files(root, lib)}
 
 
 def _run(args, cwd):
@@ -100,7 +107,11 @@ def _version_in_source():
 def test_wheel_holds_every_package_and_nothing_else(dists):
   source, _, wheel = dists
   with zipfile.ZipFile(wheel) as zf:
-    in_wheel = {n for n in zf.namelist() if n.endswith(".py")}
+    names = set(zf.namelist())
+  in_wheel = {n for n in names if n.endswith(".py")}
+  # The digits --dataset=digits reads among them.
+  assert "overlap_core/runtime/data/digits.csv.gz" in _package_data(source)
+  assert _package_data(source) <= names
   expected = _installable_modules(source)
   assert {"flags/__init__.py", "tfoverlap/__init__.py",
           "overlap_core/__init__.py", "overlap_core/runtime/__init__.py",
@@ -126,7 +137,7 @@ def test_sdist_is_a_source_release(dists):
         os.path.relpath(os.path.join(dirpath, f), source) for f in filenames
         if f in ("BUILD", "WORKSPACE", ".bazelrc") or f.endswith(".bzl"))
   needed = (_installable_modules(source) | _python_files(source, "tests")
-            | bazel_files
+            | bazel_files | _package_data(source)
             | {"setup.py", "pyproject.toml", "MANIFEST.in", "README.md",
                "pytest.ini"})
   assert needed - in_sdist == set()
@@ -176,6 +187,9 @@ def test_installed_wheel_imports_and_its_commands_resolve(dists, tmp_path):
       "scripts\n"
       "for e in scripts:\n"
       "  assert callable(e.load()), e\n"
+      "from overlap_core.runtime import datasets\n"
+      "assert datasets.DIGITS_FILE.startswith(target)\n"
+      "assert len(datasets.load_digits_splits()['eval'][1]) == 360\n"
       "print(dist.version)\n")
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
   env["PYTHONPATH"] = target
