@@ -20,6 +20,7 @@ from overlap_core.runtime import trace
 
 from tests.helpers import REPO_ROOT, run_error_line, run_module
 from tests.record_checks import check_trace_median_is_the_records
+from tests.tfoverlap.train_here import train_here
 
 tfo_flags.define_flags()
 QUICK = ["--log_every_steps=10"]
@@ -276,20 +277,10 @@ def test_unwritable_model_dir_is_one_line(tmp_path):
 # service below); here each only has to run through the whole trainer and
 # land in run.json. Knobs that combine share a run; --prefetch=0 and
 # --prefetch=3, and the digits' pipeline and --synthetic_on_device, cannot.
-@pytest.mark.parametrize("args, echoed", [
-    (["--data_service=local", "--prefetch=0", "--map_parallelism=1"],
-     {"data_service": "grpc://localhost:", "prefetch": 0,
-      "map_parallelism": 1}),
-    (["--prefetch=3", "--prefetch_to_device", "--cache", "--shuffle_buffer=0",
-      "--preprocess_cost_ms=0.5"],
-     {"prefetch": 3, "prefetch_to_device": True, "cache": True,
-      "preprocess_cost_ms": 0.5}),
-    (["--dataset=synthetic", "--synthetic_on_device"],
-     {"synthetic_on_device": True}),
-])
-def test_every_input_knob_runs_through_the_trainer(tmp_path, args, echoed):
-  _, record, _ = train(tmp_path, "--model=mlp", "--train_steps=8",
-                       "--evaluate=false", *args)
+# The runs train in this process, but the one whose trainer starts a local
+# tf.data service, which runs as the command does: the service's servers
+# would outlive the run in a test process.
+def _echoes(record, echoed):
   assert record["steps"] == 8
   for key, value in echoed.items():
     recorded = record["flags"]["data"][key]
@@ -297,6 +288,28 @@ def test_every_input_knob_runs_through_the_trainer(tmp_path, args, echoed):
       assert recorded.startswith(value), recorded
     else:
       assert recorded == value
+
+
+@pytest.mark.parametrize("flags, echoed", [
+    (dict(prefetch="3", prefetch_to_device="true", cache="true",
+          shuffle_buffer="0", preprocess_cost_ms="0.5"),
+     {"prefetch": 3, "prefetch_to_device": True, "cache": True,
+      "preprocess_cost_ms": 0.5}),
+    (dict(dataset="synthetic", synthetic_on_device="true"),
+     {"synthetic_on_device": True}),
+])
+def test_every_input_knob_runs_through_the_trainer(tmp_path, flags, echoed):
+  _echoes(train_here(model_dir=str(tmp_path / "run"), model="mlp",
+                     train_steps="8", evaluate="false",
+                     log_every_steps="10", **flags), echoed)
+
+
+def test_a_local_data_service_runs_through_the_trainer(tmp_path):
+  _, record, _ = train(tmp_path, "--model=mlp", "--train_steps=8",
+                       "--evaluate=false", "--data_service=local",
+                       "--prefetch=0", "--map_parallelism=1")
+  _echoes(record, {"data_service": "grpc://localhost:", "prefetch": 0,
+                   "map_parallelism": 1})
 
 
 def test_data_service_address_feeds_the_trainer_through_that_service(
