@@ -12,7 +12,6 @@ is. Nothing here imports TensorFlow or PyTorch.
 
 import dataclasses
 import functools
-import importlib.util
 import itertools
 import math
 import os
