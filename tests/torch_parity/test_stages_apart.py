@@ -36,29 +36,17 @@ def _train(tmp_path_factory, name, *args):
 
 @pytest.fixture(scope="module")
 def one_step(tmp_path_factory):
-  """The pipeline and its stages apart, one step each."""
+  """One step each: the pipeline with its stages timed alone first (the
+  default), the same without, and its stages apart."""
   return (_train(tmp_path_factory, "pipeline", "--train_steps=1"),
+          _train(tmp_path_factory, "untimed", "--train_steps=1",
+                 "--reference_steps=0"),
           _train(tmp_path_factory, "apart", "--train_steps=1",
                  "--pipeline_stages_apart"))
 
 
-@pytest.fixture(scope="module")
-def reference_pair(tmp_path_factory):
-  """The pipeline with its stages timed alone first (the default), and
-  without."""
-  return (_train(tmp_path_factory, "timed", "--train_steps=3"),
-          _train(tmp_path_factory, "untimed", "--train_steps=3",
-                 "--reference_steps=0"))
-
-
-@pytest.fixture(scope="module")
-def apart_run(tmp_path_factory):
-  return _train(tmp_path_factory, "apart_steps", "--train_steps=4",
-                "--pipeline_stages_apart")
-
-
 def test_on_the_first_batch_stages_apart_do_the_pipelines_work(one_step):
-  pipelined, apart = one_step
+  pipelined, _, apart = one_step
   # The last stage's loss came from the activations stage 0 would have
   # sent, and stage 0's update from the gradients stage 1 would have sent
   # back: the same loss and the same weights after the step.
@@ -68,17 +56,19 @@ def test_on_the_first_batch_stages_apart_do_the_pipelines_work(one_step):
   assert pipelined["strategy"]["pipeline"]["stages_apart"] is False
 
 
-def test_stages_apart_transfer_nothing(apart_run):
+def test_stages_apart_transfer_nothing(one_step):
   # No stage sends or receives: what is left to wait for is the step's
   # closing loss all-reduce, which the ledger counts as bubble.
-  assert pipeline_stats.TRANSFER not in apart_run["phases"]
-  for stage in apart_run["pipeline"]["per_stage"]:
+  apart = one_step[2]
+  assert pipeline_stats.TRANSFER not in apart["phases"]
+  for stage in apart["pipeline"]["per_stage"]:
     assert not stage["transfer_ms"], stage
 
 
-def test_timing_each_stage_alone_first_changes_nothing_it_trains(
-    reference_pair):
-  timed, untimed = reference_pair
+def test_timing_each_stage_alone_first_changes_nothing_it_trains(one_step):
+  # The stages are timed before the first step: had that changed any
+  # weight or the data, the step would differ.
+  timed, untimed, _ = one_step
   assert timed["weights_digest"] == untimed["weights_digest"]
   assert timed["final"]["train_loss"] == untimed["final"]["train_loss"]
   # Each stage's compute beyond its work timed alone is contention, what
