@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,8 +65,7 @@ def test_a_bad_collective_timeout_stops_before_any_worker_starts(tmp_path):
 # uninterrupted one does, not only with both workers agreeing.
 REFERENCE_STEPS = 50
 # Synchronous checkpoints do not change what a run computes, so the
-# reference also shows who writes them. Resuming from the chief's
-# checkpoint is the async test's second job (the restore is the same).
+# reference also leaves the chief's checkpoints for the resume test.
 SYNC_EVERY_STEPS = 25
 REFERENCE_ARGS = [*TINY_RUN, "--deterministic", "--checkpoint=sync",
                   f"--checkpoint_every={SYNC_EVERY_STEPS}"]
@@ -93,10 +93,6 @@ def test_two_workers_train_to_identical_weights(reference_run):
   assert chief["strategy"]["num_replicas"] == 2
   assert chief["steps"] == other["steps"] == REFERENCE_STEPS
   assert chief["weights_digest"] == other["weights_digest"]
-  # Only the chief wrote; the other worker's scratch copy is gone.
-  assert (reference_run / "checkpoints" /
-          f"ckpt-{REFERENCE_STEPS}.index").exists()
-  assert not (reference_run / "checkpoints" / "scratch-worker-1").exists()
   # A multi-worker job times no reference step (`trainer._times_reference`
   # says why), so it derives no contention.
   assert "contention" not in chief["phases_derived"]
@@ -149,6 +145,27 @@ def test_killed_worker_ends_the_job_with_a_clear_message(tmp_path):
     os.kill(workers[0], 0)  # the chief is gone too
   _assert_workers_expose_exactly_the_ports_their_warnings_name(
       sockets.Snapshot(listening, environments, stderr))
+
+
+def test_every_worker_resumes_from_the_chiefs_checkpoint(tmp_path,
+                                                        reference_run):
+  # Only the chief wrote; the other worker's scratch copy is gone.
+  assert (reference_run / "checkpoints" /
+          f"ckpt-{REFERENCE_STEPS}.index").exists()
+  assert not (reference_run / "checkpoints" / "scratch-worker-1").exists()
+  shutil.copytree(reference_run / "checkpoints", tmp_path / "checkpoints")
+  resumed = run_module("tfoverlap.launch", "--num_workers=2", "--",
+                       *REFERENCE_ARGS,
+                       f"--train_steps={REFERENCE_STEPS + SYNC_EVERY_STEPS}",
+                       f"--model_dir={tmp_path}", timeout=300)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  chief = run_record.load_run_record(str(tmp_path))
+  other = run_record.load_run_record(str(tmp_path / "worker-1"))
+  assert chief["checkpoint"]["restore"]["step"] == REFERENCE_STEPS
+  assert other["checkpoint"]["restore"]["step"] == REFERENCE_STEPS
+  # Both resumed at the reference's last step.
+  assert chief["steps"] == other["steps"] == SYNC_EVERY_STEPS
+  assert chief["weights_digest"] == other["weights_digest"]
 
 
 def test_async_checkpoints_have_one_writer_one_cadence_one_resume_step(
