@@ -61,6 +61,8 @@ def test_stages_apart_transfer_nothing(one_step):
   # closing loss all-reduce, which the ledger counts as bubble.
   apart = one_step[2]
   assert pipeline_stats.TRANSFER not in apart["phases"]
+  assert "bubble" in apart["phases"]  # the step was timed, by stage
+  assert len(apart["pipeline"]["per_stage"]) == 2
   for stage in apart["pipeline"]["per_stage"]:
     assert not stage["transfer_ms"], stage
 
