@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-
+from tensorflow.python.eager import context
 
 from overlap_core.runtime.config import OffloadConfig
 from tfoverlap import distribute, offload
@@ -85,6 +85,59 @@ def test_weighted_layer_inputs_go_to_host_and_come_back():
   assert loss == base_loss
   for got, want in zip(weights, base_weights):
     np.testing.assert_array_equal(got, want)
+
+
+def _ancestors(nodes: dict, name: str) -> set:
+  """The nodes `name` waits for in a GraphDef: its data and control
+  inputs, and theirs."""
+  seen, todo = set(), [name]
+  while todo:
+    for source in nodes[todo.pop()].input:
+      source = source.lstrip("^").split(":")[0]
+      if source in nodes and source not in seen:
+        seen.add(source)
+        todo.append(source)
+  return seen
+
+
+def test_each_weight_update_waits_for_the_recomputations_read():
+  # Backward reads an offloaded layer's weights again, to recompute it. The
+  # weights' own gradients do not need that read, and Grappler's dependency
+  # optimization dropped the control edge that ordered it before the
+  # optimizer's update: about one offloaded step in 25 then computed the
+  # input's gradient from updated weights. Checked in the graph TensorFlow
+  # runs (the step's partition graph, after Grappler), not in the trace,
+  # where that edge still stands.
+  model = _tiny_model()
+  offload.apply_offload(model, OffloadConfig(("activations",)),
+                        time_copies=False)
+  step = _make_step(model, keras.optimizers.SGD(0.1, momentum=0.9))
+  batch = _batch(np.random.default_rng(1))
+  updates = {op.name for op in step.get_concrete_function(
+      *batch).graph.get_operations() if op.type == "AssignAddVariableOp"}
+  context.enable_run_metadata()
+  try:
+    step(*batch)
+    metadata = context.export_run_metadata()
+  finally:
+    context.disable_run_metadata()
+  # Run metadata records whatever the process runs meanwhile: the step's
+  # function is the one whose trace holds the step's updates.
+  (function,) = [f for f in metadata.function_graphs
+                 if updates <= {n.name for n in f.pre_optimization_graph.node}]
+  checked = 0
+  for partition in function.partition_graphs:
+    nodes = {node.name: node for node in partition.node}
+    for update in (n for n in partition.node
+                   if n.op == "AssignAddVariableOp"):
+      reads = [n.name for n in partition.node if n.op == "ReadVariableOp"
+               and n.input[0] == update.input[0]]
+      unordered = set(reads) - _ancestors(nodes, update.name)
+      assert not unordered, (update.name, sorted(unordered))
+      # A weight of an offloaded layer: read in forward and in backward.
+      checked += len(reads) >= 2
+  # Conv and Dense, kernel and bias.
+  assert checked >= 4
 
 
 def test_copy_times_become_the_offload_copy_phase():
