@@ -89,10 +89,11 @@ def stuck_peer_env(directory, *, package: str, after_steps: int,
 
 # Long enough that no healthy collective comes near it on a loaded 2-core
 # machine (the slowest is the first, while the other worker still starts
-# and traces its step: seconds), short enough for a test. A healthy
-# collective that timed out would fail the test, not pass it: the job
-# would end before the stuck worker printed that it stopped.
-STUCK_TIMEOUT_S = 20
+# and traces its step: seconds, but a cold start of TensorFlow here has
+# taken 20 s and more), short enough for a test. A healthy collective that
+# timed out would fail the test, not pass it: the job would end before the
+# stuck worker printed that it stopped.
+STUCK_TIMEOUT_S = 30
 # Start-up of two workers on a loaded host, plus the timeout, plus the
 # launcher's grace for stopping the other worker; without the timeout the
 # job never ends and this bound fails the test.
