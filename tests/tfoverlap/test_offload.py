@@ -8,12 +8,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.eager import context
 
 from overlap_core.runtime.config import OffloadConfig
 from tfoverlap import distribute, offload
 
 from tests.helpers import run_module
+from tests.tfoverlap.executed_graphs import executed_functions
 from tests.record_checks import (copied_ms, derived_offload_spans_us,
                                  offload_copy_spans_us)
 from tests.tfoverlap.train_here import train_here
@@ -115,16 +115,8 @@ def test_each_weight_update_waits_for_the_recomputations_read():
   batch = _batch(np.random.default_rng(1))
   updates = {op.name for op in step.get_concrete_function(
       *batch).graph.get_operations() if op.type == "AssignAddVariableOp"}
-  context.enable_run_metadata()
-  try:
-    step(*batch)
-    metadata = context.export_run_metadata()
-  finally:
-    context.disable_run_metadata()
-  # Run metadata records whatever the process runs meanwhile: the step's
-  # function is the one whose trace holds the step's updates.
-  (function,) = [f for f in metadata.function_graphs
-                 if updates <= {n.name for n in f.pre_optimization_graph.node}]
+  # The step's function is the one whose trace holds the step's updates.
+  (function,) = executed_functions(lambda: step(*batch), updates)
   checked = 0
   for partition in function.partition_graphs:
     nodes = {node.name: node for node in partition.node}

@@ -14,10 +14,6 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-# Run metadata of eager functions (the partition graphs each device ran)
-# has no public API.
-from tensorflow.python.eager import context
-
 
 from overlap_core.runtime import pipeline_stats
 from overlap_core.runtime.config import ConfigError, PipelineConfig
@@ -25,6 +21,7 @@ from tfoverlap import pipeline, steps
 from tfoverlap.models import build_model
 
 from tests.helpers import run_module
+from tests.tfoverlap.executed_graphs import executed_functions
 from tests.tfoverlap.train_here import train_here
 
 IMAGE_SIZE = 32
@@ -190,28 +187,16 @@ def test_each_stage_runs_forward_and_backward_on_its_own_device(
   # places the function's ops, rewrites them (grappler; oneDNN fuses a
   # convolution with its bias into _MklNativeFusedConv2D on this host)
   # and cuts the result into one partition graph per device, which that
-  # device's executor runs. Run metadata holds those partitions for a
-  # function's first call. (Per-op step stats, which would time each
-  # kernel, stay empty for eager functions outside the profiler.)
-  context.enable_run_metadata()
-  try:
-    step((tf.random.normal((BATCH, IMAGE_SIZE, IMAGE_SIZE, 3)),
-          tf.zeros((BATCH,), tf.int32)))
-    metadata = context.export_run_metadata()
-  finally:
-    context.disable_run_metadata()
-  ran = {"forward": [0, 0], "weight gradient": [0, 0]}
-  # While run metadata is on, whatever else the process runs is recorded
-  # too: eager ops as functions of one op, and the functions other threads
-  # call (seen in the whole suite: another model's training steps). The
+  # device's executor runs. (Per-op step stats, which would time each
+  # kernel, stay empty for eager functions outside the profiler.) The
   # step's own function is the one whose graph before optimization holds
   # the traced step's weight-gradient ops, by name.
   step_gradients = {op.name for op in graph.get_operations()
                     if op.type == "Conv2DBackpropFilter"}
-  for function in metadata.function_graphs:
-    if not step_gradients <= {n.name for n in
-                              function.pre_optimization_graph.node}:
-      continue
+  ran = {"forward": [0, 0], "weight gradient": [0, 0]}
+  for function in executed_functions(
+      lambda: step((tf.random.normal((BATCH, IMAGE_SIZE, IMAGE_SIZE, 3)),
+                    tf.zeros((BATCH,), tf.int32))), step_gradients):
     for partition in function.partition_graphs:
       for node in partition.node:
         kind = ("weight gradient" if "Conv2DBackpropFilter" in node.op
